@@ -1,0 +1,14 @@
+"""forkpoint: versioned, lineage-aware checkpoint/restart for training and simulations."""
+
+__version__ = "0.1.0"
+
+from . import errors  # noqa: E402
+from .checkpointer import Checkpointer  # noqa: E402
+from .format.manifest import Version  # noqa: E402
+from .policy import EverySteps, Keep, Seconds  # noqa: E402
+from .repo import Divergence, GcReport, LeafDiff, PendingSave, Repo, VerifyReport  # noqa: E402
+from .state import ResumableSampler, RNGState  # noqa: E402
+
+__all__ = ["Checkpointer", "Divergence", "EverySteps", "GcReport", "Keep", "LeafDiff",
+           "PendingSave", "Repo", "ResumableSampler", "RNGState", "Seconds", "Version",
+           "VerifyReport", "errors", "__version__"]

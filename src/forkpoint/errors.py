@@ -1,0 +1,49 @@
+"""One small hierarchy of exceptions.
+
+Every error says what went wrong, where (repository, version, path inside the state) and,
+where there is one, what to do next.
+"""
+
+
+class ForkpointError(Exception):
+    """Base class of every error forkpoint raises on purpose."""
+
+
+class RepoNotFoundError(ForkpointError):
+    """No forkpoint repository at the given location."""
+
+
+class RefNotFoundError(ForkpointError):
+    """A branch, tag, version id or `ref~N` expression names nothing in the repository."""
+
+
+class FormatError(ForkpointError):
+    """A manifest, ref record or object is malformed or of an unsupported format version."""
+
+
+class CorruptObjectError(ForkpointError):
+    """Bytes read from storage do not match their recorded hash or length."""
+
+
+class MissingObjectError(ForkpointError):
+    """An object a version refers to is absent from every store."""
+
+
+class StorageFullError(ForkpointError):
+    """The storage ran out of space; nothing was committed."""
+
+
+class UnsupportedTypeError(ForkpointError, TypeError):
+    """A state leaf has a type forkpoint does not store (or load) without pickle."""
+
+
+class StateMismatchError(ForkpointError):
+    """A strict restore found missing or unexpected keys, or shape/dtype mismatches."""
+
+
+class ConflictError(ForkpointError):
+    """Another writer moved the branch head between read and publish."""
+
+
+class PrunedVersionError(ForkpointError):
+    """The version's data was removed by retention; only its record remains."""

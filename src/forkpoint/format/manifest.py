@@ -1,0 +1,139 @@
+"""Version manifests: the JSON record that makes a version exist.
+
+A manifest holds the version's identity and lineage, its metrics and metadata, the
+environment that wrote it, the skeleton of the state tree and the table of stored leaves.
+"""
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import blake3
+
+from ..errors import FormatError
+
+FORMAT_VERSION = (1, 0)
+MANIFEST_KIND = "forkpoint.version"
+
+
+def check_format(record: dict, kind: str, where: str) -> None:
+    """Raise FormatError unless `record` is of `kind` and of a major version this reader knows."""
+    if not isinstance(record, dict) or record.get("format") != kind:
+        raise FormatError(f"{where} is not a {kind} record")
+    version = record.get("format_version")
+    if not (isinstance(version, list) and len(version) == 2):
+        raise FormatError(f"{where} has no valid format_version")
+    if version[0] > FORMAT_VERSION[0]:
+        raise FormatError(
+            f"{where} uses format {version[0]}.{version[1]}, newer than this forkpoint reads "
+            f"({FORMAT_VERSION[0]}.x); upgrade forkpoint to read it"
+        )
+
+
+@dataclass
+class Chunk:
+    """One box of a leaf: `offsets`/`lengths` in the global shape, bytes at object[start:start+size]."""
+
+    offsets: list[int]
+    lengths: list[int]
+    hash: str
+    object: str
+    start: int
+    size: int
+    codec: str = "raw"
+
+
+@dataclass
+class Leaf:
+    """A stored array-like leaf: kind, dtype, global shape and the chunks that cover it."""
+
+    path: str
+    kind: str
+    dtype: str
+    shape: list[int]
+    nbytes: int
+    chunks: list[Chunk] = field(default_factory=list)
+    device: str = "cpu"
+    alias_of: int | None = None
+
+    @property
+    def digest(self) -> tuple:
+        """Identity of the leaf's content: equal digests mean equal bytes, dtype and shape."""
+        return (self.kind, self.dtype, tuple(self.shape), tuple(c.hash for c in self.chunks))
+
+    @staticmethod
+    def from_json(d: dict) -> "Leaf":
+        chunks = [Chunk(**c) for c in d.get("chunks", [])]
+        return Leaf(**{**d, "chunks": chunks})
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        if self.alias_of is None:
+            del d["alias_of"]
+        return d
+
+
+@dataclass
+class Version:
+    """The public record of one immutable checkpoint version."""
+
+    id: str
+    parents: list[str]
+    branch: str
+    step: int | None
+    time: float
+    message: str = ""
+    metrics: dict = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)
+    logical_bytes: int = 0
+    stored_bytes: int = 0
+    env: dict = field(default_factory=dict)
+    pruned: bool = False
+
+    def summary(self) -> dict:
+        """Return the record as plain JSON data."""
+        return asdict(self)
+
+
+@dataclass
+class Manifest:
+    """A version record plus its state skeleton and leaf table."""
+
+    version: Version
+    tree: Any
+    leaves: list[Leaf]
+    pickle: bool = False
+
+    def to_bytes(self) -> bytes:
+        """Serialize to canonical JSON (sorted keys, no spaces)."""
+        v = self.version
+        record = {
+            "format": MANIFEST_KIND,
+            "format_version": list(FORMAT_VERSION),
+            **{k: val for k, val in asdict(v).items()},
+            "tree": self.tree,
+            "leaves": [leaf.to_json() for leaf in self.leaves],
+            "pickle": self.pickle,
+        }
+        return json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+    def assign_id(self) -> str:
+        """Set and return the version id: 24 hex digits of blake3 over the manifest without id."""
+        self.version.id = ""
+        self.version.id = blake3.blake3(self.to_bytes()).hexdigest()[:24]
+        return self.version.id
+
+    @staticmethod
+    def from_bytes(data: bytes, where: str) -> "Manifest":
+        """Parse and check a manifest; raise FormatError naming `where` if it is unusable."""
+        try:
+            record = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise FormatError(f"manifest {where} is not valid JSON ({e}); it may be truncated") from None
+        check_format(record, MANIFEST_KIND, f"manifest {where}")
+        try:
+            version = Version(**{k: record[k] for k in Version.__dataclass_fields__ if k in record})
+            leaves = [Leaf.from_json(d) for d in record.get("leaves", [])]
+        except TypeError as e:
+            raise FormatError(f"manifest {where} has malformed fields: {e}") from None
+        return Manifest(version, record.get("tree"), leaves, bool(record.get("pickle", False)))

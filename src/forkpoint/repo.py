@@ -1,0 +1,783 @@
+"""Repo: versions, refs, lineage, load/restore, diff, verify and gc — the public core.
+
+A repository is a store holding `forkpoint.json`, `objects/`, `versions/` and `refs/`.
+A version is visible once its manifest is durable and a ref record points at it.
+"""
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import __version__
+from .engine.restore import ReadRequest, read_leaves
+from .engine.save import KnownChunk, SaveOptions, object_key, store_leaves
+from .errors import (ConflictError, FormatError, PrunedVersionError, RefNotFoundError,
+                     RepoNotFoundError, StateMismatchError)
+from .format.manifest import FORMAT_VERSION, Leaf, Manifest, Version, check_format
+from .format.paths import has_prefix
+from .format.refs import check_name, decode_record, encode_record, parse_ref_expr, record_key, seq_of
+from .state import capture, flatten, is_module, merge, restore_objects, unflatten, walk_skeleton
+from .state.leaves import empty_leaf, finish_leaf, is_torch_tensor, live_buffer
+from .state.skeleton import rename as rename_skeleton
+from .state.skeleton import select as select_skeleton
+from .storage import Store, open_store
+
+REPO_MARKER = "forkpoint.json"
+REPO_KIND = "forkpoint.repository"
+REF_RECORDS_KEPT = 4
+
+
+@dataclass
+class LeafDiff:
+    """How one path differs between two versions."""
+
+    path: str
+    status: str
+    detail: str = ""
+    max_abs: float | None = None
+    rel_l2: float | None = None
+
+
+@dataclass
+class Divergence:
+    """The earliest step at which two branches' states differ beyond tolerance."""
+
+    step: int
+    version_a: str
+    version_b: str
+    paths: list[str]
+    max_abs: float | None
+
+
+@dataclass
+class VerifyReport:
+    """What `verify` checked and the problems it found (empty when all is well)."""
+
+    versions: int = 0
+    objects: int = 0
+    bytes: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@dataclass
+class GcReport:
+    """What `gc` removed (or would remove, on a dry run)."""
+
+    pruned_versions: list[str] = field(default_factory=list)
+    deleted_objects: int = 0
+    freed_bytes: int = 0
+    deleted_manifests: int = 0
+    deleted_temp: int = 0
+    dry_run: bool = False
+
+
+class PendingSave:
+    """A save running in the background: `done()`, `wait(timeout)` -> Version."""
+
+    def __init__(self, future: Future):
+        self._future = future
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def wait(self, timeout: float | None = None) -> Version:
+        return self._future.result(timeout)
+
+
+def _environment() -> dict:
+    env = {"forkpoint": __version__, "python": sys.version.split()[0], "numpy": np.__version__,
+           "hostname": socket.gethostname(), "pid": os.getpid(),
+           "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        env["torch"] = torch.__version__
+        dist = getattr(torch, "distributed", None)
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            env["world_size"] = dist.get_world_size()
+    return env
+
+
+class Repo:
+    """A forkpoint repository at `url` (local path, file:// or mem://)."""
+
+    def __init__(self, url: str | Store, create: bool = False, codec: str = "raw",
+                 on_conflict: str = "retry", workers: int = 4, options: SaveOptions | None = None):
+        self.store = url if isinstance(url, Store) else open_store(str(url))
+        self.url = self.store.url
+        if on_conflict not in ("retry", "error"):
+            raise ValueError(f"on_conflict must be 'retry' or 'error', got {on_conflict!r}")
+        self.on_conflict = on_conflict
+        self.options = options or SaveOptions(codec=codec, workers=workers)
+        self.writer_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._open_or_create(create)
+        self._pool = ThreadPoolExecutor(self.options.workers, thread_name_prefix="forkpoint-io")
+        self._committer = ThreadPoolExecutor(1, thread_name_prefix="forkpoint-commit")
+        self._manifests: dict[str, Manifest] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # ----------------------------------------------------------------- set-up
+    def _open_or_create(self, create: bool) -> None:
+        try:
+            record = json.loads(self.store.read(REPO_MARKER))
+        except FileNotFoundError:
+            if not create:
+                raise RepoNotFoundError(
+                    f"no forkpoint repository at {self.url}: create one with "
+                    f"fp.Repo({self.url!r}, create=True) or `forkpoint init {self.url}`") from None
+            record = {"format": REPO_KIND, "format_version": list(FORMAT_VERSION), "created": time.time()}
+            self.store.create_exclusive(REPO_MARKER, json.dumps(record).encode())
+        except ValueError:
+            raise FormatError(f"{self.url}/{REPO_MARKER} is not valid JSON") from None
+        check_format(record, REPO_KIND, f"repository {self.url}")
+
+    def close(self) -> None:
+        """Wait for background saves, then release threads. Idempotent."""
+        if self._closed:
+            return
+        self._committer.shutdown(wait=True)
+        self._pool.shutdown(wait=True)
+        self.store.close()
+        self._closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ----------------------------------------------------------------- refs
+    def _ref_state(self, kind: str, name: str) -> tuple[int, str | None]:
+        """Return (highest seq, target) of a ref; (-1, None) when it never existed."""
+        seqs = [s for s in map(seq_of, self.store.list(f"refs/{kind}/{name}")) if s is not None]
+        if not seqs:
+            return -1, None
+        seq = max(seqs)
+        key = record_key(kind, name, seq)
+        return seq, decode_record(self.store.read(key), f"{self.url}/{key}")["target"]
+
+    def _publish_ref(self, kind: str, name: str, seq: int, target: str | None) -> bool:
+        data = encode_record(seq, target, time.time(), self.writer_id)
+        return self.store.create_exclusive(record_key(kind, name, seq), data)
+
+    def _set_ref(self, kind: str, name: str, target: str | None, must_exist: bool | None) -> None:
+        for _ in range(100):
+            seq, current = self._ref_state(kind, name)
+            if must_exist is True and current is None:
+                raise RefNotFoundError(f"no {kind[:-1]} {name!r} in {self.url}")
+            if must_exist is False and current is not None:
+                raise ValueError(f"{kind[:-1]} {name!r} already exists in {self.url} (at {current})")
+            if self._publish_ref(kind, name, seq + 1, target):
+                return
+        raise ConflictError(f"could not update {kind[:-1]} {name!r}: too many concurrent writers")
+
+    def _names(self, kind: str) -> dict[str, str]:
+        names = {key.split("/")[2] for key in self.store.list(f"refs/{kind}") if key.count("/") == 3}
+        out = {}
+        for name in sorted(names):
+            target = self._ref_state(kind, name)[1]
+            if target is not None:
+                out[name] = target
+        return out
+
+    def branches(self) -> dict[str, str]:
+        """Return {branch name: head version id}."""
+        return self._names("heads")
+
+    def tags(self) -> dict[str, str]:
+        """Return {tag name: version id}."""
+        return self._names("tags")
+
+    def head(self, branch: str = "main") -> str | None:
+        """Return the head version id of `branch`, or None when it has no versions."""
+        return self._ref_state("heads", check_name(branch, "branch"))[1]
+
+    def fork(self, ref: str, name: str) -> Version:
+        """Create branch `name` at the version `ref` names; later saves on it descend from there."""
+        version = self.version(ref)
+        self._set_ref("heads", check_name(name, "branch"), version.id, must_exist=False)
+        return version
+
+    def tag(self, name: str, ref: str = "main", force: bool = False) -> Version:
+        """Point tag `name` at `ref` (moving an existing tag only with force=True)."""
+        version = self.version(ref)
+        self._set_ref("tags", check_name(name, "tag"), version.id, must_exist=None if force else False)
+        return version
+
+    def delete_tag(self, name: str) -> None:
+        """Remove a tag (its version stays)."""
+        self._set_ref("tags", check_name(name, "tag"), None, must_exist=True)
+
+    def delete_branch(self, name: str) -> None:
+        """Remove a branch ref (its versions stay until gc finds them unreachable)."""
+        self._set_ref("heads", check_name(name, "branch"), None, must_exist=True)
+
+    # ----------------------------------------------------------------- versions
+    def _manifest_by_id(self, vid: str) -> Manifest:
+        cached = self._manifests.get(vid)
+        if cached is not None:
+            return cached
+        key = f"versions/{vid}.json"
+        try:
+            data = self.store.read(key)
+        except FileNotFoundError:
+            raise RefNotFoundError(f"version {vid} does not exist in {self.url}") from None
+        m = Manifest.from_bytes(data, f"{self.url}/{key}")
+        if m.version.id != vid:
+            raise FormatError(f"manifest {self.url}/{key} names version {m.version.id}, not {vid}")
+        with self._lock:
+            self._manifests[vid] = m
+        return m
+
+    def _version_ids(self) -> list[str]:
+        return [k[len("versions/"):-len(".json")] for k in self.store.list("versions")
+                if k.endswith(".json")]
+
+    def resolve(self, ref: str) -> str:
+        """Return the version id named by a branch, tag, id (or unique prefix), with `~N` suffixes."""
+        if not isinstance(ref, str) or not ref:
+            raise RefNotFoundError(f"invalid ref {ref!r}")
+        base, ups = parse_ref_expr(ref)
+        vid = None
+        if base.replace(".", "").replace("_", "").replace("-", "").isalnum() and "/" not in base:
+            if self.store.list(f"refs/heads/{base}"):
+                vid = self._ref_state("heads", base)[1]
+            if vid is None and self.store.list(f"refs/tags/{base}"):
+                vid = self._ref_state("tags", base)[1]
+        if vid is None and len(base) >= 4 and all(c in "0123456789abcdef" for c in base):
+            matches = [v for v in self._version_ids() if v.startswith(base)]
+            if len(matches) > 1:
+                raise RefNotFoundError(f"ref {base!r} is ambiguous: {', '.join(sorted(matches)[:5])}")
+            vid = matches[0] if matches else None
+        if vid is None:
+            raise RefNotFoundError(
+                f"no branch, tag or version {base!r} in {self.url}; branches: "
+                f"{', '.join(self.branches()) or '(none)'}")
+        for i in range(ups):
+            parents = self._manifest_by_id(vid).version.parents
+            if not parents:
+                raise RefNotFoundError(f"{ref!r}: version {vid} has no parent ({i} generations back)")
+            vid = parents[0]
+        return vid
+
+    def version(self, ref: str = "main") -> Version:
+        """Return the Version record `ref` names."""
+        return self._manifest_by_id(self.resolve(ref)).version
+
+    def manifest(self, ref: str = "main") -> Manifest:
+        """Return the full manifest (record, skeleton, leaf table) of `ref`."""
+        return self._manifest_by_id(self.resolve(ref))
+
+    def log(self, ref: str = "main", limit: int | None = None) -> list[Version]:
+        """Return the first-parent history of `ref`, newest first (pruned records included)."""
+        out: list[Version] = []
+        vid: str | None = self.resolve(ref)
+        while vid is not None and (limit is None or len(out) < limit):
+            try:
+                v = self._manifest_by_id(vid).version
+            except RefNotFoundError:
+                break
+            out.append(v)
+            vid = v.parents[0] if v.parents else None
+        return out
+
+    def versions(self) -> list[Version]:
+        """Return every version record in the repository, oldest first."""
+        return sorted((self._manifest_by_id(v).version for v in self._version_ids()),
+                      key=lambda v: v.time)
+
+    # ----------------------------------------------------------------- save
+    def save(self, state, branch: str = "main", step: int | None = None, message: str = "",
+             metrics: dict | None = None, meta: dict | None = None, sync: bool = True,
+             allow_pickle: bool = False) -> Version | PendingSave:
+        """Store `state` as a new version on `branch`; with sync=False return a PendingSave at once."""
+        if self._closed:
+            raise RuntimeError(f"repository {self.url} is closed")
+        check_name(branch, "branch")
+        metrics = _json_safe(metrics or {}, "metrics")
+        meta = _json_safe(meta or {}, "meta")
+        tree, _ = capture(state)
+        skeleton, flat = flatten(tree, allow_pickle=allow_pickle, copy=not sync)
+        record = Version("", [], branch, step, 0.0, message, metrics, meta, env=_environment())
+
+        def run() -> Version:
+            return self._store_and_commit(skeleton, flat, record, allow_pickle)
+
+        if sync:
+            return self._committer.submit(run).result()
+        return PendingSave(self._committer.submit(run))
+
+    def _known_chunks(self, branch: str) -> dict[str, KnownChunk]:
+        head = self._ref_state("heads", branch)[1]
+        known: dict[str, KnownChunk] = {}
+        if head is None:
+            return known
+        try:
+            m = self._manifest_by_id(head)
+        except (RefNotFoundError, FormatError):
+            return known
+        for leaf in m.leaves:
+            for c in leaf.chunks:
+                if c.object != c.hash:
+                    known[c.hash] = KnownChunk(c.object, c.start, c.size, c.codec)
+        return known
+
+    def _store_and_commit(self, skeleton, flat, record: Version, allow_pickle: bool) -> Version:
+        known = self._known_chunks(record.branch)
+        for obj in {k.object for k in known.values()}:
+            try:
+                self.store.touch(object_key(obj))
+            except FileNotFoundError:
+                known = {h: k for h, k in known.items() if k.object != obj}
+        stored = store_leaves(self.store, flat, known, self.options, self._pool)
+        self.store.barrier(stored.written_keys)
+        record.logical_bytes = sum(leaf.nbytes for leaf in stored.leaves if leaf.alias_of is None)
+        record.stored_bytes = stored.stored_bytes
+        has_pickle = any(leaf.kind == "pickle" for leaf in stored.leaves)
+        manifest = Manifest(record, skeleton, stored.leaves, pickle=allow_pickle and has_pickle)
+        return self._commit(manifest)
+
+    def _commit(self, manifest: Manifest) -> Version:
+        record = manifest.version
+        for _ in range(1000):
+            seq, head = self._ref_state("heads", record.branch)
+            record.parents = [head] if head else []
+            record.time = time.time()
+            vid = manifest.assign_id()
+            key = f"versions/{vid}.json"
+            self.store.write(key, [manifest.to_bytes()])
+            self.store.barrier([key])
+            if self._publish_ref("heads", record.branch, seq + 1, vid):
+                with self._lock:
+                    self._manifests[vid] = manifest
+                return record
+            if self.on_conflict == "error":
+                raise ConflictError(
+                    f"branch {record.branch!r} of {self.url} moved while saving; version {vid} is "
+                    f"stored but not on the branch: keep it with repo.fork({vid!r}, name) or "
+                    "repo.tag(name, ...) before gc removes it")
+            self.store.delete(key)
+        raise ConflictError(f"branch {record.branch!r}: gave up after repeated concurrent updates")
+
+    # ----------------------------------------------------------------- load / restore
+    def _readable(self, ref: str) -> Manifest:
+        m = self._manifest_by_id(self.resolve(ref))
+        if m.version.pruned:
+            raise PrunedVersionError(
+                f"version {m.version.id} (step {m.version.step}) of {self.url} was pruned by "
+                "retention; its record remains in the log but its data is gone")
+        return m
+
+    def _read_values(self, m: Manifest, indices: list[int], targets: dict, map_location,
+                     allow_pickle: bool, devices: dict | None = None) -> dict[int, object]:
+        """Read leaves `indices` of `m`; `targets[i]` is a live uint8 buffer to fill in place."""
+        if any(m.leaves[i].kind == "pickle" for i in indices) and not allow_pickle:
+            leaf = next(m.leaves[i] for i in indices if m.leaves[i].kind == "pickle")
+            raise _pickle_refused(leaf.path, m.version.id)
+        values, requests, fresh = {}, [], {}
+        for i in indices:
+            leaf = m.leaves[i]
+            if leaf.alias_of is not None:
+                continue
+            if i in targets:
+                requests.append(ReadRequest(leaf, targets[i][1]))
+                values[i] = targets[i][0]
+            else:
+                obj, buf = empty_leaf(leaf.kind, leaf.dtype, leaf.shape, leaf.device, leaf.path)
+                requests.append(ReadRequest(leaf, buf))
+                fresh[i] = obj
+        read_leaves(self.store, requests, m.version.id, self._pool)
+        for i, obj in fresh.items():
+            loc = (devices or {}).get(i, map_location)
+            values[i] = finish_leaf(m.leaves[i].kind, obj, m.leaves[i].device, loc, allow_pickle,
+                                    m.leaves[i].path)
+        for i in indices:
+            base = m.leaves[i].alias_of
+            if base is not None:
+                if base not in values:
+                    values.update(self._read_values(m, [base], targets, map_location, allow_pickle, devices))
+                values[i] = values[base]
+        return values
+
+    def load(self, ref: str = "main", paths: list[str] | None = None, map_location=None,
+             allow_pickle: bool = False):
+        """Return the state tree of `ref` (tensors on `map_location`, default CPU)."""
+        m = self._readable(ref)
+        paths = [paths] if isinstance(paths, str) else paths
+        skeleton = select_skeleton(m.tree, paths)
+        if skeleton is None:
+            raise RefNotFoundError(f"version {m.version.id} has nothing under {paths}")
+        indices = [n["i"] for _, _, n in walk_skeleton(skeleton) if n.get("t") == "leaf"]
+        values = self._read_values(m, indices, {}, map_location, allow_pickle)
+        return unflatten(skeleton, values, f"version {m.version.id}")
+
+    def restore(self, state, ref: str = "main", strict: bool = True, paths: list[str] | None = None,
+                rename: dict[str, str] | None = None, map_location=None,
+                allow_pickle: bool = False) -> Version:
+        """Restore `ref` into live objects in place; strict checks list every mismatch at once."""
+        m = self._readable(ref)
+        paths = [paths] if isinstance(paths, str) else paths
+        skeleton = select_skeleton(m.tree, paths)
+        if skeleton is None:
+            raise RefNotFoundError(f"version {m.version.id} has nothing under {paths}")
+        skeleton = rename_skeleton(skeleton, rename)
+        captured, objects = capture(state)
+        stored = {p: n for p, _, n in walk_skeleton(skeleton)}
+        live = _live_leaves(captured)
+        scope = None if paths is None else [_renamed(p, rename) for p in paths]
+        self._check_restore(m, stored, live, objects, scope, strict)
+        targets, devices = {}, {}
+        for path, node in stored.items():
+            if node.get("t") != "leaf" or path not in live:
+                continue
+            leaf = m.leaves[node["i"]]
+            value = live[path]
+            buf = live_buffer(value)
+            if leaf.alias_of is None and buf is not None and buf[1] == leaf.dtype and list(buf[2]) == leaf.shape:
+                targets[node["i"]] = (value, buf[3])
+            elif is_torch_tensor(value):
+                devices[node["i"]] = value.device
+        indices = [n["i"] for n in stored.values() if n.get("t") == "leaf"]
+        values = self._read_values(m, indices, targets, map_location, allow_pickle, devices)
+        loaded = unflatten(skeleton, values, f"version {m.version.id}")
+        captured = merge(captured, loaded)
+        restore_objects(captured, objects, state, module_strict=False)
+        return m.version
+
+    def _check_restore(self, m: Manifest, stored: dict, live: dict, objects, scope, strict) -> None:
+        def in_scope(p):
+            return scope is None or any(has_prefix(p, s) for s in scope)
+
+        open_prefixes = [_keys_path(k) for k, o in objects if not is_module(o)]
+
+        def checked(p):
+            return not any(has_prefix(p, o) for o in open_prefixes)
+
+        missing = sorted(p for p in live if in_scope(p) and p not in stored and checked(p))
+        unexpected = sorted(p for p in stored if p not in live and checked(p))
+        for keys, obj in objects:
+            prefix = _keys_path(keys)
+            if not is_module(obj) and in_scope(prefix) and not any(has_prefix(p, prefix) for p in stored):
+                missing.append(prefix)
+        mismatched = []
+        for path, node in stored.items():
+            if node.get("t") != "leaf" or path not in live:
+                continue
+            leaf, value = m.leaves[node["i"]], live[path]
+            shape = getattr(value, "shape", None)
+            if shape is None or leaf.kind in ("bytes", "pickle", "numpy_scalar"):
+                continue
+            live_dtype = str(value.dtype).removeprefix("torch.")
+            if list(shape) != leaf.shape:
+                mismatched.append(f"{path}: stored shape {leaf.shape}, live {list(shape)}")
+            elif live_dtype != leaf.dtype and strict:
+                mismatched.append(f"{path}: stored dtype {leaf.dtype}, live {live_dtype}")
+        if mismatched or (strict and (missing or unexpected)):
+            lines = [f"cannot restore version {m.version.id} (step {m.version.step}) strictly:"]
+            if missing:
+                lines.append(f"  missing in the version ({len(missing)}): " + ", ".join(missing[:20]))
+            if unexpected:
+                lines.append(f"  unexpected in the version ({len(unexpected)}): " + ", ".join(unexpected[:20]))
+            if mismatched:
+                lines.append(f"  mismatched ({len(mismatched)}): " + "; ".join(mismatched[:20]))
+            lines.append("  use strict=False, paths=[...] or rename={...} for a partial restore")
+            raise StateMismatchError("\n".join(lines))
+
+    # ----------------------------------------------------------------- compare
+    def diff(self, a: str, b: str, numeric: bool = True) -> list[LeafDiff]:
+        """Compare two versions leaf by leaf; identical hashes are 'same' without reading data."""
+        ma, mb = self._readable(a), self._readable(b)
+        na = {p: n for p, _, n in walk_skeleton(ma.tree)}
+        nb = {p: n for p, _, n in walk_skeleton(mb.tree)}
+        out = []
+        for path in sorted(set(na) | set(nb)):
+            if path not in nb:
+                out.append(LeafDiff(path, "removed"))
+            elif path not in na:
+                out.append(LeafDiff(path, "added"))
+            else:
+                out.append(self._diff_node(ma, mb, path, na[path], nb[path], numeric))
+        return out
+
+    def _leaf_of(self, m: Manifest, node: dict) -> Leaf:
+        leaf = m.leaves[node["i"]]
+        return m.leaves[leaf.alias_of] if leaf.alias_of is not None else leaf
+
+    def _diff_node(self, ma, mb, path, x, y, numeric) -> LeafDiff:
+        if x.get("t") != "leaf" or y.get("t") != "leaf":
+            if x == y:
+                return LeafDiff(path, "same")
+            d = LeafDiff(path, "changed", f"{_node_repr(x)} -> {_node_repr(y)}")
+            if x.get("t") in ("int", "float") and y.get("t") in ("int", "float"):
+                d.max_abs = abs(_scalar(y) - _scalar(x))
+            return d
+        la, lb = self._leaf_of(ma, x), self._leaf_of(mb, y)
+        if la.digest == lb.digest:
+            return LeafDiff(path, "same")
+        if (la.dtype, la.shape) != (lb.dtype, lb.shape):
+            return LeafDiff(path, "changed", f"{la.dtype}{la.shape} -> {lb.dtype}{lb.shape}")
+        d = LeafDiff(path, "changed", "values")
+        if numeric and la.kind in ("torch", "numpy", "numpy_scalar"):
+            va = _as_float64(self._read_values(ma, [x["i"]], {}, None, False)[x["i"]])
+            vb = _as_float64(self._read_values(mb, [y["i"]], {}, None, False)[y["i"]])
+            if va is not None and vb is not None:
+                delta = np.abs(vb - va)
+                d.max_abs = float(delta.max()) if delta.size else 0.0
+                norm = float(np.linalg.norm(va.ravel()))
+                d.rel_l2 = float(np.linalg.norm((vb - va).ravel())) / norm if norm else float("inf")
+        return d
+
+    def first_divergence(self, branch_a: str, branch_b: str, atol: float = 0.0) -> Divergence | None:
+        """Return the earliest common step whose states differ by more than `atol`, or None."""
+        by_step_a = {v.step: v for v in reversed(self.log(branch_a)) if v.step is not None}
+        by_step_b = {v.step: v for v in reversed(self.log(branch_b)) if v.step is not None}
+        for step in sorted(set(by_step_a) & set(by_step_b)):
+            va, vb = by_step_a[step], by_step_b[step]
+            if va.id == vb.id or va.pruned or vb.pruned:
+                continue
+            diffs = [d for d in self.diff(va.id, vb.id, numeric=atol > 0) if d.status != "same"]
+            beyond = [d for d in diffs if d.max_abs is None or d.max_abs > atol]
+            if beyond:
+                worst = max((d.max_abs for d in beyond if d.max_abs is not None), default=None)
+                return Divergence(step, va.id, vb.id, [d.path for d in beyond], worst)
+        return None
+
+    # ----------------------------------------------------------------- integrity
+    def verify(self, ref: str | None = None, progress=None) -> VerifyReport:
+        """Re-read and re-hash every object of `ref` (or of every version); report problems."""
+        ids = [self.resolve(ref)] if ref is not None else self._version_ids()
+        report = VerifyReport()
+        for vid in ids:
+            try:
+                m = self._manifest_by_id(vid)
+            except Exception as e:  # a broken manifest is a problem to report, not to stop at
+                report.problems.append(str(e))
+                continue
+            report.versions += 1
+            if m.version.pruned:
+                continue
+            real = [i for i, leaf in enumerate(m.leaves) if leaf.alias_of is None]
+            for i in real:
+                leaf = m.leaves[i]
+                _, buf = empty_leaf("bytes", "uint8", [leaf.nbytes], "cpu", leaf.path)
+                try:
+                    read_leaves(self.store, [ReadRequest(leaf, buf)], vid, self._pool)
+                except Exception as e:
+                    report.problems.append(str(e))
+                report.objects += len(leaf.chunks)
+                report.bytes += leaf.nbytes
+                if progress is not None:
+                    progress(leaf.nbytes)
+        return report
+
+    # ----------------------------------------------------------------- retention and gc
+    def _chains(self) -> dict[str, list[Version]]:
+        return {name: self.log(name) for name in self.branches()}
+
+    def prune_plan(self, keep, branches: list[str] | None = None) -> list[str]:
+        """Return ids of versions `keep` would prune on `branches` (default: all)."""
+        chains = self._chains()
+        tagged = set(self.tags().values())
+        protected = set(tagged) | {c[0].id for c in chains.values() if c}
+        chosen = set(chains) if branches is None else set(branches)
+        candidates = []
+        for name, chain in chains.items():
+            if name not in chosen:
+                protected.update(v.id for v in chain)
+                continue
+            live = [v for v in chain if not v.pruned]
+            protected.update(keep.select(live, tagged))
+            candidates.extend(v.id for v in live)
+        return sorted({c for c in candidates if c not in protected})
+
+    def _prune(self, vid: str) -> None:
+        m = self._manifest_by_id(vid)
+        record = Version(**{**m.version.summary(), "pruned": True})
+        stub = Manifest(record, None, [], False)
+        key = f"versions/{vid}.json"
+        self.store.write(key, [stub.to_bytes()])
+        self.store.barrier([key])
+        with self._lock:
+            self._manifests[vid] = stub
+
+    def gc(self, keep=None, branches: list[str] | None = None, dry_run: bool = False,
+           grace: float = 600.0) -> GcReport:
+        """Prune versions by `keep`, then delete objects no version needs and stale temp files.
+
+        Objects, manifests and temp files younger than `grace` seconds are kept, so gc is safe
+        while other processes save (a save must finish within `grace`).
+        """
+        report = GcReport(dry_run=dry_run)
+        if keep is not None:
+            report.pruned_versions = self.prune_plan(keep, branches)
+        pruned = set(report.pruned_versions)
+        if not dry_run:
+            for vid in report.pruned_versions:
+                self._prune(vid)
+        now = time.time()
+        reachable = set()
+        for start in list(self.branches().values()) + list(self.tags().values()):
+            vid = start
+            while vid and vid not in reachable:
+                reachable.add(vid)
+                try:
+                    parents = self._manifest_by_id(vid).version.parents
+                except RefNotFoundError:
+                    break
+                vid = parents[0] if parents else None
+        live_objects = set()
+        for vid in self._version_ids():
+            key = f"versions/{vid}.json"
+            if vid not in reachable and now - self.store.mtime(key) > grace:
+                report.deleted_manifests += 1
+                if not dry_run:
+                    self.store.delete(key)
+                    self._manifests.pop(vid, None)
+                continue
+            if vid in pruned:
+                continue
+            m = self._manifest_by_id(vid)
+            for leaf in m.leaves:
+                live_objects.update(c.object for c in leaf.chunks)
+        for key in self.store.list("objects"):
+            digest = key.rsplit("/", 1)[-1]
+            if digest in live_objects:
+                continue
+            try:
+                if now - self.store.mtime(key) <= grace:
+                    continue
+                size = self.store.size(key)
+            except FileNotFoundError:
+                continue
+            report.deleted_objects += 1
+            report.freed_bytes += size
+            if not dry_run:
+                self.store.delete(key)
+        for key in self.store.list("tmp"):
+            try:
+                if now - self.store.mtime(key) > grace:
+                    report.deleted_temp += 1
+                    if not dry_run:
+                        self.store.delete(key)
+            except FileNotFoundError:
+                pass
+        if not dry_run:
+            self._compact_refs()
+        return report
+
+    def _compact_refs(self) -> None:
+        by_ref: dict[str, list[tuple[int, str]]] = {}
+        for key in self.store.list("refs"):
+            seq = seq_of(key)
+            if seq is not None:
+                by_ref.setdefault(key.rsplit("/", 1)[0], []).append((seq, key))
+        for records in by_ref.values():
+            for _, key in sorted(records)[:-REF_RECORDS_KEPT]:
+                self.store.delete(key)
+
+    def du(self) -> dict:
+        """Return logical and stored bytes per version and per branch, and the objects' total."""
+        versions = {v.id: v for v in self.versions()}
+        branches = {}
+        for name, chain in self._chains().items():
+            branches[name] = {"versions": len(chain),
+                              "logical_bytes": sum(v.logical_bytes for v in chain if not v.pruned),
+                              "stored_bytes": sum(v.stored_bytes for v in chain if not v.pruned)}
+        total = sum(self.store.size(k) for k in self.store.list("objects"))
+        return {"versions": [{"id": v.id, "branch": v.branch, "step": v.step, "pruned": v.pruned,
+                              "logical_bytes": v.logical_bytes, "stored_bytes": v.stored_bytes}
+                             for v in versions.values()],
+                "branches": branches, "objects_bytes": total}
+
+
+def _json_safe(d: dict, what: str) -> dict:
+    try:
+        return json.loads(json.dumps(d, allow_nan=False, default=_to_json))
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{what} must be JSON data (finite numbers, str, lists, dicts): {e}") from None
+
+
+def _to_json(x):
+    if hasattr(x, "item"):
+        return x.item()
+    raise TypeError(f"{type(x).__name__} is not JSON data")
+
+
+def _pickle_refused(path: str, vid: str) -> Exception:
+    from .errors import UnsupportedTypeError
+
+    return UnsupportedTypeError(
+        f"version {vid}: leaf {path!r} was stored with pickle; loading it could run code. "
+        "Pass allow_pickle=True only if you trust this repository")
+
+
+def _keys_path(keys: tuple) -> str:
+    from .format.paths import join_path
+
+    return join_path(*keys)
+
+
+def _renamed(path: str, rename: dict | None) -> str:
+    for old, new in (rename or {}).items():
+        if has_prefix(path, old):
+            rest = path[len(old):].lstrip("/")
+            return "/".join(p for p in (new, rest) if p)
+    return path
+
+
+def _live_leaves(tree) -> dict:
+    """Return {path: value} for every non-container value of a captured live tree."""
+    from .format.paths import child_path
+
+    out = {}
+
+    def walk(obj, path):
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(v, child_path(path, k))
+        elif isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+            for i, v in enumerate(obj):
+                walk(v, child_path(path, i))
+        else:
+            out[path] = obj
+
+    walk(tree, "")
+    return out
+
+
+def _node_repr(node: dict) -> str:
+    if node.get("t") == "float":
+        return repr(float.fromhex(node["v"]))
+    if node.get("t") == "leaf":
+        return "<array>"
+    return json.dumps(node.get("v", node.get("t")))[:60]
+
+
+def _scalar(node: dict) -> float:
+    return float.fromhex(node["v"]) if node["t"] == "float" else float(node["v"])
+
+
+def _as_float64(value):
+    """Return a float64/complex128 numpy array of a tensor or array, or None when not numeric."""
+    if is_torch_tensor(value):
+        import torch
+
+        t = value.detach().cpu()
+        t = t.to(torch.complex128) if t.is_complex() else t.to(torch.float64)
+        return t.numpy()
+    a = np.asarray(value)
+    if a.dtype.kind not in "biufc":
+        return None
+    return a.astype(np.complex128 if a.dtype.kind == "c" else np.float64)

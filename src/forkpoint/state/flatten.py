@@ -1,0 +1,162 @@
+"""Flatten a state tree into a JSON skeleton plus a list of array leaves, and back.
+
+Containers (dict, OrderedDict, list, tuple) and Python scalars live in the skeleton; tensors,
+arrays, large bytes and (opt-in) pickled objects become leaves referenced by index.
+"""
+
+import base64
+import math
+import pickle
+import sys
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import FormatError, UnsupportedTypeError
+from ..format.paths import child_path
+from .leaves import LeafData, is_torch_tensor, numpy_leaf, torch_leaf
+
+INLINE_BYTES_MAX = 4096
+
+
+@dataclass
+class FlatLeaf:
+    """One leaf of a flattened tree: its path, typed keys and data (None for an alias)."""
+
+    path: str
+    keys: tuple
+    data: LeafData | None
+    alias_of: int | None = None
+
+
+def _float_node(x: float) -> dict:
+    return {"t": "float", "v": float(x).hex()}
+
+
+def _tensor_identity(t):
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()),
+            t.dtype, str(t.device))
+
+
+def flatten(tree, allow_pickle: bool = False, copy: bool = False) -> tuple[dict, list[FlatLeaf]]:
+    """Return (skeleton, leaves). With copy=True every leaf's bytes are an independent copy."""
+    leaves: list[FlatLeaf] = []
+    seen: dict = {}
+
+    def add_leaf(path, keys, make, identity):
+        if identity is not None and identity in seen:
+            leaves.append(FlatLeaf(path, keys, None, alias_of=seen[identity]))
+        else:
+            if identity is not None:
+                seen[identity] = len(leaves)
+            leaves.append(FlatLeaf(path, keys, make()))
+        return {"t": "leaf", "i": len(leaves) - 1}
+
+    def walk(obj, path, keys):
+        if obj is None:
+            return {"t": "none"}
+        if isinstance(obj, bool):
+            return {"t": "bool", "v": obj}
+        if isinstance(obj, int) and type(obj) is not bool and not isinstance(obj, np.generic):
+            return {"t": "int", "v": int(obj)}
+        if isinstance(obj, float):
+            return _float_node(obj)
+        if isinstance(obj, complex):
+            return {"t": "complex", "v": [obj.real.hex(), obj.imag.hex()]}
+        if isinstance(obj, str):
+            return {"t": "str", "v": obj}
+        if is_torch_tensor(obj):
+            ident = _tensor_identity(obj) if obj.numel() else None
+            return add_leaf(path, keys, lambda: torch_leaf(obj, path, copy), ident)
+        if isinstance(obj, np.ndarray):
+            ident = None
+            if obj.size:
+                ident = (obj.__array_interface__["data"][0], obj.shape, obj.strides, obj.dtype.str)
+            return add_leaf(path, keys, lambda: numpy_leaf(obj, path, copy), ident)
+        if isinstance(obj, np.generic) and obj.dtype.kind in "biufc":
+            return add_leaf(path, keys, lambda: numpy_leaf(np.asarray(obj), path, True, "numpy_scalar"), None)
+        if isinstance(obj, (bytes, bytearray)):
+            if len(obj) <= INLINE_BYTES_MAX:
+                return {"t": "bytes", "v": base64.b64encode(bytes(obj)).decode()}
+            data = np.frombuffer(bytes(obj), dtype=np.uint8)
+            return add_leaf(path, keys, lambda: LeafData("bytes", "uint8", (len(obj),), "cpu", data), None)
+        if isinstance(obj, dict):
+            ks = list(obj.keys())
+            for k in ks:
+                if not isinstance(k, (str, int)) or isinstance(k, np.generic):
+                    raise UnsupportedTypeError(
+                        f"state path {path or '/'!r} has a dict key {k!r} of type {type(k).__name__}; "
+                        "forkpoint stores str and int keys"
+                    )
+            return {"t": "odict" if isinstance(obj, OrderedDict) else "dict", "k": ks,
+                    "v": [walk(obj[k], child_path(path, k), keys + (k,)) for k in ks]}
+        if isinstance(obj, (list, tuple)):
+            kind = "list" if isinstance(obj, list) else "tuple"
+            return {"t": kind, "v": [walk(v, child_path(path, i), keys + (i,)) for i, v in enumerate(obj)]}
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(obj, torch.dtype):
+            return {"t": "torch.dtype", "v": str(obj).removeprefix("torch.")}
+        if torch is not None and isinstance(obj, torch.device):
+            return {"t": "torch.device", "v": str(obj)}
+        if allow_pickle:
+            blob = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+            return add_leaf(path, keys, lambda: LeafData("pickle", "uint8", (blob.size,), "cpu", blob), None)
+        raise UnsupportedTypeError(
+            f"state path {path or '/'!r} holds a {type(obj).__module__}.{type(obj).__qualname__}, which "
+            "forkpoint does not store without pickle: give it state_dict()/load_state_dict(), convert "
+            "it to tensors/arrays/Python values, or pass allow_pickle=True on save and load"
+        )
+
+    return walk(tree, "", ()), leaves
+
+
+def unflatten(node, values: list, where: str = "manifest"):
+    """Rebuild a tree from a skeleton; `values[i]` is the object for leaf i."""
+    t = node.get("t") if isinstance(node, dict) else None
+    if t == "leaf":
+        return values[node["i"]]
+    if t in ("dict", "odict"):
+        cls = OrderedDict if t == "odict" else dict
+        return cls((k, unflatten(v, values, where)) for k, v in zip(node["k"], node["v"]))
+    if t == "list":
+        return [unflatten(v, values, where) for v in node["v"]]
+    if t == "tuple":
+        return tuple(unflatten(v, values, where) for v in node["v"])
+    if t == "none":
+        return None
+    if t in ("bool", "int", "str"):
+        return node["v"]
+    if t == "float":
+        return float.fromhex(node["v"])
+    if t == "complex":
+        return complex(float.fromhex(node["v"][0]), float.fromhex(node["v"][1]))
+    if t == "bytes":
+        return base64.b64decode(node["v"])
+    if t == "torch.dtype":
+        import torch
+
+        return getattr(torch, node["v"])
+    if t == "torch.device":
+        import torch
+
+        return torch.device(node["v"])
+    raise FormatError(f"{where}: unknown tree node {node!r}")
+
+
+def walk_skeleton(node, path: str = "", keys: tuple = ()):
+    """Yield (path, keys, node) for every leaf and scalar node of a skeleton."""
+    t = node.get("t")
+    if t in ("dict", "odict"):
+        for k, v in zip(node["k"], node["v"]):
+            yield from walk_skeleton(v, child_path(path, k), keys + (k,))
+    elif t in ("list", "tuple"):
+        for i, v in enumerate(node["v"]):
+            yield from walk_skeleton(v, child_path(path, i), keys + (i,))
+    else:
+        yield path, keys, node
+
+
+def is_finite_json(x) -> bool:
+    """True when a metric value can be written as plain JSON."""
+    return not isinstance(x, float) or math.isfinite(x)

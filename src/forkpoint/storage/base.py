@@ -1,0 +1,60 @@
+"""The interface every byte store implements.
+
+Keys are '/'-separated relative names. `write` replaces atomically; `create_exclusive`
+publishes only if the key is absent; `barrier` makes earlier writes durable.
+"""
+
+from abc import ABC, abstractmethod
+from typing import Iterable, Sequence
+
+
+class Store(ABC):
+    """A flat namespace of immutable-by-convention byte objects."""
+
+    url: str
+
+    @abstractmethod
+    def read(self, key: str) -> bytes:
+        """Return the whole object; raise FileNotFoundError when absent."""
+
+    @abstractmethod
+    def read_into(self, key: str, offset: int, buf: memoryview) -> int:
+        """Fill `buf` from byte `offset` of the object; return the number of bytes read."""
+
+    @abstractmethod
+    def size(self, key: str) -> int:
+        """Return the object's size in bytes; raise FileNotFoundError when absent."""
+
+    @abstractmethod
+    def write(self, key: str, parts: Sequence, durable: bool = True) -> None:
+        """Atomically create or replace `key` with the concatenation of `parts`."""
+
+    @abstractmethod
+    def create_exclusive(self, key: str, data: bytes) -> bool:
+        """Durably create `key` only if absent; return False if it already existed."""
+
+    @abstractmethod
+    def exists(self, key: str) -> bool:
+        """True when the object exists."""
+
+    @abstractmethod
+    def list(self, prefix: str) -> list[str]:
+        """Return every key under `prefix` (recursively), sorted."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove the object; absent keys are ignored."""
+
+    @abstractmethod
+    def mtime(self, key: str) -> float:
+        """Return the object's last-modified time (seconds since the epoch)."""
+
+    @abstractmethod
+    def touch(self, key: str) -> None:
+        """Set the object's modified time to now (protects it from a concurrent gc)."""
+
+    def barrier(self, keys: Iterable[str]) -> None:
+        """Make the creation of `keys` durable (e.g. fsync their directories)."""
+
+    def close(self) -> None:
+        """Release resources held by the store."""

@@ -1,0 +1,133 @@
+"""Local POSIX store: temp file + fsync + rename, directory fsync as the durability barrier."""
+
+import errno
+import os
+import time
+import uuid
+from typing import Iterable, Sequence
+
+from ..errors import StorageFullError
+from .base import Store
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class LocalStore(Store):
+    """Objects are files under `root`; temp files live in `root/tmp`."""
+
+    def __init__(self, root: str):
+        self.root = os.path.abspath(os.path.expanduser(root))
+        self.url = self.root
+
+    def _path(self, key: str) -> str:
+        if key.startswith("/") or ".." in key.split("/"):
+            raise ValueError(f"refusing unsafe storage key {key!r}")
+        return os.path.join(self.root, key)
+
+    def read(self, key: str) -> bytes:
+        with open(self._path(key), "rb") as f:
+            return f.read()
+
+    def read_into(self, key: str, offset: int, buf: memoryview) -> int:
+        fd = os.open(self._path(key), os.O_RDONLY)
+        try:
+            done = 0
+            while done < buf.nbytes:
+                n = os.preadv(fd, [buf[done:]], offset + done)
+                if n == 0:
+                    break
+                done += n
+            return done
+        finally:
+            os.close(fd)
+
+    def size(self, key: str) -> int:
+        return os.stat(self._path(key)).st_size
+
+    def _write_temp(self, parts: Sequence, durable: bool) -> str:
+        tmp_dir = os.path.join(self.root, "tmp")
+        os.makedirs(tmp_dir, exist_ok=True)
+        tmp = os.path.join(tmp_dir, uuid.uuid4().hex)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                for part in parts:
+                    view = memoryview(part).cast("B")
+                    while view.nbytes:
+                        view = view[os.write(fd, view):]
+                if durable:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            _remove_quietly(tmp)
+            if e.errno in _FULL:
+                raise StorageFullError(
+                    f"no space left on the device holding {self.root}; nothing was committed. "
+                    "Free space (or run `forkpoint gc`) and save again"
+                ) from e
+            raise
+        return tmp
+
+    def write(self, key: str, parts: Sequence, durable: bool = True) -> None:
+        path = self._path(key)
+        tmp = self._write_temp(parts, durable)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.replace(tmp, path)
+
+    def create_exclusive(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        tmp = self._write_temp([data], True)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        finally:
+            _remove_quietly(tmp)
+        self.barrier([key])
+        return True
+
+    def exists(self, key: str) -> bool:
+        return os.path.exists(self._path(key))
+
+    def list(self, prefix: str) -> list[str]:
+        base = self._path(prefix) if prefix else self.root
+        out = []
+        for dirpath, _, files in os.walk(base):
+            rel = os.path.relpath(dirpath, self.root)
+            for name in files:
+                out.append(name if rel == "." else f"{rel}/{name}")
+        return sorted(k.replace(os.sep, "/") for k in out)
+
+    def delete(self, key: str) -> None:
+        _remove_quietly(self._path(key))
+
+    def mtime(self, key: str) -> float:
+        return os.stat(self._path(key)).st_mtime
+
+    def touch(self, key: str) -> None:
+        now = time.time()
+        os.utime(self._path(key), (now, now))
+
+    def barrier(self, keys: Iterable[str]) -> None:
+        dirs = {os.path.dirname(self._path(k)) for k in keys}
+        for d in sorted(dirs, key=len, reverse=True):
+            _fsync_dir(d)
+        for d in {os.path.dirname(d) for d in dirs}:
+            _fsync_dir(d)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

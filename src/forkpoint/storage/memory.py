@@ -1,0 +1,82 @@
+"""In-process memory store (`mem://name`): fast, volatile, shared by name within a process."""
+
+import threading
+import time
+from typing import Sequence
+
+from .base import Store
+
+
+class MemoryStore(Store):
+    """A dict of bytes guarded by a lock."""
+
+    _named: dict[str, "MemoryStore"] = {}
+    _named_lock = threading.Lock()
+
+    def __init__(self, name: str = ""):
+        self.url = f"mem://{name}"
+        self._data: dict[str, bytes] = {}
+        self._mtime: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def named(cls, name: str) -> "MemoryStore":
+        """Return the process-wide store called `name`, creating it on first use."""
+        with cls._named_lock:
+            if name not in cls._named:
+                cls._named[name] = cls(name)
+            return cls._named[name]
+
+    def _get(self, key: str) -> bytes:
+        try:
+            return self._data[key]
+        except KeyError:
+            raise FileNotFoundError(f"{self.url}/{key}") from None
+
+    def read(self, key: str) -> bytes:
+        return self._get(key)
+
+    def read_into(self, key: str, offset: int, buf: memoryview) -> int:
+        data = self._get(key)[offset:offset + buf.nbytes]
+        buf[:len(data)] = data
+        return len(data)
+
+    def size(self, key: str) -> int:
+        return len(self._get(key))
+
+    def write(self, key: str, parts: Sequence, durable: bool = True) -> None:
+        blob = b"".join(bytes(memoryview(p).cast("B")) for p in parts)
+        with self._lock:
+            self._data[key] = blob
+            self._mtime[key] = time.time()
+
+    def create_exclusive(self, key: str, data: bytes) -> bool:
+        with self._lock:
+            if key in self._data:
+                return False
+            self._data[key] = bytes(data)
+            self._mtime[key] = time.time()
+            return True
+
+    def exists(self, key: str) -> bool:
+        return key in self._data
+
+    def list(self, prefix: str) -> list[str]:
+        with self._lock:
+            keys = list(self._data)
+        p = prefix.rstrip("/") + "/" if prefix else ""
+        return sorted(k for k in keys if k.startswith(p))
+
+    def delete(self, key: str) -> None:
+        with self._lock:
+            self._data.pop(key, None)
+            self._mtime.pop(key, None)
+
+    def mtime(self, key: str) -> float:
+        self._get(key)
+        return self._mtime[key]
+
+    def touch(self, key: str) -> None:
+        with self._lock:
+            if key in self._data:
+                self._mtime[key] = time.time()
