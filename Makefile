@@ -1,0 +1,24 @@
+# `make demo` and `make test` each create .venv on first use.
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-test
+PYTEST_ARGS ?= -n 2
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/forkpoint demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+
+bench: $(STAMP)
+	$(PY) benchmarks/save_load.py
+
+clean:
+	rm -rf $(VENV) demo-repo bench-out

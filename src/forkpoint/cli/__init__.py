@@ -1,0 +1,1 @@
+"""The forkpoint command line."""

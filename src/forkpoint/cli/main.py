@@ -1,0 +1,292 @@
+"""The `forkpoint` command: inspect and manage a repository from the shell.
+
+Read commands print for humans by default and JSON with `--json`; long operations show
+a progress bar on a terminal.
+"""
+
+import json
+import sys
+from dataclasses import asdict
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+from rich.table import Table
+
+from ..errors import ForkpointError
+from ..policy import Keep
+from ..repo import Repo
+from .graph import render_graph
+
+console = Console(highlight=False)
+repo_option = click.option("--repo", "-r", "repo_url", envvar="FORKPOINT_REPO", default=".",
+                           show_default=True, help="repository path or URL (env FORKPOINT_REPO)")
+json_option = click.option("--json", "as_json", is_flag=True, help="print JSON")
+
+
+def _open(url: str) -> Repo:
+    return Repo(url)
+
+
+def _emit(data) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _progress(total: int, label: str):
+    return Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                    TimeRemainingColumn(), console=Console(stderr=True), transient=True,
+                    disable=not sys.stderr.isatty()), total, label
+
+
+@click.group()
+@click.version_option(package_name="forkpoint")
+def cli():
+    """forkpoint: versioned, lineage-aware checkpoints."""
+
+
+@cli.command()
+@click.argument("path")
+def init(path):
+    """Create an empty repository at PATH."""
+    Repo(path, create=True).close()
+    click.echo(f"initialised forkpoint repository at {path}")
+
+
+@cli.command()
+@click.argument("ref", required=False)
+@click.option("--limit", "-n", type=int, default=None, help="at most N versions")
+@repo_option
+@json_option
+def log(ref, limit, repo_url, as_json):
+    """Show history: REF's first-parent chain, or every branch as a graph."""
+    repo = _open(repo_url)
+    heads, tags = repo.branches(), repo.tags()
+    if ref:
+        versions = repo.log(ref, limit=limit)
+    else:
+        seen = {}
+        for name in heads:
+            for v in repo.log(name):
+                seen[v.id] = v
+        versions = sorted(seen.values(), key=lambda v: v.time, reverse=True)[:limit]
+    if as_json:
+        return _emit([v.summary() for v in versions])
+    if not versions:
+        click.echo("no versions")
+        return
+    for line in render_graph(versions, heads, tags):
+        console.print(line)
+
+
+@cli.command()
+@click.argument("ref", default="main")
+@repo_option
+@json_option
+def show(ref, repo_url, as_json):
+    """Show one version: record, environment and leaf table."""
+    repo = _open(repo_url)
+    m = repo.manifest(ref)
+    v = m.version
+    leaves = [{"path": leaf.path, "kind": leaf.kind, "dtype": leaf.dtype, "shape": leaf.shape,
+               "nbytes": leaf.nbytes, "chunks": len(leaf.chunks),
+               "codecs": sorted({c.codec for c in leaf.chunks}),
+               "alias_of": None if leaf.alias_of is None else m.leaves[leaf.alias_of].path}
+              for leaf in m.leaves]
+    if as_json:
+        return _emit({**v.summary(), "leaves": leaves})
+    console.print(f"[bold]version {v.id}[/bold]" + (" [red](pruned)[/red]" if v.pruned else ""))
+    for key in ("branch", "step", "parents", "message", "metrics", "meta"):
+        console.print(f"  {key:8} {getattr(v, key)}")
+    console.print(f"  {'bytes':8} logical {_size(v.logical_bytes)}, newly stored {_size(v.stored_bytes)}")
+    console.print(f"  {'env':8} " + ", ".join(f"{k}={val}" for k, val in v.env.items()))
+    table = Table("path", "kind", "dtype", "shape", "size", "chunks", "codec")
+    for leaf in leaves:
+        table.add_row(leaf["path"], leaf["kind"], leaf["dtype"], "x".join(map(str, leaf["shape"])) or "()",
+                      _size(leaf["nbytes"]),
+                      f"= {leaf['alias_of']}" if leaf["alias_of"] else str(leaf["chunks"]),
+                      ",".join(leaf["codecs"]))
+    console.print(table)
+
+
+@cli.command()
+@click.argument("a")
+@click.argument("b")
+@click.option("--all", "show_all", is_flag=True, help="list unchanged leaves too")
+@repo_option
+@json_option
+def diff(a, b, show_all, repo_url, as_json):
+    """Compare two versions leaf by leaf."""
+    rows = _open(repo_url).diff(a, b)
+    if as_json:
+        return _emit([asdict(d) for d in rows])
+    table = Table("path", "status", "detail", "max |a-b|", "rel L2")
+    for d in rows:
+        if d.status == "same" and not show_all:
+            continue
+        color = {"same": "dim", "changed": "yellow", "added": "green", "removed": "red"}[d.status]
+        table.add_row(d.path, f"[{color}]{d.status}[/{color}]", d.detail,
+                      "" if d.max_abs is None else f"{d.max_abs:.3g}",
+                      "" if d.rel_l2 is None else f"{d.rel_l2:.3g}")
+    same = sum(d.status == "same" for d in rows)
+    console.print(table)
+    console.print(f"{len(rows) - same} of {len(rows)} paths differ")
+
+
+@cli.command()
+@click.argument("ref")
+@click.argument("name")
+@repo_option
+def fork(ref, name, repo_url):
+    """Create branch NAME at REF."""
+    v = _open(repo_url).fork(ref, name)
+    click.echo(f"branch {name} created at {v.id} (step {v.step})")
+
+
+@cli.command()
+@click.argument("name")
+@click.argument("ref", default="main")
+@click.option("--force", is_flag=True, help="move an existing tag")
+@click.option("--delete", is_flag=True, help="delete the tag")
+@repo_option
+def tag(name, ref, force, delete, repo_url):
+    """Tag REF as NAME (tagged versions survive retention)."""
+    repo = _open(repo_url)
+    if delete:
+        repo.delete_tag(name)
+        click.echo(f"tag {name} deleted")
+        return
+    v = repo.tag(name, ref, force=force)
+    click.echo(f"tag {name} -> {v.id} (step {v.step})")
+
+
+@cli.command()
+@repo_option
+@json_option
+def branches(repo_url, as_json):
+    """List branches and their heads."""
+    repo = _open(repo_url)
+    heads = repo.branches()
+    if as_json:
+        return _emit(heads)
+    for name, vid in heads.items():
+        v = repo.version(vid)
+        click.echo(f"{name:20} {vid[:12]}  step {v.step}")
+
+
+@cli.command()
+@click.argument("ref", required=False)
+@repo_option
+@json_option
+def verify(ref, repo_url, as_json):
+    """Re-hash every object of REF (default: of every version)."""
+    repo = _open(repo_url)
+    ids = [repo.resolve(ref)] if ref else None
+    total = sum(leaf.nbytes for vid in (ids or [v.id for v in repo.versions()])
+                for leaf in repo.manifest(vid).leaves if leaf.alias_of is None)
+    progress, total, label = _progress(total, "verifying")
+    with progress:
+        task = progress.add_task(label, total=total)
+        report = repo.verify(ref, progress=lambda n: progress.advance(task, n))
+    if as_json:
+        _emit(asdict(report) | {"ok": report.ok})
+    else:
+        for problem in report.problems:
+            console.print(f"[red]problem:[/red] {problem}")
+        status = "[green]ok[/green]" if report.ok else f"[red]{len(report.problems)} problem(s)[/red]"
+        console.print(f"{status}: {report.versions} version(s), {report.objects} chunk(s), "
+                      f"{_size(report.bytes)} verified")
+    sys.exit(0 if report.ok else 1)
+
+
+@cli.command()
+@click.option("--keep-last", type=int, default=None, help="keep the newest N versions per branch")
+@click.option("--keep-every", type=int, default=None, help="keep versions whose step is a multiple of K")
+@click.option("--keep-best", default=None, help="METRIC:K:min|max")
+@click.option("--branch", "branch_names", multiple=True, help="apply retention to these branches only")
+@click.option("--grace", type=float, default=600.0, show_default=True,
+              help="seconds: keep objects younger than this (protects saves in flight)")
+@click.option("--dry-run", is_flag=True, help="report what would be freed, change nothing")
+@repo_option
+@json_option
+def gc(keep_last, keep_every, keep_best, branch_names, grace, dry_run, repo_url, as_json):
+    """Apply retention, then delete unreferenced objects."""
+    best = None
+    if keep_best:
+        metric, k, mode = keep_best.split(":")
+        best = (metric, int(k), mode)
+    keep = Keep(last=keep_last, every=keep_every, best=best) if (keep_last or keep_every or best) else None
+    report = _open(repo_url).gc(keep=keep, branches=list(branch_names) or None, dry_run=dry_run,
+                                grace=grace)
+    if as_json:
+        return _emit(asdict(report))
+    verb = "would free" if dry_run else "freed"
+    click.echo(f"{verb} {_size(report.freed_bytes)}: {len(report.pruned_versions)} version(s) pruned, "
+               f"{report.deleted_objects} object(s), {report.deleted_manifests} orphan manifest(s), "
+               f"{report.deleted_temp} temp file(s)")
+
+
+@cli.command()
+@repo_option
+@json_option
+def du(repo_url, as_json):
+    """Logical vs stored bytes per version and per branch."""
+    usage = _open(repo_url).du()
+    if as_json:
+        return _emit(usage)
+    table = Table("version", "branch", "step", "logical", "stored", "ratio")
+    for v in usage["versions"]:
+        ratio = v["logical_bytes"] / v["stored_bytes"] if v["stored_bytes"] else float("inf")
+        table.add_row(v["id"][:12] + (" (pruned)" if v["pruned"] else ""), v["branch"], str(v["step"]),
+                      _size(v["logical_bytes"]), _size(v["stored_bytes"]), f"{ratio:.1f}x")
+    console.print(table)
+    table = Table("branch", "versions", "logical", "stored")
+    for name, b in usage["branches"].items():
+        table.add_row(name, str(b["versions"]), _size(b["logical_bytes"]), _size(b["stored_bytes"]))
+    console.print(table)
+    console.print(f"objects on storage: {_size(usage['objects_bytes'])}")
+
+
+@cli.command()
+@click.argument("ref")
+@click.argument("directory")
+@click.option("--allow-pickle", is_flag=True, help="also unpickle leaves stored with pickle")
+@repo_option
+def export(ref, directory, allow_pickle, repo_url):
+    """Write REF as safetensors files plus JSON for non-tensor leaves."""
+    from .export import export_version
+
+    files = export_version(_open(repo_url), ref, directory, allow_pickle=allow_pickle)
+    for f in files:
+        click.echo(f)
+
+
+@cli.command()
+@click.option("--dir", "directory", default="demo-repo", show_default=True, help="where to put the demo repository")
+@click.option("--steps", default=60, show_default=True)
+def demo(directory, steps):
+    """Train, get killed, resume exactly, fork with another learning rate, show log and diff."""
+    from .demo import run_demo
+
+    run_demo(directory, steps, console)
+
+
+def main():
+    try:
+        cli(standalone_mode=True)
+    except ForkpointError as e:
+        Console(stderr=True).print(f"[red]error:[/red] {e}")
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
