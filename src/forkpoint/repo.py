@@ -432,8 +432,8 @@ class Repo:
         skeleton = select_skeleton(m.tree, paths)
         if skeleton is None:
             raise RefNotFoundError(f"version {m.version.id} has nothing under {paths}")
-        skeleton = rename_skeleton(skeleton, rename)
         captured, objects = capture(state)
+        skeleton = rename_skeleton(skeleton, rename, captured)
         stored = {p: n for p, _, n in walk_skeleton(skeleton)}
         live = _live_leaves(captured)
         scope = None if paths is None else [_renamed(p, rename) for p in paths]
@@ -732,8 +732,7 @@ def _keys_path(keys: tuple) -> str:
 def _renamed(path: str, rename: dict | None) -> str:
     for old, new in (rename or {}).items():
         if has_prefix(path, old):
-            rest = path[len(old):].lstrip("/")
-            return "/".join(p for p in (new, rest) if p)
+            return new + path[len(old.rstrip("/")):]
     return path
 
 

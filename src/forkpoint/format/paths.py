@@ -30,5 +30,7 @@ def split_path(path: str) -> list[str]:
 
 
 def has_prefix(path: str, prefix: str) -> bool:
-    """True when `path` equals `prefix` or lies under it."""
-    return not prefix or path == prefix or path.startswith(prefix.rstrip("/") + "/")
+    """True when `path` equals `prefix` or lies under it ('/' or a module-style '.' boundary)."""
+    prefix = prefix.rstrip("/")
+    return (not prefix or path == prefix or path.startswith(prefix + "/")
+            or path.startswith(prefix + "."))

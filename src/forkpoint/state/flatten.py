@@ -35,6 +35,8 @@ def _float_node(x: float) -> dict:
 
 
 def _tensor_identity(t):
+    if t.layout != sys.modules["torch"].strided or t.is_quantized:
+        return None
     return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()),
             t.dtype, str(t.device))
 
@@ -100,7 +102,11 @@ def flatten(tree, allow_pickle: bool = False, copy: bool = False) -> tuple[dict,
         if torch is not None and isinstance(obj, torch.device):
             return {"t": "torch.device", "v": str(obj)}
         if allow_pickle:
-            blob = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+            try:
+                blob = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+            except Exception as e:
+                raise UnsupportedTypeError(f"state path {path or '/'!r}: cannot pickle "
+                                           f"{type(obj).__qualname__}: {e}") from e
             return add_leaf(path, keys, lambda: LeafData("pickle", "uint8", (blob.size,), "cpu", blob), None)
         raise UnsupportedTypeError(
             f"state path {path or '/'!r} holds a {type(obj).__module__}.{type(obj).__qualname__}, which "

@@ -65,7 +65,7 @@ def numpy_leaf(a: np.ndarray, path: str, copy: bool, kind: str = "numpy") -> Lea
         )
     if a.dtype.byteorder == ">":
         a = a.astype(a.dtype.newbyteorder("<"))
-    a = np.array(a, copy=True, order="C") if copy else np.ascontiguousarray(a)
+    a = np.array(a, copy=True, order="C") if copy else np.asarray(a, order="C")
     return LeafData(kind, a.dtype.name, tuple(a.shape), "cpu", a.reshape(-1).view(np.uint8))
 
 

@@ -1,4 +1,8 @@
-"""Operations on skeletons: select subtrees by path prefix and move them (rename)."""
+"""Operations on skeletons: select subtrees by path prefix and move them (rename).
+
+Prefixes may end at a '/' boundary or inside a module-style dotted key: `model/encoder`
+covers `model/encoder/w` and the flat state_dict key `model/encoder.weight` alike.
+"""
 
 import copy
 
@@ -10,7 +14,7 @@ def select(node: dict, prefixes, path: str = "") -> dict | None:
     """Return the part of `node` under any of `prefixes` (None when nothing matches)."""
     if prefixes is None:
         return node
-    if any(has_prefix(path, p) for p in prefixes):
+    if path and any(has_prefix(path, p) for p in prefixes):
         return node
     t = node.get("t")
     if t in ("dict", "odict"):
@@ -29,41 +33,66 @@ def select(node: dict, prefixes, path: str = "") -> dict | None:
 
 
 def _pop(node: dict, segments: list[str]):
-    """Remove and return the subtree at `segments` (None when absent)."""
-    if not segments:
+    """Remove and return the subtree at `segments` (dotted keys gathered into a dict), or None."""
+    if node.get("t") not in ("dict", "odict") or not segments:
         return None
-    t = node.get("t")
-    if t not in ("dict", "odict"):
-        return None
+    head = segments[0]
     for i, k in enumerate(node["k"]):
-        if str(k) == segments[0]:
+        if str(k) == head:
             if len(segments) == 1:
                 node["k"].pop(i)
                 return node["v"].pop(i)
             return _pop(node["v"][i], segments[1:])
+    if len(segments) == 1:
+        dotted = [i for i, k in enumerate(node["k"]) if str(k).startswith(head + ".")]
+        if dotted:
+            sub = {"t": "dict", "k": [str(node["k"][i])[len(head) + 1:] for i in dotted],
+                   "v": [node["v"][i] for i in dotted]}
+            for i in reversed(dotted):
+                node["k"].pop(i)
+                node["v"].pop(i)
+            return sub
     return None
 
 
-def _insert(node: dict, segments: list[str], sub: dict) -> None:
+def _dotted_items(sub: dict, prefix: str):
+    """Flatten a dict subtree into (prefix.key.key, leaf node) pairs."""
+    if sub.get("t") not in ("dict", "odict"):
+        yield prefix, sub
+        return
+    for k, v in zip(sub["k"], sub["v"]):
+        yield from _dotted_items(v, f"{prefix}.{k}")
+
+
+def _insert(node: dict, segments: list[str], sub: dict, live) -> None:
+    head = segments[0]
+    live_keys = [str(k) for k in live] if isinstance(live, dict) else []
+    if len(segments) == 1 and head not in live_keys and any(k.startswith(head + ".") for k in live_keys):
+        for key, leaf in _dotted_items(sub, head):
+            node["k"].append(key)
+            node["v"].append(leaf)
+        return
+    live_child = next((live[k] for k in live if str(k) == head), None) if isinstance(live, dict) else None
     for i, k in enumerate(node["k"]):
-        if str(k) == segments[0]:
+        if str(k) == head:
             if len(segments) == 1:
                 node["v"][i] = sub
             else:
-                _insert(node["v"][i], segments[1:], sub)
+                _insert(node["v"][i], segments[1:], sub, live_child)
             return
+    key = next((k for k in live if str(k) == head), head) if isinstance(live, dict) else head
     if len(segments) == 1:
-        node["k"].append(segments[0])
+        node["k"].append(key)
         node["v"].append(sub)
     else:
         child = {"t": "dict", "k": [], "v": []}
-        node["k"].append(segments[0])
+        node["k"].append(key)
         node["v"].append(child)
-        _insert(child, segments[1:], sub)
+        _insert(child, segments[1:], sub, live_child)
 
 
-def rename(node: dict, mapping: dict[str, str] | None) -> dict:
-    """Move each subtree at an old prefix to its new prefix; raise if an old prefix is absent."""
+def rename(node: dict, mapping: dict[str, str] | None, live=None) -> dict:
+    """Move each subtree at an old prefix to its new prefix, matching `live`'s key layout."""
     if not mapping:
         return node
     node = copy.deepcopy(node)
@@ -79,5 +108,5 @@ def rename(node: dict, mapping: dict[str, str] | None) -> dict:
         if new == "":
             node = sub
         else:
-            _insert(node, split_path(new), sub)
+            _insert(node, split_path(new), sub, live)
     return node

@@ -1,0 +1,154 @@
+"""In-place restore into live objects: strict checks, partial restore, rename, providers."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+import forkpoint as fp
+from forkpoint.errors import PrunedVersionError, StateMismatchError
+
+
+def make_model(seed=0, hidden=8):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(4, hidden), torch.nn.BatchNorm1d(hidden),
+                               torch.nn.Linear(hidden, 2))
+
+
+def train_one(model, opt):
+    loss = model(torch.randn(5, 4)).pow(2).sum()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+class Counter:
+    def __init__(self):
+        self.n = 0
+        self.hist = np.zeros(3)
+
+    def state_dict(self):
+        return {"n": self.n, "hist": self.hist}
+
+    def load_state_dict(self, sd):
+        self.n = sd["n"]
+        self.hist = sd["hist"].copy()
+
+
+def test_restore_in_place_all_kinds(repo):
+    model = make_model(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    counter = Counter()
+    for _ in range(3):
+        train_one(model, opt)
+        sched.step()
+    counter.n, counter.hist[:] = 5, [1, 2, 3]
+    plain = {"weights": torch.arange(6.0), "epoch": 7}
+    state = {"model": model, "optim": opt, "sched": sched, "scaler": scaler, "counter": counter,
+             "plain": plain}
+    repo.save(state, step=3)
+
+    model2 = make_model(1)
+    opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-3)
+    sched2 = torch.optim.lr_scheduler.StepLR(opt2, step_size=2, gamma=0.5)
+    scaler2 = torch.amp.GradScaler("cpu", init_scale=1.0)
+    counter2 = Counter()
+    weights = torch.zeros(6)
+    plain2 = {"weights": weights, "epoch": 0}
+    ptr = model2[0].weight.data_ptr()
+    repo.restore({"model": model2, "optim": opt2, "sched": sched2, "scaler": scaler2,
+                  "counter": counter2, "plain": plain2}, "main")
+    assert model2[0].weight.data_ptr() == ptr, "parameters are restored in place"
+    for a, b in zip(model.state_dict().values(), model2.state_dict().values()):
+        assert torch.equal(a, b)
+    s1, s2 = opt.state_dict(), opt2.state_dict()
+    for k in s1["state"]:
+        for name in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(s1["state"][k][name], s2["state"][k][name])
+    assert s1["param_groups"] == s2["param_groups"]
+    assert sched2.state_dict() == sched.state_dict() and sched2.get_last_lr() == sched.get_last_lr()
+    assert scaler2.get_scale() == 1024.0
+    assert counter2.n == 5 and list(counter2.hist) == [1, 2, 3]
+    assert plain2["epoch"] == 7 and plain2["weights"] is weights and torch.equal(weights, torch.arange(6.0))
+    train_one(model, opt)
+    torch.manual_seed(0)
+    train_one(model2, opt2)
+
+
+def test_strict_errors_list_everything(repo):
+    repo.save({"model": make_model(0, hidden=8), "extra": torch.ones(2)})
+    bigger = make_model(0, hidden=16)
+    half = make_model(0, hidden=8).to(torch.float64)
+    with pytest.raises(StateMismatchError) as e:
+        repo.restore({"model": bigger, "other": torch.zeros(1)}, "main")
+    msg = str(e.value)
+    assert "missing in the version (1): other" in msg
+    assert "unexpected in the version (1): extra" in msg
+    assert "model/0.weight: stored shape [8, 4], live [16, 4]" in msg
+    assert "model/1.running_mean" in msg
+    with pytest.raises(StateMismatchError, match="stored dtype float32, live float64"):
+        repo.restore({"model": half, "extra": torch.ones(2)}, "main")
+    repo.restore({"model": half, "extra": torch.ones(2)}, "main", strict=False)
+    assert half[0].weight.dtype == torch.float64
+    with pytest.raises(StateMismatchError, match="shape"):
+        repo.restore({"model": bigger}, "main", strict=False)
+
+
+def test_partial_restore_and_rename_for_transfer(repo):
+    encoder = torch.nn.Linear(4, 8)
+    repo.save({"model": {"encoder": encoder.state_dict(), "head": torch.nn.Linear(8, 3).state_dict()},
+               "optim": {"lr": 0.1}})
+
+    class Finetune(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.backbone = torch.nn.Linear(4, 8)
+            self.classifier = torch.nn.Linear(8, 5)
+
+    ft = Finetune()
+    head_before = ft.classifier.weight.clone()
+    repo.restore({"net": ft}, "main", paths=["model/encoder"], rename={"model/encoder": "net/backbone"})
+    assert torch.equal(ft.backbone.weight, encoder.weight)
+    assert torch.equal(ft.classifier.weight, head_before)
+    with pytest.raises(StateMismatchError, match="missing.*net/classifier"):
+        repo.restore({"net": ft}, "main", rename={"model/encoder": "net/backbone"})
+    part = repo.load("main", paths=["model/head"])
+    assert list(part) == ["model"] and list(part["model"]) == ["head"]
+
+
+def test_rng_state_round_trip(repo):
+    rng = fp.RNGState()
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    random.random(), np.random.rand(), torch.rand(1)
+    repo.save({"rng": rng})
+    expected = (random.random(), np.random.rand(), torch.rand(3))
+    random.seed(9), np.random.seed(9), torch.manual_seed(9)
+    repo.restore({"rng": rng}, "main")
+    got = (random.random(), np.random.rand(), torch.rand(3))
+    assert got[0] == expected[0] and got[1] == expected[1] and torch.equal(got[2], expected[2])
+
+
+def test_resumable_sampler_continues_at_next_sample(repo):
+    sampler = fp.ResumableSampler(10, seed=4)
+    it = iter(sampler)
+    first = [next(it) for _ in range(4)]
+    repo.save({"data": sampler})
+    rest_expected = list(it) + list(iter(sampler))
+    fresh = fp.ResumableSampler(10, seed=0)
+    repo.restore({"data": fresh}, "main")
+    rest = list(iter(fresh)) + list(iter(fresh))
+    assert rest == rest_expected
+    assert sorted(first + rest[:6]) == list(range(10))
+    with pytest.raises(ValueError, match="saved over 10 items"):
+        repo.restore({"data": fp.ResumableSampler(11)}, "main")
+
+
+def test_restore_pruned_version_is_clear(repo):
+    for s in range(3):
+        repo.save({"w": torch.full((2,), float(s))}, step=s)
+    repo.gc(keep=fp.Keep(last=1), grace=0)
+    with pytest.raises(PrunedVersionError, match="pruned by retention"):
+        repo.restore({"w": torch.zeros(2)}, "main~1")

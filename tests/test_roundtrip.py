@@ -1,0 +1,188 @@
+"""Round trips of state trees: random trees, every dtype, views, aliases, Python values."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import forkpoint as fp
+from forkpoint.errors import UnsupportedTypeError
+
+
+def assert_tree_equal(a, b):
+    assert type(a) is type(b) or (isinstance(a, dict) and isinstance(b, dict)), (type(a), type(b))
+    if isinstance(a, dict):
+        assert list(a.keys()) == list(b.keys())
+        for k in a:
+            assert_tree_equal(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_tree_equal(x, y)
+    elif isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        if a.numel():
+            assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert a.tobytes() == b.tobytes()
+    elif isinstance(a, float) and math.isnan(a):
+        assert math.isnan(b)
+    else:
+        assert a == b
+
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
+                    st.text(max_size=20), st.binary(max_size=64),
+                    st.complex_numbers(allow_nan=False, allow_infinity=False))
+arrays = hnp.arrays(st.sampled_from([np.float32, np.float64, np.int8, np.int64, np.uint16, np.bool_,
+                                     np.complex64]),
+                    hnp.array_shapes(min_dims=0, max_dims=3, max_side=6))
+tensors = arrays.map(lambda a: torch.from_numpy(a.copy()))
+keys = st.one_of(st.text(min_size=1, max_size=8), st.integers(0, 50))
+trees = st.recursive(st.one_of(scalars, arrays, tensors),
+                     lambda children: st.one_of(st.lists(children, max_size=4),
+                                                st.tuples(children, children),
+                                                st.dictionaries(keys, children, max_size=4)),
+                     max_leaves=12)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tree=trees)
+def test_random_trees_round_trip(repo, tree):
+    v = repo.save({"t": tree})
+    assert_tree_equal({"t": tree}, repo.load(v.id))
+
+
+def all_torch_dtypes():
+    names = ["float32", "float64", "float16", "bfloat16", "complex64", "complex128", "bool",
+             "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
+             "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu",
+             "complex32"]
+    return [getattr(torch, n) for n in names if hasattr(torch, n)]
+
+
+@pytest.mark.parametrize("dtype", all_torch_dtypes(), ids=str)
+def test_every_torch_dtype(repo, dtype):
+    raw = torch.randint(0, 256, (7, 5 * torch.tensor([], dtype=dtype).element_size()), dtype=torch.uint8)
+    t = raw.view(dtype)
+    if dtype.is_floating_point and dtype.itemsize >= 2 and not str(dtype).startswith("torch.float8"):
+        t = torch.randn(7, 5).to(dtype)
+    state = {"x": t, "scalar": t[0, 0].clone(), "empty": torch.empty(0, 3, dtype=dtype)}
+    repo.save(state)
+    out = repo.load()
+    for k in state:
+        assert out[k].dtype == dtype
+        assert_tree_equal(state[k], out[k])
+
+
+def test_non_contiguous_views_and_requires_grad(repo):
+    base = torch.arange(60, dtype=torch.float32).reshape(6, 10)
+    p = torch.nn.Parameter(torch.randn(3, 3))
+    state = {"t": base.t(), "slice": base[::2, 3:7], "exp": torch.ones(1, 4).expand(5, 4),
+             "conj": torch.randn(3, dtype=torch.complex64).conj(), "param": p}
+    repo.save(state)
+    out = repo.load()
+    for k in ("t", "slice", "exp", "conj"):
+        assert torch.equal(out[k], state[k].resolve_conj()), k
+        assert out[k].is_contiguous()
+    assert torch.equal(out["param"], p.detach())
+
+
+def test_numpy_and_python_values(repo):
+    state = {"a": np.arange(12, dtype=">i4").reshape(3, 4), "f": np.float32(2.5), "i": np.int64(7),
+             "big": b"x" * 10000, "none": None, "s": "héllo/~", "key/with~slash": 1,
+             0: "int key", "nan": float("nan"), "inf": -float("inf"), "c": 1 + 2j,
+             "dtype": torch.bfloat16, "device": torch.device("cpu")}
+    repo.save(state)
+    out = repo.load()
+    np.testing.assert_array_equal(out["a"], state["a"])
+    assert out["f"] == np.float32(2.5) and isinstance(out["f"], np.float32)
+    assert out["i"] == 7 and isinstance(out["i"], np.int64)
+    assert out["big"] == state["big"] and out[0] == "int key" and out["key/with~slash"] == 1
+    assert math.isnan(out["nan"]) and out["inf"] == -float("inf") and out["c"] == 1 + 2j
+    assert out["dtype"] is torch.bfloat16 and out["device"] == torch.device("cpu")
+    assert out["s"] == "héllo/~" and out["none"] is None
+
+
+def test_tied_weights_stored_once_and_restored_shared(repo):
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(1000, 256)
+            self.head = torch.nn.Linear(256, 1000, bias=False)
+            self.head.weight = self.emb.weight
+
+    m = Tied()
+    v = repo.save({"model": m})
+    assert v.logical_bytes == 1000 * 256 * 4
+    assert v.stored_bytes < 1.1 * 1000 * 256 * 4
+    out = repo.load()
+    assert out["model"]["emb.weight"] is out["model"]["head.weight"]
+    m2 = Tied()
+    repo.restore({"model": m2}, "main")
+    assert m2.emb.weight is m2.head.weight
+    assert torch.equal(m2.emb.weight, m.emb.weight)
+
+
+class Thing:
+    def __init__(self):
+        self.x = 3
+
+
+def test_unsupported_type_needs_pickle(repo):
+    with pytest.raises(UnsupportedTypeError, match=r"state path 'cfg/thing'.*Thing.*allow_pickle"):
+        repo.save({"cfg": {"thing": Thing()}})
+    assert repo.head("main") is None
+    v = repo.save({"cfg": {"thing": Thing()}}, allow_pickle=True)
+    with pytest.raises(UnsupportedTypeError, match="cfg/thing.*pickle"):
+        repo.load(v.id)
+    assert repo.load(v.id, allow_pickle=True)["cfg"]["thing"].x == 3
+
+
+def test_unsupported_tensor_kinds(repo):
+    with pytest.raises(UnsupportedTypeError, match="sparse"):
+        repo.save({"s": torch.eye(3).to_sparse()})
+    with pytest.raises(UnsupportedTypeError, match="object"):
+        repo.save({"o": np.array([object()], dtype=object)})
+
+
+def test_map_location_and_device_recorded(repo):
+    repo.save({"w": torch.ones(3)})
+    assert repo.manifest().leaves[0].device == "cpu"
+    out = repo.load(map_location="meta")
+    assert out["w"].device.type == "meta"
+
+
+def test_large_leaf_is_chunked_and_small_leaves_packed(tmp_path):
+    from forkpoint.engine import SaveOptions
+
+    r = fp.Repo(str(tmp_path / "r"), create=True,
+                options=SaveOptions(chunk_bytes=1 << 20, small_leaf_bytes=64 << 10))
+    big = torch.randn(1000, 1000)
+    small = {f"s{i}": torch.full((10,), float(i)) for i in range(50)}
+    r.save({"big": big, **small})
+    m = r.manifest()
+    big_leaf = next(leaf for leaf in m.leaves if leaf.path == "big")
+    assert len(big_leaf.chunks) == 4
+    assert [c.offsets[0] for c in big_leaf.chunks] == [0, 262, 524, 786]
+    small_objects = {leaf.chunks[0].object for leaf in m.leaves if leaf.path.startswith("s")}
+    assert len(small_objects) == 1
+    out = r.load()
+    assert torch.equal(out["big"], big) and torch.equal(out["s7"], small["s7"])
+    r.close()
+
+
+def test_memory_store_and_zstd_codec(tmp_path):
+    r = fp.Repo("mem://t1", create=True, codec="zstd")
+    state = {"z": torch.zeros(1 << 18), "r": torch.randint(0, 256, (1 << 20,), dtype=torch.uint8)}
+    v = r.save(state)
+    assert v.stored_bytes < (1 << 20) + 100_000
+    assert {c.codec for leaf in r.manifest().leaves for c in leaf.chunks} == {"zstd", "raw"}
+    out = r.load()
+    assert torch.equal(out["z"], state["z"]) and torch.equal(out["r"], state["r"])
+    r.close()
