@@ -229,6 +229,8 @@ class Repo:
         cached = self._manifests.get(vid)
         if cached is not None:
             return cached
+        if not isinstance(vid, str) or not vid or not all(c in "0123456789abcdef" for c in vid):
+            raise FormatError(f"invalid version id {vid!r} in {self.url}: expected hex digits")
         key = f"versions/{vid}.json"
         try:
             data = self.store.read(key)

@@ -47,8 +47,15 @@ class StoredLeaves:
     written_keys: list[str] = field(default_factory=list)
 
 
+_HEX = frozenset("0123456789abcdef")
+
+
 def object_key(digest: str) -> str:
-    """Return the storage key of the object named `digest`."""
+    """Return the storage key of the object named `digest` (64 hex digits, else FormatError)."""
+    if not isinstance(digest, str) or len(digest) != 64 or not _HEX.issuperset(digest):
+        from ..errors import FormatError
+
+        raise FormatError(f"invalid object name {digest!r} in a manifest: expected 64 hex digits")
     return f"objects/{digest[:2]}/{digest}"
 
 

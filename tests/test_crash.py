@@ -1,0 +1,66 @@
+"""Crash safety: SIGKILL a saving process at 30+ random moments, then check every version."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import forkpoint as fp
+
+HERE = os.path.dirname(__file__)
+sys.path.insert(0, os.path.join(HERE, "helpers"))
+from crash_saver import state_for  # noqa: E402
+
+
+def _check_all(url):
+    repo = fp.Repo(url)
+    steps = []
+    for v in repo.log("main"):
+        out = repo.load(v.id)
+        expected = state_for(v.step)
+        assert out["step"] == v.step
+        for k in ("w", "b", "frozen"):
+            assert np.array_equal(out[k], expected[k]), (v.id, k)
+        assert all(np.array_equal(out["small"][k], expected["small"][k]) for k in expected["small"])
+        steps.append(v.step)
+    assert steps == list(range(steps[0], -1, -1)) if steps else True, steps
+    repo.close()
+    return steps
+
+
+def test_sigkill_at_random_moments_loses_nothing_committed(tmp_path):
+    url = str(tmp_path / "repo")
+    rnd = random.Random(1234)
+    kills, seen = 0, 0
+    env = dict(os.environ, PYTHONPATH=os.path.join(HERE, "helpers") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    while kills < 32:
+        proc = subprocess.Popen([sys.executable, os.path.join(HERE, "helpers", "crash_saver.py"), url, "main"],
+                                stdout=subprocess.PIPE, env=env)
+        time.sleep(rnd.uniform(0.25, 1.2))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        printed = proc.stdout.read().split()
+        kills += 1
+        if not os.path.exists(os.path.join(url, "forkpoint.json")):
+            continue
+        repo = fp.Repo(url)
+        head = repo.head("main")
+        if head is not None:
+            newest = repo.version(head).step
+            assert newest >= seen, "a committed version disappeared"
+            if printed:
+                assert newest >= int(printed[-1]), "a save reported as committed is not the head"
+            seen = newest
+        repo.close()
+    steps = _check_all(url)
+    assert len(steps) >= 10, f"too few saves completed to be a meaningful test: {steps}"
+    report = fp.Repo(url).verify()
+    assert report.ok, report.problems
+    gc = fp.Repo(url).gc(grace=0)
+    assert fp.Repo(url).verify().ok
+    assert _check_all(url) == steps
+    assert gc.deleted_temp + gc.deleted_objects >= 0

@@ -1,0 +1,82 @@
+"""Retention and gc: Keep policies, protected heads and tags, dry runs, grace for live savers."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import forkpoint as fp
+from forkpoint.engine import object_key
+
+
+def _fill(repo, n, branch="main"):
+    out = []
+    for s in range(n):
+        out.append(repo.save({"w": torch.full((100_000,), s + 10.0), "frozen": torch.ones(100_000)},
+                             branch=branch, step=s, metrics={"val_loss": abs(s - 4.2)}))
+    return out
+
+
+def _object_files(repo):
+    return {k.rsplit("/", 1)[-1] for k in repo.store.list("objects")}
+
+
+def test_keep_policies_select_the_right_versions(repo):
+    vs = _fill(repo, 10)
+    repo.tag("milestone", vs[1].id)
+    plan = set(repo.prune_plan(fp.Keep(last=2, every=5, best=("val_loss", 1, "min"))))
+    kept = {v.step for v in vs if v.id not in plan}
+    assert kept == {9, 8, 0, 5, 4, 1}
+
+
+def test_gc_frees_pruned_data_and_keeps_everything_needed(repo):
+    vs = _fill(repo, 6)
+    repo.fork(vs[2].id, "side")
+    before = _object_files(repo)
+    dry = repo.gc(keep=fp.Keep(last=1), grace=0, dry_run=True)
+    assert _object_files(repo) == before and dry.dry_run
+    assert set(dry.pruned_versions) == {vs[0].id, vs[1].id, vs[3].id, vs[4].id}
+    report = repo.gc(keep=fp.Keep(last=1), grace=0)
+    assert report.freed_bytes == dry.freed_bytes > 0 and report.deleted_objects == 3
+    fresh = fp.Repo(repo.url)
+    assert [v.pruned for v in fresh.log("main")] == [False, True, True, False, True, True]
+    assert torch.equal(fresh.load("main")["w"], torch.full((100_000,), 15.0))
+    assert torch.equal(fresh.load("side")["w"], torch.full((100_000,), 12.0))
+    assert torch.equal(fresh.load("main")["frozen"], torch.ones(100_000)), "shared objects survive"
+    assert fresh.verify().ok
+
+
+def test_grace_protects_objects_of_a_save_in_flight(repo):
+    _fill(repo, 2)
+    orphan = np.random.default_rng(0).standard_normal(300_000).astype(np.float32)
+    from forkpoint.format.objects import content_hash, pack_header
+
+    digest = content_hash(orphan)
+    repo.store.write(object_key(digest), [pack_header(0, orphan.nbytes), orphan])
+    assert repo.gc(grace=600).deleted_objects == 0
+    assert repo.store.exists(object_key(digest))
+    assert repo.gc(grace=0).deleted_objects == 1
+    assert not repo.store.exists(object_key(digest))
+
+
+def test_dedup_of_unchanged_leaves_costs_no_bytes(repo):
+    frozen = torch.randn(500_000)
+    v1 = repo.save({"frozen": frozen, "w": torch.randn(10)})
+    v2 = repo.save({"frozen": frozen.clone(), "w": torch.randn(10)})
+    assert v1.stored_bytes > 2_000_000 and v2.stored_bytes < 5_000
+    assert v2.logical_bytes == v1.logical_bytes
+
+
+def test_checkpointer_applies_retention(repo):
+    model = torch.nn.Linear(100, 100)
+    ck = fp.Checkpointer(repo, {"model": model}, every=2, keep=fp.Keep(last=2), gc_grace=0)
+    for step in range(10):
+        with torch.no_grad():
+            model.weight.add_(1.0)
+        ck.step(step)
+    ck.close()
+    log = repo.log("main")
+    assert [v.step for v in log] == [8, 6, 4, 2, 0]
+    assert [v.pruned for v in log] == [False, False, True, True, True]
+    assert len(_object_files(repo)) <= 3 * 2

@@ -1,0 +1,143 @@
+"""Integrity: corruption and truncation are detected, ENOSPC leaves the repository intact."""
+
+import errno
+import os
+import subprocess
+import uuid
+
+import numpy as np
+import pytest
+import torch
+
+import forkpoint as fp
+from forkpoint.engine import object_key
+from forkpoint.errors import CorruptObjectError, MissingObjectError, StorageFullError
+from forkpoint.storage import LocalStore
+
+
+def _objects(repo, vid):
+    return [c.object for leaf in repo.manifest(vid).leaves for c in leaf.chunks]
+
+
+@pytest.mark.parametrize("size", [100, 3_000_000], ids=["packed", "standalone"])
+def test_one_flipped_byte_is_detected(repo, size):
+    v = repo.save({"w": torch.randn(size // 4)})
+    obj = _objects(repo, v.id)[0]
+    path = os.path.join(repo.url, object_key(obj))
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0x01
+    open(path, "wb").write(bytes(data))
+    fresh = fp.Repo(repo.url)
+    with pytest.raises(CorruptObjectError) as e:
+        fresh.load(v.id)
+    assert v.id in str(e.value) and "'w'" in str(e.value) and obj in str(e.value)
+    report = fresh.verify()
+    assert not report.ok and obj in report.problems[0]
+
+
+def test_truncated_and_missing_objects(repo):
+    v = repo.save({"a": torch.randn(1_000_000), "b": torch.randn(10)})
+    big = repo.manifest(v.id).leaves[0].chunks[0].object
+    path = os.path.join(repo.url, object_key(big))
+    with open(path, "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(CorruptObjectError, match="truncated"):
+        fp.Repo(repo.url).load(v.id)
+    os.unlink(path)
+    with pytest.raises(MissingObjectError, match=f"version {v.id}, leaf 'a'.*is missing"):
+        fp.Repo(repo.url).load(v.id)
+    assert fp.Repo(repo.url).load(v.id, paths=["b"])["b"].shape == (10,)
+
+
+def test_verify_clean_repository(repo):
+    for i in range(3):
+        repo.save({"w": torch.randn(50_000) * i, "k": i})
+    report = repo.verify()
+    assert report.ok and report.versions == 3 and report.bytes == 3 * 200_000
+
+
+class FullAfter(LocalStore):
+    """A local store that fails with ENOSPC once `budget` bytes were written."""
+
+    def __init__(self, root, budget):
+        super().__init__(root)
+        self.budget = budget
+
+    def write(self, key, parts, durable=True):
+        size = sum(memoryview(p).nbytes for p in parts)
+        self.budget -= size
+        if self.budget < 0:
+            raise StorageFullError(f"no space left on the device holding {self.root} (simulated)")
+        super().write(key, parts, durable)
+
+
+def _mount_tmpfs(path, size):
+    os.makedirs(path, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path], capture_output=True)
+    return r.returncode == 0
+
+
+def _check_enospc(repo_for_full, reopen):
+    state = {"w": torch.randn(100_000), "m": {"x": np.arange(10)}}
+    v1 = repo_for_full.save(state, step=1)
+    expected = v1.id
+    with pytest.raises(StorageFullError, match="no space left.*"):
+        repo_for_full.save({"w": torch.randn(4_000_000)}, step=2)
+    repo = reopen()
+    assert repo.head("main") == expected
+    assert repo.verify().ok
+    out = repo.load("main")
+    assert torch.equal(out["w"], state["w"])
+
+
+def test_enospc_real_tmpfs_or_simulated(tmp_path):
+    mnt = str(tmp_path / "small")
+    if _mount_tmpfs(mnt, "8m"):
+        try:
+            r = fp.Repo(os.path.join(mnt, "repo"), create=True)
+            _check_enospc(r, lambda: fp.Repo(os.path.join(mnt, "repo")))
+            r.close()
+            leftovers = os.listdir(os.path.join(mnt, "repo", "tmp"))
+            assert leftovers == [], "temp files of the failed save are removed"
+        finally:
+            subprocess.run(["umount", "-l", mnt])
+    root = str(tmp_path / "sim")
+    fp.Repo(root, create=True).close()
+    r = fp.Repo(FullAfter(root, budget=2_000_000))
+    _check_enospc(r, lambda: fp.Repo(root))
+
+
+def test_real_enospc_maps_to_storage_full(tmp_path, monkeypatch):
+    store = LocalStore(str(tmp_path / "s"))
+    real_write = os.write
+
+    def failing_write(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", failing_write)
+    with pytest.raises(StorageFullError, match="no space left on the device holding"):
+        store.write("objects/ab/" + uuid.uuid4().hex, [b"x" * 10])
+    monkeypatch.setattr(os, "write", real_write)
+    assert os.listdir(os.path.join(store.root, "tmp")) == []
+
+
+def test_unsafe_keys_are_refused(tmp_path):
+    store = LocalStore(str(tmp_path))
+    with pytest.raises(ValueError, match="unsafe"):
+        store.read("../etc/passwd")
+    with pytest.raises(ValueError, match="unsafe"):
+        store.read("/etc/passwd")
+
+
+def test_paths_from_manifests_are_not_trusted(repo):
+    import json
+
+    v = repo.save({"w": torch.ones(3)})
+    path = os.path.join(repo.url, "versions", f"{v.id}.json")
+    record = json.load(open(path))
+    record["leaves"][0]["chunks"][0]["object"] = "../../../../etc/passwd"
+    json.dump(record, open(path, "w"))
+    from forkpoint.errors import FormatError
+
+    with pytest.raises(FormatError, match="invalid object name"):
+        fp.Repo(repo.url).load(v.id)
