@@ -23,6 +23,12 @@ def train(repo_url: str, branch: str, steps: int, lr: float | None, log_path: st
 
     import forkpoint as fp
 
+    import random
+
+    import numpy as np
+
+    random.seed(0)
+    np.random.seed(0)
     torch.manual_seed(0)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)

@@ -18,7 +18,7 @@ from ..policy import Keep
 from ..repo import Repo
 from .graph import render_graph
 
-console = Console(highlight=False)
+console = Console(highlight=False, soft_wrap=True)
 repo_option = click.option("--repo", "-r", "repo_url", envvar="FORKPOINT_REPO", default=".",
                            show_default=True, help="repository path or URL (env FORKPOINT_REPO)")
 json_option = click.option("--json", "as_json", is_flag=True, help="print JSON")

@@ -1,0 +1,118 @@
+"""The forkpoint command on a real repository."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+import forkpoint as fp
+from forkpoint.cli.main import cli
+
+
+@pytest.fixture
+def filled(tmp_path):
+    url = str(tmp_path / "repo")
+    repo = fp.Repo(url, create=True)
+    model = torch.nn.Linear(8, 4)
+    for step in range(4):
+        with torch.no_grad():
+            model.weight.add_(0.5)
+        repo.save({"model": model, "epoch": step, "name": "run"}, step=step, metrics={"loss": 1.0 / (step + 1)},
+                  message=f"step {step}")
+    repo.fork("main~2", "alt")
+    repo.save({"model": model, "epoch": 99, "name": "alt"}, branch="alt", step=2)
+    repo.tag("best", "main~1")
+    repo.close()
+    return url
+
+
+def run(*args, code=0):
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    assert result.exit_code == code, result.output
+    return result.output
+
+
+def test_init_and_missing_repo(tmp_path):
+    url = str(tmp_path / "new")
+    assert "initialised" in run("init", url)
+    assert fp.Repo(url).branches() == {}
+    r = subprocess.run([sys.executable, "-m", "forkpoint.cli.main", "log", "-r", str(tmp_path / "nope")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "no forkpoint repository" in r.stderr
+
+
+def test_log_graph_and_json(filled):
+    out = run("log", "-r", filled)
+    assert "(main)" in out and "(alt)" in out and "tag:best" in out and "|/" in out
+    data = json.loads(run("log", "main", "-r", filled, "--json"))
+    assert [v["step"] for v in data] == [3, 2, 1, 0]
+    assert data[0]["metrics"] == {"loss": 0.25}
+
+
+def test_show_diff_branches(filled):
+    out = run("show", "main", "-r", filled)
+    assert "model/weight" in out and "float32" in out and "4x8" in out
+    data = json.loads(run("show", "best", "-r", filled, "--json"))
+    assert data["step"] == 2 and {leaf["path"] for leaf in data["leaves"]} == {"model/weight", "model/bias"}
+    diff = json.loads(run("diff", "main~1", "main", "-r", filled, "--json"))
+    by_path = {d["path"]: d for d in diff}
+    assert by_path["model/weight"]["status"] == "changed" and abs(by_path["model/weight"]["max_abs"] - 0.5) < 1e-5
+    assert by_path["model/bias"]["status"] == "same"
+    assert "paths differ" in run("diff", "main", "alt", "-r", filled)
+    assert set(json.loads(run("branches", "-r", filled, "--json"))) == {"main", "alt"}
+
+
+def test_fork_tag_verify_gc_du(filled):
+    assert "created" in run("fork", "main~3", "old", "-r", filled)
+    assert "tag v0" in run("tag", "v0", "old", "-r", filled)
+    rep = json.loads(run("verify", "-r", filled, "--json"))
+    assert rep["ok"] and rep["versions"] == 5
+    dry = json.loads(run("gc", "--keep-last", "1", "--grace", "0", "--dry-run", "-r", filled, "--json"))
+    assert dry["dry_run"] and dry["pruned_versions"] == [fp.Repo(filled).resolve("main~2")]
+    usage = json.loads(run("du", "-r", filled, "--json"))
+    assert usage["branches"]["main"]["versions"] == 4 and usage["objects_bytes"] > 0
+    run("tag", "v0", "-r", filled, "--delete")
+    run("tag", "best", "-r", filled, "--delete")
+    run("gc", "--keep-last", "1", "--branch", "main", "--grace", "0", "-r", filled)
+    log = json.loads(run("log", "main", "-r", filled, "--json"))
+    assert [v["pruned"] for v in log] == [False, True, False, False]
+    assert "pruned" in run("du", "-r", filled)
+
+
+def test_verify_fails_on_corruption(filled):
+    repo = fp.Repo(filled)
+    obj = repo.manifest("main").leaves[0].chunks[0].object
+    path = os.path.join(filled, "objects", obj[:2], obj)
+    data = bytearray(open(path, "rb").read())
+    data[-1] ^= 0xFF
+    open(path, "wb").write(bytes(data))
+    out = run("verify", "-r", filled, code=1)
+    assert "problem" in out and obj in out
+
+
+def test_export_safetensors(filled, tmp_path):
+    out_dir = str(tmp_path / "export")
+    out = run("export", "main", out_dir, "-r", filled)
+    assert "model.safetensors" in out
+    tensors = load_file(os.path.join(out_dir, "model.safetensors"))
+    assert torch.equal(tensors["model/weight"], fp.Repo(filled).load("main")["model"]["weight"])
+    meta = json.load(open(os.path.join(out_dir, "state.json")))
+    assert meta["leaves"]["epoch"] == {"value": 3} and meta["leaves"]["name"] == {"value": "run"}
+
+
+def test_bad_refs_are_clear(filled):
+    r = subprocess.run([sys.executable, "-m", "forkpoint.cli.main", "show", "nosuch", "-r", filled],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "no branch, tag or version 'nosuch'" in r.stderr
+
+
+def test_demo_end_to_end(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "forkpoint.cli.main", "demo", "--dir", str(tmp_path / "d"),
+                        "--steps", "30"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SIGKILL" in r.stdout and "bit-identical" in r.stdout and "lr-sweep" in r.stdout
