@@ -19,6 +19,7 @@ class Checkpointer:
         self.repo, self.state, self.every, self.keep = repo, state, every, keep
         self.branch, self.sync, self.allow_pickle, self.gc_grace = branch, sync, allow_pickle, gc_grace
         self._pending: list[PendingSave] = []
+        self._retention = None
         self._last_save = time.monotonic()
         self.last_version = None
 
@@ -69,18 +70,30 @@ class Checkpointer:
             self._retain()
 
     def _retain(self) -> None:
-        if self.keep is not None:
-            self.repo.gc(keep=self.keep, branches=[self.branch], grace=self.gc_grace)
+        """Apply retention on the repository's commit thread, off the training loop."""
+        if self._retention is not None and self._retention.done():
+            self._retention.result()
+            self._retention = None
+        if self.keep is not None and self._retention is None:
+            self._retention = self.repo.background(self.repo.gc, keep=self.keep,
+                                                   branches=[self.branch], grace=self.gc_grace)
 
     def wait(self):
-        """Block until every save in flight is committed; return the newest Version."""
+        """Block until every save in flight is committed and retention applied; return the newest Version."""
         for p in self._pending:
             self.last_version = p.wait()
         had = bool(self._pending)
         self._pending = []
+        self._finish_retention()
         if had:
             self._retain()
+            self._finish_retention()
         return self.last_version
+
+    def _finish_retention(self) -> None:
+        if self._retention is not None:
+            future, self._retention = self._retention, None
+            future.result()
 
     def close(self) -> None:
         """Wait for everything in flight."""

@@ -321,6 +321,10 @@ class Repo:
             return self._committer.submit(run).result()
         return PendingSave(self._committer.submit(run))
 
+    def background(self, fn, *args, **kwargs) -> Future:
+        """Run `fn` on the commit thread, after every save already submitted; return its Future."""
+        return self._committer.submit(fn, *args, **kwargs)
+
     def _known_chunks(self, branch: str) -> dict[str, KnownChunk]:
         head = self._ref_state("heads", branch)[1]
         known: dict[str, KnownChunk] = {}
