@@ -72,6 +72,7 @@ def test_checkpointer_applies_retention(repo):
     model = torch.nn.Linear(100, 100)
     ck = fp.Checkpointer(repo, {"model": model}, every=2, keep=fp.Keep(last=2), gc_grace=0)
     for step in range(10):
+        ck.wait_capture()
         with torch.no_grad():
             model.weight.add_(1.0)
         ck.step(step)

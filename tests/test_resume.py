@@ -44,6 +44,7 @@ def test_checkpointer_async_and_time_policy(repo):
     ck = fp.Checkpointer(repo, {"model": model}, every=3)
     pending = [ck.step(s) for s in range(7)]
     assert [p is not None for p in pending] == [True, False, False, True, False, False, True]
+    ck.wait_capture()
     with torch.no_grad():
         model.weight.zero_()
     last = ck.close() or ck.last_version

@@ -7,6 +7,8 @@
 import time
 
 from .repo import PendingSave, Repo
+from .state import capture
+from .state.hooks import CaptureGuard
 
 
 class Checkpointer:
@@ -20,6 +22,9 @@ class Checkpointer:
         self.branch, self.sync, self.allow_pickle, self.gc_grace = branch, sync, allow_pickle, gc_grace
         self._pending: list[PendingSave] = []
         self._retention = None
+        self._guard = CaptureGuard()
+        if not sync:
+            self._guard.install(obj for _, obj in capture(state)[1])
         self._last_save = time.monotonic()
         self.last_version = None
 
@@ -58,8 +63,14 @@ class Checkpointer:
             self.last_version = result
             self._retain()
         else:
+            self._guard.add(result.capture_map)
             self._pending.append(result)
         return result
+
+    def wait_capture(self) -> None:
+        """Block until saves in flight have copied the state (call before changing it by means
+        the hooks cannot see, e.g. in-place edits of parameters outside optimizer.step)."""
+        self._guard.wait()
 
     def _reap(self) -> None:
         done = [p for p in self._pending if p.done()]
@@ -96,8 +107,9 @@ class Checkpointer:
             future.result()
 
     def close(self) -> None:
-        """Wait for everything in flight."""
+        """Wait for everything in flight and remove the capture hooks."""
         self.wait()
+        self._guard.remove()
 
     def __enter__(self):
         return self

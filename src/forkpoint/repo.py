@@ -11,14 +11,16 @@ import sys
 import threading
 import time
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import __version__
 from .engine.restore import ReadRequest, read_leaves
-from .engine.save import KnownChunk, SaveOptions, object_key, store_leaves
+from .engine.save import KnownChunk, SaveOptions, object_key, schedule_save
+from .engine.scheduler import Budget, Priority, Scheduler, Task
+from .engine.staging import StagingPool
 from .errors import (ConflictError, FormatError, PrunedVersionError, RefNotFoundError,
                      RepoNotFoundError, StateMismatchError)
 from .format.manifest import FORMAT_VERSION, Leaf, Manifest, Version, check_format
@@ -84,16 +86,29 @@ class GcReport:
 
 
 class PendingSave:
-    """A save running in the background: `done()`, `wait(timeout)` -> Version."""
+    """A save running in the background: `done()`, `wait(timeout)` -> Version.
 
-    def __init__(self, future: Future):
-        self._future = future
+    `captured()` tells whether every tensor has been copied out of live memory;
+    `wait_capture()` blocks until then (after which the state may be changed freely).
+    """
+
+    def __init__(self, commit: Task, captures: list[Task], by_pointer: dict[int, list[Task]]):
+        self._commit = commit
+        self._captures = captures
+        self.capture_map = by_pointer
 
     def done(self) -> bool:
-        return self._future.done()
+        return self._commit.done()
 
     def wait(self, timeout: float | None = None) -> Version:
-        return self._future.result(timeout)
+        return self._commit.result(timeout)
+
+    def captured(self) -> bool:
+        return all(t.done() for t in self._captures)
+
+    def wait_capture(self) -> None:
+        for t in self._captures:
+            t.result()
 
 
 def _environment() -> dict:
@@ -122,8 +137,12 @@ class Repo:
         self.options = options or SaveOptions(codec=codec, workers=workers)
         self.writer_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._open_or_create(create)
-        self._pool = ThreadPoolExecutor(self.options.workers, thread_name_prefix="forkpoint-io")
-        self._committer = ThreadPoolExecutor(1, thread_name_prefix="forkpoint-commit")
+        budget = Budget(staging_bytes=self.options.staging_bytes, cpu_workers=2,
+                        default_io_slots=self.options.workers)
+        self._sched = Scheduler(budget, threads=self.options.workers + 4)
+        self._staging = StagingPool(self.options.staging_bytes)
+        self._tier = "tier0"
+        self._last_commit: Task | None = None
         self._manifests: dict[str, Manifest] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -147,8 +166,8 @@ class Repo:
         """Wait for background saves, then release threads. Idempotent."""
         if self._closed:
             return
-        self._committer.shutdown(wait=True)
-        self._pool.shutdown(wait=True)
+        self._sched.shutdown(wait=True)
+        self._staging.clear()
         self.store.close()
         self._closed = True
 
@@ -304,28 +323,49 @@ class Repo:
     def save(self, state, branch: str = "main", step: int | None = None, message: str = "",
              metrics: dict | None = None, meta: dict | None = None, sync: bool = True,
              allow_pickle: bool = False) -> Version | PendingSave:
-        """Store `state` as a new version on `branch`; with sync=False return a PendingSave at once."""
+        """Store `state` as a new version on `branch`.
+
+        sync=True writes straight from live memory and returns the Version. sync=False returns
+        a PendingSave at once: tensors are copied to staging memory by background tasks, and
+        the caller must not modify them before `PendingSave.wait_capture()` (the Checkpointer
+        hooks optimizers and modules to wait exactly where needed).
+        """
         if self._closed:
             raise RuntimeError(f"repository {self.url} is closed")
         check_name(branch, "branch")
         metrics = _json_safe(metrics or {}, "metrics")
         meta = _json_safe(meta or {}, "meta")
         tree, _ = capture(state)
-        skeleton, flat = flatten(tree, allow_pickle=allow_pickle, copy=not sync)
+        skeleton, flat = flatten(tree, allow_pickle=allow_pickle, copy=False)
         record = Version("", [], branch, step, 0.0, message, metrics, meta, env=_environment())
-
-        def run() -> Version:
-            return self._store_and_commit(skeleton, flat, record, allow_pickle)
-
+        plan = schedule_save(self._sched, self.store, self._tier, flat, self._known_chunks(branch),
+                             self.options, None if sync else self._staging)
+        commit = self._sched.submit(
+            "commit", lambda: self._finish_save(plan, skeleton, record, allow_pickle),
+            priority=Priority.COMMIT, needs={f"io:{self._tier}": 1}, deps=plan.writes,
+            after=[self._last_commit])
+        self._last_commit = commit
         if sync:
-            return self._committer.submit(run).result()
-        return PendingSave(self._committer.submit(run))
+            return commit.result()
+        by_ptr = {fl.data.data.__array_interface__["data"][0]: plan.captures[i]
+                  for i, fl in enumerate(flat) if fl.data is not None and i in plan.captures and fl.data.data.size}
+        return PendingSave(commit, plan.capture_tasks(), by_ptr)
 
-    def background(self, fn, *args, **kwargs) -> Future:
-        """Run `fn` on the commit thread, after every save already submitted; return its Future."""
-        return self._committer.submit(fn, *args, **kwargs)
+    def background(self, fn, *args, **kwargs) -> Task:
+        """Run `fn` as a low-priority task after every save already submitted; return the task."""
+        return self._sched.submit("background", lambda: fn(*args, **kwargs), priority=Priority.GC,
+                                  after=[self._last_commit])
+
+    def stats(self) -> dict:
+        """Queue depths, bytes in flight and seconds per stage and per tier, resource use."""
+        return self._sched.stats()
+
+    def _submit_read(self, fn, nbytes: int) -> Task:
+        return self._sched.submit("restore", fn, priority=Priority.RESTORE,
+                                  needs={f"io:{self._tier}": 1}, nbytes=nbytes, tier=self._tier)
 
     def _known_chunks(self, branch: str) -> dict[str, KnownChunk]:
+        """Chunks of the branch head packed with others, by hash (their objects are refreshed)."""
         head = self._ref_state("heads", branch)[1]
         known: dict[str, KnownChunk] = {}
         if head is None:
@@ -338,16 +378,15 @@ class Repo:
             for c in leaf.chunks:
                 if c.object != c.hash:
                     known[c.hash] = KnownChunk(c.object, c.start, c.size, c.codec)
-        return known
-
-    def _store_and_commit(self, skeleton, flat, record: Version, allow_pickle: bool) -> Version:
-        known = self._known_chunks(record.branch)
         for obj in {k.object for k in known.values()}:
             try:
                 self.store.touch(object_key(obj))
             except FileNotFoundError:
                 known = {h: k for h, k in known.items() if k.object != obj}
-        stored = store_leaves(self.store, flat, known, self.options, self._pool)
+        return known
+
+    def _finish_save(self, plan, skeleton, record: Version, allow_pickle: bool) -> Version:
+        stored = plan.assemble()
         self.store.barrier(stored.written_keys)
         record.logical_bytes = sum(leaf.nbytes for leaf in stored.leaves if leaf.alias_of is None)
         record.stored_bytes = stored.stored_bytes
@@ -404,7 +443,7 @@ class Repo:
                 obj, buf = empty_leaf(leaf.kind, leaf.dtype, leaf.shape, leaf.device, leaf.path)
                 requests.append(ReadRequest(leaf, buf))
                 fresh[i] = obj
-        read_leaves(self.store, requests, m.version.id, self._pool)
+        read_leaves(self.store, requests, m.version.id, self._submit_read)
         for i, obj in fresh.items():
             loc = (devices or {}).get(i, map_location)
             values[i] = finish_leaf(m.leaves[i].kind, obj, m.leaves[i].device, loc, allow_pickle,
@@ -579,7 +618,7 @@ class Repo:
                 leaf = m.leaves[i]
                 _, buf = empty_leaf("bytes", "uint8", [leaf.nbytes], "cpu", leaf.path)
                 try:
-                    read_leaves(self.store, [ReadRequest(leaf, buf)], vid, self._pool)
+                    read_leaves(self.store, [ReadRequest(leaf, buf)], vid, self._submit_read)
                 except Exception as e:
                     report.problems.append(str(e))
                 report.objects += len(leaf.chunks)

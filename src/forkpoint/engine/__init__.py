@@ -1,6 +1,7 @@
-"""The engine: save and restore pipelines that move leaf bytes to and from a store."""
+"""The engine: one scheduler, and the save and restore pipelines that run as its tasks."""
 
 from .restore import read_leaves
-from .save import SaveOptions, object_key, store_leaves
+from .scheduler import Budget, Priority, Scheduler
+from .save import SaveOptions, object_key, schedule_save
 
-__all__ = ["SaveOptions", "object_key", "store_leaves", "read_leaves"]
+__all__ = ["Budget", "Priority", "Scheduler", "SaveOptions", "object_key", "schedule_save", "read_leaves"]

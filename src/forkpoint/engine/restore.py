@@ -4,8 +4,8 @@ Raw standalone chunks are read straight into the target's memory with one positi
 packed or encoded objects are read whole once, decoded and sliced.
 """
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -90,8 +90,11 @@ class _Reader:
 
 
 def read_leaves(store: Store, requests: list[ReadRequest], version_id: str,
-                pool: ThreadPoolExecutor) -> None:
-    """Fill every request's target; raise MissingObjectError/CorruptObjectError naming the leaf."""
+                submit: Callable[[Callable, int], object]) -> None:
+    """Fill every request's target; raise MissingObjectError/CorruptObjectError naming the leaf.
+
+    `submit(fn, nbytes)` runs fn as a task and returns something with `.result()`.
+    """
     reader = _Reader(store, version_id)
     direct, shared = [], {}
     for req in requests:
@@ -99,7 +102,7 @@ def read_leaves(store: Store, requests: list[ReadRequest], version_id: str,
             flat, box = _box_view(req.target, req.leaf, chunk)
             standalone = chunk.object == chunk.hash and chunk.start == 0 and chunk.codec == "raw"
             if standalone and flat is not None:
-                direct.append(pool.submit(reader.read_direct, req.leaf, chunk, flat))
+                direct.append(submit(_bind(reader.read_direct, req.leaf, chunk, flat), chunk.size))
             else:
                 dest = flat if flat is not None else box
                 shared.setdefault(chunk.object, []).append((req.leaf, chunk, dest))
@@ -109,7 +112,8 @@ def read_leaves(store: Store, requests: list[ReadRequest], version_id: str,
         for leaf, chunk, dest in items:
             reader.copy_from_object(leaf, chunk, dest, data)
 
-    futures = direct + [pool.submit(fill_from, obj, items) for obj, items in shared.items()]
+    futures = direct + [submit(_bind(fill_from, obj, items), sum(c.size for _, c, _ in items))
+                        for obj, items in shared.items()]
     errors = []
     for fut in futures:
         try:
@@ -118,3 +122,7 @@ def read_leaves(store: Store, requests: list[ReadRequest], version_id: str,
             errors.append(e)
     if errors:
         raise errors[0]
+
+
+def _bind(fn, *args):
+    return lambda: fn(*args)

@@ -1,31 +1,36 @@
-"""Save pipeline: chunk, hash, dedup, encode and write leaves as content-addressed objects.
+"""Save pipeline: chunk, capture, hash, dedup, encode and write leaves as scheduler tasks.
 
 Large leaves are split along their first dimension into chunks of at most `chunk_bytes`;
-small leaves are packed into shared objects. Work runs on a bounded thread pool.
+small leaves are packed into shared objects. With a staging pool, each chunk is first
+copied (captured) into staging memory so the live tensor may change afterwards; without
+one, writes read the live memory directly (the caller waits for them).
 """
 
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..format.codecs import codec_by_name
+from ..errors import FormatError
+from ..format.codecs import codec_by_id, codec_by_name
 from ..format.manifest import Chunk, Leaf
-from ..format.objects import OBJECT_HEADER_SIZE, content_hash, pack_header
+from ..format.objects import OBJECT_HEADER_SIZE, content_hash, pack_header, unpack_header
 from ..state.flatten import FlatLeaf
 from ..storage.base import Store
+from .scheduler import Priority, Scheduler, Task
+from .staging import StagingPool
 
 
 @dataclass
 class SaveOptions:
-    """How leaves are laid out and encoded."""
+    """How leaves are laid out, encoded and staged."""
 
     chunk_bytes: int = 32 << 20
     small_leaf_bytes: int = 1 << 20
     pack_bytes: int = 16 << 20
     codec: str = "raw"
     workers: int = 4
+    staging_bytes: int = 4 << 30
 
 
 @dataclass
@@ -53,20 +58,19 @@ _HEX = frozenset("0123456789abcdef")
 def object_key(digest: str) -> str:
     """Return the storage key of the object named `digest` (64 hex digits, else FormatError)."""
     if not isinstance(digest, str) or len(digest) != 64 or not _HEX.issuperset(digest):
-        from ..errors import FormatError
-
         raise FormatError(f"invalid object name {digest!r} in a manifest: expected 64 hex digits")
     return f"objects/{digest[:2]}/{digest}"
 
 
-class _Writer:
+class ObjectWriter:
     """Writes objects once per save, thread-safely, and tallies what was new."""
 
     def __init__(self, store: Store, codec: str):
         self.store = store
         self.codec = codec_by_name(codec)
         self.lock = threading.Lock()
-        self.claimed: dict[str, str] = {}
+        self.claimed: dict[str, threading.Event] = {}
+        self.codecs: dict[str, str] = {}
         self.stored_bytes = 0
         self.written: list[str] = []
 
@@ -74,14 +78,26 @@ class _Writer:
         """Ensure object `digest` holding `data` exists; return the codec name it is stored with."""
         key = object_key(digest)
         with self.lock:
-            if digest in self.claimed:
-                return self.claimed[digest]
-            self.claimed[digest] = "raw"
-        if self.store.exists(key):
-            self.store.touch(key)
-            with self.lock:
-                self.claimed[digest] = codec = _stored_codec(self.store, key)
-            return codec
+            event = self.claimed.get(digest)
+            mine = event is None
+            if mine:
+                event = self.claimed[digest] = threading.Event()
+        if not mine:
+            event.wait()
+            return self.codecs[digest]
+        try:
+            if self.store.exists(key):
+                self.store.touch(key)
+                codec_name = stored_codec(self.store, key)
+            else:
+                codec_name = self._write(key, data)
+            self.codecs[digest] = codec_name
+            return codec_name
+        finally:
+            self.codecs.setdefault(digest, "raw")
+            event.set()
+
+    def _write(self, key: str, data: np.ndarray) -> str:
         view = memoryview(data).cast("B")
         codec, payload = self.codec, view
         if codec.id != 0:
@@ -92,22 +108,19 @@ class _Writer:
                 codec = codec_by_name("raw")
         self.store.write(key, [pack_header(codec.id, view.nbytes), payload])
         with self.lock:
-            self.claimed[digest] = codec.name
             self.stored_bytes += OBJECT_HEADER_SIZE + memoryview(payload).nbytes
             self.written.append(key)
         return codec.name
 
 
-def _stored_codec(store: Store, key: str) -> str:
-    from ..format.codecs import codec_by_id
-    from ..format.objects import unpack_header
-
+def stored_codec(store: Store, key: str) -> str:
+    """Return the codec name recorded in an existing object's header."""
     header = bytearray(OBJECT_HEADER_SIZE)
     store.read_into(key, 0, memoryview(header))
     return codec_by_id(unpack_header(bytes(header), key)[0], key).name
 
 
-def _row_split(shape: tuple, nbytes: int, chunk_bytes: int) -> list[tuple[int, int]]:
+def row_split(shape: tuple, nbytes: int, chunk_bytes: int) -> list[tuple[int, int]]:
     """Return [(first row, row count)] splitting dim 0 into pieces of at most chunk_bytes."""
     if not shape or shape[0] == 0:
         return [(0, shape[0] if shape else 1)]
@@ -116,90 +129,148 @@ def _row_split(shape: tuple, nbytes: int, chunk_bytes: int) -> list[tuple[int, i
     return [(r, min(per, shape[0] - r)) for r in range(0, shape[0], per)]
 
 
-def store_leaves(store: Store, flat: list[FlatLeaf], known: dict[str, KnownChunk],
-                 opts: SaveOptions, pool: ThreadPoolExecutor) -> StoredLeaves:
-    """Write every leaf's bytes (deduplicated) and return the leaf table for the manifest."""
-    writer = _Writer(store, opts.codec)
-    leaves: list[Leaf] = []
-    large: list[tuple[Leaf, int, Future]] = []
-    packer = _Packer(writer, opts.pack_bytes, known, pool)
-    for fl in flat:
+class ScheduledSave:
+    """The tasks of one save: captures per leaf, writes, and the assembly of the leaf table."""
+
+    def __init__(self, flat: list[FlatLeaf], writer: ObjectWriter):
+        self.flat = flat
+        self.writer = writer
+        self.captures: dict[int, list[Task]] = {}
+        self.writes: list[Task] = []
+        self.large: dict[int, list[Task]] = {}
+        self.packs: list[Task] = []
+
+    def capture_tasks(self) -> list[Task]:
+        """Every capture task (empty for a save that writes from live memory)."""
+        return [t for tasks in self.captures.values() for t in tasks]
+
+    def assemble(self) -> StoredLeaves:
+        """Build the leaf table from finished writes (call once every write is done)."""
+        leaves: list[Leaf] = []
+        small: dict[int, Chunk] = {}
+        for task in self.packs:
+            digest, codec, members = task.result()
+            for index, chunk_hash, box, where in members:
+                if isinstance(where, KnownChunk):
+                    small[index] = Chunk(*box, chunk_hash, where.object, where.start, where.size, where.codec)
+                else:
+                    small[index] = Chunk(*box, chunk_hash, digest, where[0], where[1], codec)
+        for i, fl in enumerate(self.flat):
+            if fl.data is None:
+                src = leaves[fl.alias_of]
+                leaves.append(Leaf(fl.path, src.kind, src.dtype, list(src.shape), src.nbytes, [],
+                                   src.device, alias_of=fl.alias_of))
+                continue
+            d = fl.data
+            chunks = [t.result() for t in self.large[i]] if i in self.large else [small[i]]
+            leaves.append(Leaf(fl.path, d.kind, d.dtype, list(d.shape), int(d.data.nbytes), chunks, d.device))
+        return StoredLeaves(leaves, self.writer.stored_bytes, list(self.writer.written))
+
+
+def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf],
+                  known: dict[str, KnownChunk], opts: SaveOptions,
+                  pool: StagingPool | None) -> ScheduledSave:
+    """Queue the capture and write tasks of one save; with `pool`, copy through staging first."""
+    plan = ScheduledSave(flat, ObjectWriter(store, opts.codec))
+    io = {f"io:{tier}": 1}
+    group: list[tuple[int, np.ndarray, list]] = []
+    group_bytes = 0
+
+    def flush_group():
+        nonlocal group, group_bytes
+        if group:
+            _schedule_pack(sched, plan, group, group_bytes, known, pool, io, tier)
+        group, group_bytes = [], 0
+
+    for i, fl in enumerate(flat):
         if fl.data is None:
-            src = leaves[fl.alias_of]
-            leaves.append(Leaf(fl.path, src.kind, src.dtype, list(src.shape), src.nbytes, [],
-                               src.device, alias_of=fl.alias_of))
             continue
         d = fl.data
         nbytes = int(d.data.nbytes)
-        leaf = Leaf(fl.path, d.kind, d.dtype, list(d.shape), nbytes, [], d.device)
-        leaves.append(leaf)
         if nbytes < opts.small_leaf_bytes:
-            packer.add(leaf, d.data)
+            group.append((i, d.data, [[0] * len(d.shape), list(d.shape)]))
+            group_bytes += nbytes
+            if group_bytes >= opts.pack_bytes:
+                flush_group()
             continue
         row = nbytes // d.shape[0]
-        for first, count in _row_split(d.shape, nbytes, opts.chunk_bytes):
+        tasks = []
+        for first, count in row_split(d.shape, nbytes, opts.chunk_bytes):
             piece = d.data[first * row:(first + count) * row]
-            offsets = [first] + [0] * (len(d.shape) - 1)
-            lengths = [count] + list(d.shape[1:])
-            large.append((leaf, len(leaf.chunks), pool.submit(_store_chunk, writer, piece, offsets, lengths)))
-            leaf.chunks.append(None)
-    packer.flush()
-    for leaf, index, fut in large:
-        leaf.chunks[index] = fut.result()
-    packer.wait()
-    return StoredLeaves(leaves, writer.stored_bytes, writer.written)
+            box = ([first] + [0] * (len(d.shape) - 1), [count] + list(d.shape[1:]))
+            tasks.append(_schedule_chunk(sched, plan, i, piece, box, pool, io, tier))
+        plan.large[i] = tasks
+    flush_group()
+    return plan
 
 
-def _store_chunk(writer: _Writer, piece: np.ndarray, offsets, lengths) -> Chunk:
-    digest = content_hash(piece)
-    codec = writer.put(digest, piece)
-    return Chunk(offsets, lengths, digest, digest, 0, int(piece.nbytes), codec)
+def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tier) -> Task:
+    n = int(piece.nbytes)
+    if pool is None:
+        def write_live() -> Chunk:
+            digest = content_hash(piece)
+            return Chunk(*box, digest, digest, 0, n, plan.writer.put(digest, piece))
+
+        task = sched.submit("write", write_live, priority=Priority.WRITE, needs=io, nbytes=n, tier=tier)
+        plan.writes.append(task)
+        return task
+
+    def capture() -> np.ndarray:
+        buf = pool.get(n)
+        np.copyto(buf, piece)
+        return buf
+
+    cap = sched.submit("capture", capture, priority=Priority.CAPTURE,
+                       needs={"staging": n, "cpu": 1}, frees={"cpu": 1}, nbytes=n)
+    plan.captures.setdefault(index, []).append(cap)
+
+    def write_staged() -> Chunk:
+        buf = cap.result()
+        try:
+            digest = content_hash(buf)
+            return Chunk(*box, digest, digest, 0, n, plan.writer.put(digest, buf))
+        finally:
+            pool.give(buf)
+
+    task = sched.submit("write", write_staged, priority=Priority.WRITE, needs=io,
+                        frees={**io, "staging": n}, deps=[cap], nbytes=n, tier=tier)
+    plan.writes.append(task)
+    return task
 
 
-class _Packer:
-    """Packs small leaves into shared objects, deduplicating against known chunks."""
+def _schedule_pack(sched, plan: ScheduledSave, group, total, known, pool, io, tier) -> None:
+    def capture():
+        buf = pool.get(total) if pool is not None else np.empty(total, dtype=np.uint8)
+        offset, seen, members = 0, {}, []
+        for index, data, box in group:
+            digest = content_hash(data)
+            where = known.get(digest) or seen.get(digest)
+            if where is None:
+                n = int(data.nbytes)
+                buf[offset:offset + n] = data
+                where = seen[digest] = (offset, n)
+                offset += n
+            members.append((index, digest, box, where))
+        return buf, offset, members
 
-    def __init__(self, writer: _Writer, pack_bytes: int, known: dict[str, KnownChunk], pool):
-        self.writer, self.pack_bytes, self.known, self.pool = writer, pack_bytes, known, pool
-        self.parts: list[np.ndarray] = []
-        self.pending: list[tuple[Leaf, str, int, int]] = []
-        self.in_pack: dict[str, tuple[int, int]] = {}
-        self.size = 0
-        self.futures: list[tuple[list, Future]] = []
+    cap = sched.submit("capture", capture, priority=Priority.CAPTURE,
+                       needs={"staging": total, "cpu": 1}, frees={"cpu": 1}, nbytes=total)
+    for index, _, _ in group:
+        plan.captures.setdefault(index, []).append(cap)
 
-    def add(self, leaf: Leaf, data: np.ndarray) -> None:
-        digest = content_hash(data)
-        box = ([0] * len(leaf.shape), list(leaf.shape))
-        hit = self.known.get(digest)
-        if hit is not None:
-            leaf.chunks.append(Chunk(*box, digest, hit.object, hit.start, hit.size, hit.codec))
-            return
-        if digest not in self.in_pack:
-            self.in_pack[digest] = (self.size, int(data.nbytes))
-            self.parts.append(data)
-            self.size += int(data.nbytes)
-        start, size = self.in_pack[digest]
-        leaf.chunks.append(Chunk(*box, digest, "", start, size, "raw"))
-        self.pending.append((leaf, digest, start, size))
-        if self.size >= self.pack_bytes:
-            self.flush()
+    def write_pack():
+        buf, used, members = cap.result()
+        try:
+            if not used:
+                return "", "raw", members
+            blob = buf[:used]
+            digest = content_hash(blob)
+            return digest, plan.writer.put(digest, blob), members
+        finally:
+            if pool is not None:
+                pool.give(buf)
 
-    def flush(self) -> None:
-        if not self.pending:
-            return
-        blob = np.concatenate(self.parts) if self.parts else np.empty(0, np.uint8)
-        pending, self.pending, self.parts, self.in_pack, self.size = self.pending, [], [], {}, 0
-        self.futures.append((pending, self.pool.submit(self._write_pack, blob)))
-
-    def _write_pack(self, blob: np.ndarray) -> tuple[str, str]:
-        digest = content_hash(blob)
-        return digest, self.writer.put(digest, blob)
-
-    def wait(self) -> None:
-        for pending, fut in self.futures:
-            digest, codec = fut.result()
-            for leaf, chunk_hash, start, size in pending:
-                for c in leaf.chunks:
-                    if c.hash == chunk_hash and c.object == "":
-                        c.object, c.codec = digest, codec
-                self.known[chunk_hash] = KnownChunk(digest, start, size, codec)
+    task = sched.submit("write", write_pack, priority=Priority.WRITE, needs=io,
+                        frees={**io, "staging": total}, deps=[cap], nbytes=total, tier=tier)
+    plan.writes.append(task)
+    plan.packs.append(task)

@@ -1,0 +1,224 @@
+"""The scheduler: one task DAG with resource budgets, priorities and back-pressure.
+
+Every stage of a save or restore (capture, write, commit, flush, prefetch, evict, gc) is a
+task. A task starts when its dependencies are done and the resources it `needs` fit the
+budget; it gives back `frees` when it ends (default: what it took), so a resource such as
+staging memory can be held from a capture until the write that empties it.
+"""
+
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Callable
+
+
+class Priority(IntEnum):
+    """Lower runs first among ready tasks."""
+
+    CAPTURE = 0
+    RESTORE = 1
+    PREFETCH = 2
+    WRITE = 3
+    COMMIT = 4
+    FLUSH = 5
+    EVICT = 6
+    GC = 7
+
+
+@dataclass
+class Budget:
+    """Limits: staging memory (bytes), CPU workers, and I/O slots per tier."""
+
+    staging_bytes: int = 4 << 30
+    cpu_workers: int = 2
+    io_slots: dict[str, int] = field(default_factory=dict)
+    default_io_slots: int = 4
+
+    def capacity(self) -> dict[str, int]:
+        caps = {"staging": self.staging_bytes, "cpu": self.cpu_workers}
+        caps.update({f"io:{tier}": n for tier, n in self.io_slots.items()})
+        return caps
+
+
+@dataclass
+class StageStats:
+    """Counters of one stage."""
+
+    queued: int = 0
+    running: int = 0
+    done: int = 0
+    failed: int = 0
+    bytes_in_flight: int = 0
+    bytes_done: int = 0
+    seconds: float = 0.0
+
+
+class Task:
+    """A unit of work in the DAG; `future` holds its result."""
+
+    __slots__ = ("stage", "priority", "fn", "needs", "frees", "deps", "after", "nbytes", "tier", "seq",
+                 "future")
+
+    def __init__(self, stage, priority, fn, needs, frees, deps, after, nbytes, tier, seq):
+        self.stage, self.priority, self.fn = stage, priority, fn
+        self.needs, self.frees, self.deps, self.after = needs, frees, deps, after
+        self.nbytes, self.tier, self.seq = nbytes, tier, seq
+        self.future: Future = Future()
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def result(self, timeout: float | None = None):
+        return self.future.result(timeout)
+
+
+class Scheduler:
+    """Runs tasks on a fixed set of threads under a Budget."""
+
+    def __init__(self, budget: Budget | None = None, threads: int = 8, name: str = "forkpoint"):
+        self.budget = budget or Budget()
+        self.capacity = self.budget.capacity()
+        self.used: dict[str, int] = {}
+        self.queue: list[Task] = []
+        self.stages: dict[str, StageStats] = {}
+        self.tiers: dict[str, dict[str, int]] = {}
+        self.cond = threading.Condition()
+        self.seq = 0
+        self.closed = False
+        self.threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
+                        for i in range(threads)]
+        for t in self.threads:
+            t.start()
+
+    def _cap(self, resource: str) -> int:
+        if resource in self.capacity:
+            return self.capacity[resource]
+        if resource.startswith("io:"):
+            return self.budget.default_io_slots
+        raise KeyError(f"unknown resource {resource!r}")
+
+    def submit(self, stage: str, fn: Callable, *, priority: int, needs: dict | None = None,
+               frees: dict | None = None, deps=(), after=(), nbytes: int = 0,
+               tier: str | None = None) -> Task:
+        """Queue `fn()`; it runs once `deps` succeeded, `after` finished (either way) and `needs` fit.
+
+        A failed dependency fails the task with the same exception without running it.
+        """
+        needs = dict(needs or {})
+        with self.cond:
+            if self.closed:
+                raise RuntimeError("scheduler is shut down")
+            self.seq += 1
+            task = Task(stage, int(priority), fn, needs, needs if frees is None else dict(frees),
+                        [d for d in deps if d is not None], [a for a in after if a is not None],
+                        nbytes, tier, self.seq)
+            self.queue.append(task)
+            self.queue.sort(key=lambda t: (t.priority, t.seq))
+            st = self.stages.setdefault(stage, StageStats())
+            st.queued += 1
+            self.cond.notify_all()
+        return task
+
+    def release(self, resources: dict) -> None:
+        """Give back resources held beyond a task (e.g. staging after a failed write)."""
+        with self.cond:
+            for r, n in resources.items():
+                self.used[r] = self.used.get(r, 0) - n
+            self.cond.notify_all()
+
+    def _fits(self, needs: dict) -> bool:
+        for r, n in needs.items():
+            used, cap = self.used.get(r, 0), self._cap(r)
+            if used + n > cap and not (used == 0 and n > cap):
+                return False
+        return True
+
+    def _pick(self) -> Task | None:
+        for i, task in enumerate(self.queue):
+            if any(not d.done() for d in task.deps) or any(not a.done() for a in task.after):
+                continue
+            failed = next((d for d in task.deps if d.future.exception() is not None), None)
+            if failed is not None or self._fits(task.needs):
+                return self.queue.pop(i)
+        return None
+
+    def _work(self) -> None:
+        while True:
+            with self.cond:
+                task = None
+                while task is None:
+                    if self.closed and not self.queue:
+                        return
+                    task = self._pick()
+                    if task is None:
+                        self.cond.wait(0.5)
+                failed = next((d for d in task.deps if d.future.exception() is not None), None)
+                st = self.stages[task.stage]
+                st.queued -= 1
+                if failed is None:
+                    for r, n in task.needs.items():
+                        self.used[r] = self.used.get(r, 0) + n
+                    st.running += 1
+                    st.bytes_in_flight += task.nbytes
+                    if task.tier:
+                        tier = self.tiers.setdefault(task.tier, {"bytes_in_flight": 0, "bytes_done": 0})
+                        tier["bytes_in_flight"] += task.nbytes
+            if failed is not None:
+                with self.cond:
+                    for r, n in task.frees.items():
+                        extra = n - task.needs.get(r, 0)
+                        if extra > 0:
+                            self.used[r] = self.used.get(r, 0) - extra
+                    st.failed += 1
+                    self.cond.notify_all()
+                task.future.set_exception(failed.future.exception())
+                continue
+            start = time.perf_counter()
+            try:
+                result, error = task.fn(), None
+            except BaseException as e:  # delivered through the future
+                result, error = None, e
+            elapsed = time.perf_counter() - start
+            with self.cond:
+                for r, n in task.frees.items():
+                    self.used[r] = self.used.get(r, 0) - n
+                st.running -= 1
+                st.bytes_in_flight -= task.nbytes
+                st.seconds += elapsed
+                if error is None:
+                    st.done += 1
+                    st.bytes_done += task.nbytes
+                else:
+                    st.failed += 1
+                if task.tier:
+                    tier = self.tiers[task.tier]
+                    tier["bytes_in_flight"] -= task.nbytes
+                    if error is None:
+                        tier["bytes_done"] += task.nbytes
+                self.cond.notify_all()
+            if error is None:
+                task.future.set_result(result)
+            else:
+                task.future.set_exception(error)
+
+    def stats(self) -> dict:
+        """Return queue depths, bytes in flight and time per stage and per tier, and resource use."""
+        with self.cond:
+            return {
+                "stages": {name: vars(st).copy() for name, st in self.stages.items()},
+                "tiers": {name: dict(t) for name, t in self.tiers.items()},
+                "resources": {r: {"used": self.used.get(r, 0), "capacity": self._cap(r)}
+                              for r in set(self.capacity) | set(self.used)},
+                "queued": len(self.queue),
+            }
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Finish queued tasks, then stop the threads."""
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+        if wait:
+            for t in self.threads:
+                t.join()

@@ -1,0 +1,68 @@
+"""Lazy capture guards: block a mutation only while its tensors are still being captured.
+
+A save registers, for the memory address of each live tensor it has not copied yet, the
+tasks that copy it. Hooks on optimizers (before `step`) and on modules that own buffers
+(before `forward`) wait for exactly what they are about to overwrite.
+"""
+
+import threading
+
+from .stateful import is_module
+
+
+def _pointer(t) -> int:
+    return t.data_ptr() if t.numel() else 0
+
+
+class CaptureGuard:
+    """Tracks captures in flight by data pointer and waits for them on demand."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._by_ptr: dict[int, list] = {}
+        self._handles = []
+
+    def add(self, by_ptr: dict[int, list]) -> None:
+        """Register tasks (objects with `.result()` and `.done()`) per data pointer."""
+        with self._lock:
+            for ptr, tasks in by_ptr.items():
+                self._by_ptr.setdefault(ptr, []).extend(tasks)
+
+    def pending(self) -> bool:
+        """True while any registered capture is unfinished."""
+        with self._lock:
+            self._by_ptr = {p: [t for t in ts if not t.done()] for p, ts in self._by_ptr.items()}
+            self._by_ptr = {p: ts for p, ts in self._by_ptr.items() if ts}
+            return bool(self._by_ptr)
+
+    def wait(self, tensors=None) -> None:
+        """Wait for the captures of `tensors` (all captures when None); raise a capture's error."""
+        if not self._by_ptr:
+            return
+        with self._lock:
+            if tensors is None:
+                tasks = [t for ts in self._by_ptr.values() for t in ts]
+            else:
+                tasks = [t for x in tensors for t in self._by_ptr.get(_pointer(x), ())]
+        for t in tasks:
+            t.result()
+        self.pending()
+
+    def install(self, objects) -> None:
+        """Hook optimizers (wait for all captures before step) and buffer-owning modules."""
+        import torch
+
+        for obj in objects:
+            if isinstance(obj, torch.optim.Optimizer):
+                self._handles.append(obj.register_step_pre_hook(lambda *_: self.wait()))
+            elif is_module(obj):
+                for mod in obj.modules():
+                    if any(True for _ in mod.buffers(recurse=False)):
+                        self._handles.append(mod.register_forward_pre_hook(
+                            lambda m, _args: self.wait(list(m.buffers(recurse=False)))))
+
+    def remove(self) -> None:
+        """Remove every hook this guard installed."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
