@@ -81,6 +81,7 @@ class Scheduler:
         self.budget = budget or Budget()
         self.capacity = self.budget.capacity()
         self.used: dict[str, int] = {}
+        self.peak: dict[str, int] = {}
         self.queue: list[Task] = []
         self.stages: dict[str, StageStats] = {}
         self.tiers: dict[str, dict[str, int]] = {}
@@ -160,6 +161,7 @@ class Scheduler:
                 if failed is None:
                     for r, n in task.needs.items():
                         self.used[r] = self.used.get(r, 0) + n
+                        self.peak[r] = max(self.peak.get(r, 0), self.used[r])
                     st.running += 1
                     st.bytes_in_flight += task.nbytes
                     if task.tier:
@@ -209,7 +211,8 @@ class Scheduler:
             return {
                 "stages": {name: vars(st).copy() for name, st in self.stages.items()},
                 "tiers": {name: dict(t) for name, t in self.tiers.items()},
-                "resources": {r: {"used": self.used.get(r, 0), "capacity": self._cap(r)}
+                "resources": {r: {"used": self.used.get(r, 0), "peak": self.peak.get(r, 0),
+                                  "capacity": self._cap(r)}
                               for r in set(self.capacity) | set(self.used)},
                 "queued": len(self.queue),
             }

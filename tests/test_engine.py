@@ -1,0 +1,150 @@
+"""The scheduler (priorities, budgets, back-pressure, failures, stats) and lazy async capture."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import forkpoint as fp
+from forkpoint.engine import Budget, Priority, Scheduler
+from forkpoint.engine.save import SaveOptions
+from forkpoint.engine.staging import StagingPool
+
+
+def test_priorities_order_ready_tasks():
+    sched = Scheduler(Budget(cpu_workers=1), threads=1)
+    gate = threading.Event()
+    blocker = sched.submit("x", gate.wait, priority=0, needs={"cpu": 1})
+    order = []
+    for prio, name in [(Priority.GC, "gc"), (Priority.FLUSH, "flush"), (Priority.COMMIT, "commit"),
+                       (Priority.RESTORE, "restore")]:
+        sched.submit(name, lambda n=name: order.append(n), priority=prio, needs={"cpu": 1})
+    gate.set()
+    sched.shutdown()
+    assert blocker.done() and order == ["restore", "commit", "flush", "gc"]
+
+
+def test_staging_budget_is_never_exceeded_and_leases_span_tasks():
+    sched = Scheduler(Budget(staging_bytes=100, cpu_workers=4, default_io_slots=4), threads=8)
+    in_use, peak, lock = [0], [0], threading.Lock()
+
+    def grab(n):
+        with lock:
+            in_use[0] += n
+            peak[0] = max(peak[0], in_use[0])
+        time.sleep(0.01)
+
+    def drop(n):
+        time.sleep(0.01)
+        with lock:
+            in_use[0] -= n
+
+    for i in range(30):
+        n = 10 + (i % 4) * 10
+        cap = sched.submit("capture", lambda n=n: grab(n), priority=Priority.CAPTURE,
+                           needs={"staging": n, "cpu": 1}, frees={"cpu": 1}, nbytes=n)
+        sched.submit("write", lambda n=n: drop(n), priority=Priority.WRITE, needs={"io:t": 1},
+                     frees={"io:t": 1, "staging": n}, deps=[cap], nbytes=n, tier="t")
+    sched.shutdown()
+    stats = sched.stats()
+    assert peak[0] <= 100 and stats["resources"]["staging"]["peak"] <= 100
+    assert stats["resources"]["staging"]["used"] == 0
+    assert stats["stages"]["write"]["done"] == 30 and stats["tiers"]["t"]["bytes_done"] == sum(
+        10 + (i % 4) * 10 for i in range(30))
+
+
+def test_failed_dependency_fails_dependents_and_returns_leases():
+    sched = Scheduler(Budget(staging_bytes=10), threads=2)
+
+    def boom():
+        raise OSError("disk on fire")
+
+    cap = sched.submit("capture", boom, priority=0, needs={"staging": 10}, frees={})
+    write = sched.submit("write", lambda: 1, priority=1, frees={"staging": 10}, deps=[cap])
+    after = sched.submit("commit", lambda: "ran", priority=2, after=[write])
+    with pytest.raises(OSError, match="disk on fire"):
+        write.result(5)
+    assert after.result(5) == "ran"
+    sched.shutdown()
+    assert sched.stats()["resources"]["staging"]["used"] == 0
+
+
+def test_oversized_task_runs_alone():
+    sched = Scheduler(Budget(staging_bytes=10), threads=2)
+    t = sched.submit("capture", lambda: "big", priority=0, needs={"staging": 50})
+    assert t.result(5) == "big"
+    sched.shutdown()
+
+
+def test_staging_pool_reuses_and_respects_limit():
+    pool = StagingPool(limit=100)
+    a = pool.get(60)
+    pool.give(a)
+    assert pool.get(60) is a
+    b = pool.get(50)
+    pool.give(a)
+    pool.give(b)
+    assert pool.kept <= 100
+
+
+def test_async_save_captures_state_at_call_time_with_hooks(repo):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.BatchNorm1d(512), torch.nn.Linear(512, 512))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    ck = fp.Checkpointer(repo, {"model": model, "optim": opt}, every=1)
+    expected = {}
+    for step in range(6):
+        loss = model(torch.randn(32, 512)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        expected[step] = {k: v.clone() for k, v in model.state_dict().items()}
+        ck.step(step)
+    ck.close()
+    for v in repo.log():
+        saved = repo.load(v.id)["model"]
+        for k, t in expected[v.step].items():
+            assert torch.equal(saved[k], t), (v.step, k)
+    assert repo.stats()["stages"]["capture"]["done"] > 0
+
+
+def test_state_larger_than_staging_budget_streams(tmp_path):
+    budget = 4 << 20
+    repo = fp.Repo(str(tmp_path / "r"), create=True,
+                   options=SaveOptions(staging_bytes=budget, chunk_bytes=1 << 20))
+    state = {f"w{i}": torch.randn(1 << 20) for i in range(10)}
+    pending = repo.save(state, sync=False)
+    pending.wait_capture()
+    for t in state.values():
+        t.zero_()
+    v = pending.wait()
+    stats = repo.stats()
+    assert stats["resources"]["staging"]["peak"] <= budget
+    assert v.logical_bytes == 40 << 20
+    out = repo.load()
+    torch.manual_seed(0)
+    assert not torch.equal(out["w0"], torch.zeros(1 << 20))
+    repo.close()
+
+
+def test_async_save_errors_surface_and_next_save_works(tmp_path, monkeypatch):
+    repo = fp.Repo(str(tmp_path / "r"), create=True)
+    real = repo.store.write
+    calls = [0]
+
+    def failing(key, parts, durable=True):
+        calls[0] += 1
+        if key.startswith("objects/") and calls[0] == 1:
+            raise fp.errors.StorageFullError("no space left (simulated)")
+        return real(key, parts, durable)
+
+    monkeypatch.setattr(repo.store, "write", failing)
+    p = repo.save({"w": np.ones(10)}, sync=False)
+    with pytest.raises(fp.errors.StorageFullError):
+        p.wait()
+    assert repo.head("main") is None
+    assert repo.save({"w": np.ones(10)}, step=1).step == 1
+    assert repo.stats()["resources"]["staging"]["used"] == 0
+    repo.close()
