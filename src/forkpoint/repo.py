@@ -137,10 +137,10 @@ class Repo:
         self.options = options or SaveOptions(codec=codec, workers=workers)
         self.writer_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._open_or_create(create)
-        budget = Budget(staging_bytes=self.options.staging_bytes, cpu_workers=2,
-                        default_io_slots=self.options.workers)
+        budget = Budget(staging_bytes=self.options.staging_bytes, window_bytes=self.options.window_bytes,
+                        cpu_workers=2, default_io_slots=self.options.workers)
         self._sched = Scheduler(budget, threads=self.options.workers + 4)
-        self._staging = StagingPool(self.options.staging_bytes)
+        self._staging = StagingPool(self.options.staging_bytes + self.options.window_bytes)
         self._tier = "tier0"
         self._last_commit: Task | None = None
         self._manifests: dict[str, Manifest] = {}
@@ -339,7 +339,7 @@ class Repo:
         skeleton, flat = flatten(tree, allow_pickle=allow_pickle, copy=False)
         record = Version("", [], branch, step, 0.0, message, metrics, meta, env=_environment())
         plan = schedule_save(self._sched, self.store, self._tier, flat, self._known_chunks(branch),
-                             self.options, None if sync else self._staging)
+                             self.options, self._staging, "window" if sync else "staging")
         commit = self._sched.submit(
             "commit", lambda: self._finish_save(plan, skeleton, record, allow_pickle),
             priority=Priority.COMMIT, needs={f"io:{self._tier}": 1}, deps=plan.writes,

@@ -55,9 +55,9 @@ class _Reader:
             blob = self.store.read(key)
         except FileNotFoundError:
             raise MissingObjectError(f"{self.where(leaf, key)} is missing") from None
-        codec_id, length = unpack_header(blob[:OBJECT_HEADER_SIZE], self.where(leaf, key))
+        codec_id, length, header_size = unpack_header(blob[:OBJECT_HEADER_SIZE], self.where(leaf, key))
         data = codec_by_id(codec_id, self.where(leaf, key)).decode(
-            memoryview(blob)[OBJECT_HEADER_SIZE:], length)
+            memoryview(blob)[header_size:], length)
         if len(data) != length or content_hash(data) != digest:
             raise CorruptObjectError(f"{self.where(leaf, key)} does not match its hash: corrupted")
         return data
@@ -68,13 +68,13 @@ class _Reader:
         header = bytearray(OBJECT_HEADER_SIZE)
         try:
             got = self.store.read_into(key, 0, memoryview(header))
-            if got == OBJECT_HEADER_SIZE and unpack_header(bytes(header), key)[0] != 0:
+            codec_id, length, header_size = unpack_header(bytes(header[:got]), self.where(leaf, key))
+            if codec_id != 0:
                 return self.copy_from_object(leaf, chunk, dest)
-            got += self.store.read_into(key, OBJECT_HEADER_SIZE, memoryview(dest))
+            got = self.store.read_into(key, header_size, memoryview(dest))
         except FileNotFoundError:
             raise MissingObjectError(f"{self.where(leaf, key)} is missing") from None
-        codec_id, length = unpack_header(bytes(header), self.where(leaf, key))
-        if length != chunk.size or got != OBJECT_HEADER_SIZE + chunk.size:
+        if length != chunk.size or got != chunk.size:
             raise CorruptObjectError(f"{self.where(leaf, key)} is truncated or of the wrong size")
         if content_hash(dest) != chunk.hash:
             raise CorruptObjectError(f"{self.where(leaf, key)} does not match its hash: corrupted")

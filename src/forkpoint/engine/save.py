@@ -1,9 +1,8 @@
 """Save pipeline: chunk, capture, hash, dedup, encode and write leaves as scheduler tasks.
 
 Large leaves are split along their first dimension into chunks of at most `chunk_bytes`;
-small leaves are packed into shared objects. With a staging pool, each chunk is first
-copied (captured) into staging memory so the live tensor may change afterwards; without
-one, writes read the live memory directly (the caller waits for them).
+small leaves are packed into shared objects. Staging memory is bounded by the scheduler's
+budget: a state larger than it streams through.
 """
 
 import threading
@@ -14,7 +13,8 @@ import numpy as np
 from ..errors import FormatError
 from ..format.codecs import codec_by_id, codec_by_name
 from ..format.manifest import Chunk, Leaf
-from ..format.objects import OBJECT_HEADER_SIZE, content_hash, pack_header, unpack_header
+from ..format.objects import (ALIGNED_HEADER_SIZE, OBJECT_HEADER_SIZE, content_hash, pack_header,
+                              unpack_header)
 from ..state.flatten import FlatLeaf
 from ..storage.base import Store
 from .scheduler import Priority, Scheduler, Task
@@ -31,6 +31,7 @@ class SaveOptions:
     codec: str = "raw"
     workers: int = 4
     staging_bytes: int = 4 << 30
+    window_bytes: int = 256 << 20
 
 
 @dataclass
@@ -53,6 +54,8 @@ class StoredLeaves:
 
 
 _HEX = frozenset("0123456789abcdef")
+DIRECT_MIN_BYTES = 1 << 20
+COPY_BLOCK = 1 << 20
 
 
 def object_key(digest: str) -> str:
@@ -106,9 +109,10 @@ class ObjectWriter:
                 payload = encoded
             else:
                 codec = codec_by_name("raw")
-        self.store.write(key, [pack_header(codec.id, view.nbytes), payload])
+        header_size = ALIGNED_HEADER_SIZE if payload is view and view.nbytes >= DIRECT_MIN_BYTES else OBJECT_HEADER_SIZE
+        self.store.write(key, [pack_header(codec.id, view.nbytes, header_size), payload])
         with self.lock:
-            self.stored_bytes += OBJECT_HEADER_SIZE + memoryview(payload).nbytes
+            self.stored_bytes += header_size + memoryview(payload).nbytes
             self.written.append(key)
         return codec.name
 
@@ -168,9 +172,15 @@ class ScheduledSave:
 
 
 def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf],
-                  known: dict[str, KnownChunk], opts: SaveOptions,
-                  pool: StagingPool | None) -> ScheduledSave:
-    """Queue the capture and write tasks of one save; with `pool`, copy through staging first."""
+                  known: dict[str, KnownChunk], opts: SaveOptions, pool: StagingPool,
+                  staging: str = "staging") -> ScheduledSave:
+    """Queue the capture and write tasks of one save.
+
+    Each chunk is copied (captured) into a page-aligned staging buffer, then hashed and
+    written from there (with direct I/O where the store supports it); the live tensors may
+    change once their captures are done. `staging` names the budget resource the buffers
+    count against ("staging" for asynchronous saves, "window" for synchronous ones).
+    """
     plan = ScheduledSave(flat, ObjectWriter(store, opts.codec))
     io = {f"io:{tier}": 1}
     group: list[tuple[int, np.ndarray, list]] = []
@@ -179,7 +189,7 @@ def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf
     def flush_group():
         nonlocal group, group_bytes
         if group:
-            _schedule_pack(sched, plan, group, group_bytes, known, pool, io, tier)
+            _schedule_pack(sched, plan, group, group_bytes, known, pool, io, tier, staging)
         group, group_bytes = [], 0
 
     for i, fl in enumerate(flat):
@@ -198,49 +208,51 @@ def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf
         for first, count in row_split(d.shape, nbytes, opts.chunk_bytes):
             piece = d.data[first * row:(first + count) * row]
             box = ([first] + [0] * (len(d.shape) - 1), [count] + list(d.shape[1:]))
-            tasks.append(_schedule_chunk(sched, plan, i, piece, box, pool, io, tier))
+            tasks.append(_schedule_chunk(sched, plan, i, piece, box, pool, io, tier, staging))
         plan.large[i] = tasks
     flush_group()
     return plan
 
 
-def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tier) -> Task:
+def _copy_and_hash(src: np.ndarray, dst: np.ndarray) -> str:
+    """Copy `src` into `dst` block by block, hashing each block while it is in cache."""
+    import blake3
+
+    hasher = blake3.blake3()
+    for lo in range(0, src.nbytes, COPY_BLOCK):
+        hi = min(src.nbytes, lo + COPY_BLOCK)
+        np.copyto(dst[lo:hi], src[lo:hi])
+        hasher.update(memoryview(dst[lo:hi]))
+    return hasher.hexdigest()
+
+
+def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tier, staging) -> Task:
     n = int(piece.nbytes)
-    if pool is None:
-        def write_live() -> Chunk:
-            digest = content_hash(piece)
-            return Chunk(*box, digest, digest, 0, n, plan.writer.put(digest, piece))
 
-        task = sched.submit("write", write_live, priority=Priority.WRITE, needs=io, nbytes=n, tier=tier)
-        plan.writes.append(task)
-        return task
-
-    def capture() -> np.ndarray:
+    def capture():
         buf = pool.get(n)
-        np.copyto(buf, piece)
-        return buf
+        return buf, _copy_and_hash(piece, buf)
 
     cap = sched.submit("capture", capture, priority=Priority.CAPTURE,
-                       needs={"staging": n, "cpu": 1}, frees={"cpu": 1}, nbytes=n)
+                       needs={staging: n, "cpu": 1}, frees={"cpu": 1}, nbytes=n)
     plan.captures.setdefault(index, []).append(cap)
 
     def write_staged() -> Chunk:
-        buf = cap.result()
+        buf, digest = cap.result()
         try:
-            digest = content_hash(buf)
             return Chunk(*box, digest, digest, 0, n, plan.writer.put(digest, buf))
         finally:
             pool.give(buf)
 
     task = sched.submit("write", write_staged, priority=Priority.WRITE, needs=io,
-                        frees={**io, "staging": n}, deps=[cap], nbytes=n, tier=tier)
+                        frees={**io, staging: n}, deps=[cap], nbytes=n, tier=tier)
     plan.writes.append(task)
     return task
 
 
-def _schedule_pack(sched, plan: ScheduledSave, group, total, known, pool, io, tier) -> None:
+def _schedule_pack(sched, plan: ScheduledSave, group, total, known, pool, io, tier, staging) -> None:
     def capture():
-        buf = pool.get(total) if pool is not None else np.empty(total, dtype=np.uint8)
+        buf = pool.get(total)
         offset, seen, members = 0, {}, []
         for index, data, box in group:
             digest = content_hash(data)
@@ -254,7 +266,7 @@ def _schedule_pack(sched, plan: ScheduledSave, group, total, known, pool, io, ti
         return buf, offset, members
 
     cap = sched.submit("capture", capture, priority=Priority.CAPTURE,
-                       needs={"staging": total, "cpu": 1}, frees={"cpu": 1}, nbytes=total)
+                       needs={staging: total, "cpu": 1}, frees={"cpu": 1}, nbytes=total)
     for index, _, _ in group:
         plan.captures.setdefault(index, []).append(cap)
 
@@ -267,10 +279,9 @@ def _schedule_pack(sched, plan: ScheduledSave, group, total, known, pool, io, ti
             digest = content_hash(blob)
             return digest, plan.writer.put(digest, blob), members
         finally:
-            if pool is not None:
-                pool.give(buf)
+            pool.give(buf)
 
     task = sched.submit("write", write_pack, priority=Priority.WRITE, needs=io,
-                        frees={**io, "staging": total}, deps=[cap], nbytes=total, tier=tier)
+                        frees={**io, staging: total}, deps=[cap], nbytes=total, tier=tier)
     plan.writes.append(task)
     plan.packs.append(task)

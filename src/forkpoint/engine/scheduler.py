@@ -29,15 +29,17 @@ class Priority(IntEnum):
 
 @dataclass
 class Budget:
-    """Limits: staging memory (bytes), CPU workers, and I/O slots per tier."""
+    """Limits: staging memory for asynchronous saves, the streaming window of synchronous ones
+    (bytes), CPU workers, and I/O slots per tier."""
 
     staging_bytes: int = 4 << 30
+    window_bytes: int = 256 << 20
     cpu_workers: int = 2
     io_slots: dict[str, int] = field(default_factory=dict)
     default_io_slots: int = 4
 
     def capacity(self) -> dict[str, int]:
-        caps = {"staging": self.staging_bytes, "cpu": self.cpu_workers}
+        caps = {"staging": self.staging_bytes, "window": self.window_bytes, "cpu": self.cpu_workers}
         caps.update({f"io:{tier}": n for tier, n in self.io_slots.items()})
         return caps
 

@@ -5,9 +5,17 @@ by exact size and handed out again. Buffers handed out plus buffers kept never e
 `limit` bytes (the scheduler's staging budget bounds what is handed out).
 """
 
+import mmap
 import threading
 
 import numpy as np
+
+
+def aligned_buffer(nbytes: int) -> np.ndarray:
+    """Return a page-aligned uint8 buffer (anonymous memory mapping)."""
+    if nbytes == 0:
+        return np.empty(0, dtype=np.uint8)
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8)
 
 
 class StagingPool:
@@ -29,7 +37,7 @@ class StagingPool:
                 self.kept -= nbytes
                 return bucket.pop()
             self._trim(max(0, self.limit - self.outstanding))
-        return np.empty(nbytes, dtype=np.uint8)
+        return aligned_buffer(nbytes)
 
     def give(self, buf: np.ndarray) -> None:
         """Return a buffer; it is kept for reuse while the limit allows."""

@@ -1,7 +1,9 @@
-"""Object files: a 16-byte header, then the codec's payload.
+"""Object files: a header, then the codec's payload.
 
-Header: magic b"FPO1", codec id (u8), three zero bytes, decoded length (u64 little-endian).
-An object is named by the blake3 hex digest of its decoded bytes.
+Header (little-endian): magic b"FPO1", codec id (u8), one zero byte, header size (u16: the
+payload's offset, 16 or a multiple of 4096 so that large payloads can use direct I/O; the
+bytes between 16 and it are zero), decoded length (u64). An object is named by the blake3
+hex digest of its decoded bytes.
 """
 
 import struct
@@ -12,7 +14,8 @@ from ..errors import CorruptObjectError
 
 OBJECT_MAGIC = b"FPO1"
 OBJECT_HEADER_SIZE = 16
-_HEADER = struct.Struct("<4sB3xQ")
+ALIGNED_HEADER_SIZE = 4096
+_HEADER = struct.Struct("<4sBxHQ")
 HASH_THREADS_MIN_BYTES = 4 << 20
 
 
@@ -23,16 +26,19 @@ def content_hash(data) -> str:
     return blake3.blake3(view, max_threads=threads).hexdigest()
 
 
-def pack_header(codec_id: int, decoded_length: int) -> bytes:
-    """Return the header that precedes an object's payload."""
-    return _HEADER.pack(OBJECT_MAGIC, codec_id, decoded_length)
+def pack_header(codec_id: int, decoded_length: int, header_size: int = OBJECT_HEADER_SIZE) -> bytes:
+    """Return the `header_size` bytes that precede an object's payload."""
+    head = _HEADER.pack(OBJECT_MAGIC, codec_id, header_size, decoded_length)
+    return head + bytes(header_size - OBJECT_HEADER_SIZE)
 
 
-def unpack_header(header: bytes, where: str) -> tuple[int, int]:
-    """Return (codec id, decoded length) or raise CorruptObjectError naming `where`."""
+def unpack_header(header: bytes, where: str) -> tuple[int, int, int]:
+    """Return (codec id, decoded length, header size) or raise CorruptObjectError naming `where`."""
     if len(header) < OBJECT_HEADER_SIZE:
         raise CorruptObjectError(f"object {where} is truncated: {len(header)} header bytes")
-    magic, codec_id, length = _HEADER.unpack_from(header)
+    magic, codec_id, header_size, length = _HEADER.unpack_from(header)
     if magic != OBJECT_MAGIC:
         raise CorruptObjectError(f"object {where} has no forkpoint object header (magic {magic!r})")
-    return codec_id, length
+    if header_size < OBJECT_HEADER_SIZE:
+        raise CorruptObjectError(f"object {where} has an invalid header size {header_size}")
+    return codec_id, length, header_size

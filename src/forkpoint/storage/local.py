@@ -1,6 +1,7 @@
 """Local POSIX store: temp file + fsync + rename, directory fsync as the durability barrier."""
 
 import errno
+import mmap
 import os
 import time
 import uuid
@@ -10,14 +11,33 @@ from ..errors import StorageFullError
 from .base import Store
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
+BLOCK = 4096
+DIRECT_PIECE = 16 << 20
+
+
+def _address(view: memoryview) -> int:
+    import ctypes
+
+    if view.readonly:
+        return -1
+    return ctypes.addressof(ctypes.c_char.from_buffer(view))
+
+
+def direct_eligible(parts) -> bool:
+    """True for [header, payload] whose header is whole blocks and payload starts block-aligned."""
+    if len(parts) != 2 or len(parts[0]) % BLOCK or not len(parts[0]):
+        return False
+    view = memoryview(parts[1]).cast("B")
+    return view.nbytes >= BLOCK and _address(view) % BLOCK == 0
 
 
 class LocalStore(Store):
     """Objects are files under `root`; temp files live in `root/tmp`."""
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, direct_io: bool = True):
         self.root = os.path.abspath(os.path.expanduser(root))
         self.url = self.root
+        self.direct_io = direct_io and hasattr(os, "O_DIRECT")
 
     def _path(self, key: str) -> str:
         if key.startswith("/") or ".." in key.split("/"):
@@ -44,11 +64,59 @@ class LocalStore(Store):
     def size(self, key: str) -> int:
         return os.stat(self._path(key)).st_size
 
+    def _write_direct(self, tmp: str, parts: Sequence) -> bool:
+        """Write [header, payload] with O_DIRECT (tail buffered) and fsync; False if unsupported."""
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o644)
+        except OSError as e:
+            if e.errno == errno.EINVAL:
+                self.direct_io = False
+                return False
+            raise
+        header = mmap.mmap(-1, len(parts[0]))
+        header[:] = bytes(parts[0])
+        payload = memoryview(parts[1]).cast("B")
+        aligned = payload.nbytes - payload.nbytes % BLOCK
+        try:
+            try:
+                os.pwrite(fd, header, 0)
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                os.close(fd)
+                os.unlink(tmp)
+                self.direct_io = False
+                return False
+            base = len(parts[0])
+            done = 0
+            while done < aligned:
+                done += os.pwrite(fd, payload[done:min(aligned, done + DIRECT_PIECE)], base + done)
+            if aligned < payload.nbytes:
+                tail = os.open(tmp, os.O_WRONLY)
+                try:
+                    rest = payload[aligned:]
+                    while rest.nbytes:
+                        n = os.pwrite(tail, rest, base + payload.nbytes - rest.nbytes)
+                        rest = rest[n:]
+                    os.fsync(tail)
+                finally:
+                    os.close(tail)
+            os.fsync(fd)
+        finally:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+            header.close()
+        return True
+
     def _write_temp(self, parts: Sequence, durable: bool) -> str:
         tmp_dir = os.path.join(self.root, "tmp")
         os.makedirs(tmp_dir, exist_ok=True)
         tmp = os.path.join(tmp_dir, uuid.uuid4().hex)
         try:
+            if self.direct_io and durable and direct_eligible(parts) and self._write_direct(tmp, parts):
+                return tmp
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
                 for part in parts:
