@@ -125,11 +125,13 @@ def _environment() -> dict:
 
 
 class Repo:
-    """A forkpoint repository at `url` (local path, file:// or mem://)."""
+    """A forkpoint repository at `url`: a local path, file://, mem://name, or an fsspec URL
+    such as s3://bucket/prefix (`storage_options` go to the fsspec file system)."""
 
     def __init__(self, url: str | Store, create: bool = False, codec: str = "raw",
-                 on_conflict: str = "retry", workers: int = 4, options: SaveOptions | None = None):
-        self.store = url if isinstance(url, Store) else open_store(str(url))
+                 on_conflict: str = "retry", workers: int = 4, options: SaveOptions | None = None,
+                 storage_options: dict | None = None):
+        self.store = url if isinstance(url, Store) else open_store(str(url), **(storage_options or {}))
         self.url = self.store.url
         if on_conflict not in ("retry", "error"):
             raise ValueError(f"on_conflict must be 'retry' or 'error', got {on_conflict!r}")

@@ -5,14 +5,16 @@ from .local import LocalStore
 from .memory import MemoryStore
 
 
-def open_store(url: str) -> Store:
-    """Return the store for a local path, `file://` URL or `mem://name` URL."""
+def open_store(url: str, **storage_options) -> Store:
+    """Return the store for a local path, `file://`, `mem://name`, or any fsspec URL (s3://, ...)."""
     if url.startswith("mem://"):
         return MemoryStore.named(url[len("mem://"):])
     if url.startswith("file://"):
         return LocalStore(url[len("file://"):])
     if "://" in url:
-        raise ValueError(f"unsupported repository URL {url!r}: use a local path, file:// or mem://")
+        from .remote import FsspecStore
+
+        return FsspecStore(url, **storage_options)
     return LocalStore(url)
 
 
