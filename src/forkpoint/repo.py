@@ -21,8 +21,8 @@ from .engine.restore import ReadRequest, read_leaves
 from .engine.save import KnownChunk, SaveOptions, object_key, schedule_save
 from .engine.scheduler import Budget, Priority, Scheduler, Task
 from .engine.staging import StagingPool
-from .errors import (ConflictError, FormatError, PrunedVersionError, RefNotFoundError,
-                     RepoNotFoundError, StateMismatchError)
+from .errors import (ConflictError, CorruptObjectError, FormatError, MissingObjectError,
+                     PrunedVersionError, RefNotFoundError, RepoNotFoundError, StateMismatchError)
 from .format.manifest import FORMAT_VERSION, Leaf, Manifest, Version, check_format
 from .format.paths import has_prefix
 from .format.refs import check_name, decode_record, encode_record, parse_ref_expr, record_key, seq_of
@@ -31,6 +31,8 @@ from .state.leaves import empty_leaf, finish_leaf, is_torch_tensor, live_buffer
 from .state.skeleton import rename as rename_skeleton
 from .state.skeleton import select as select_skeleton
 from .storage import Store, open_store
+from .tiers import Tier, farthest_next_use, open_tiers
+from .tiers.movement import copy_manifest, copy_object, object_keys, sweep
 
 REPO_MARKER = "forkpoint.json"
 REPO_KIND = "forkpoint.repository"
@@ -128,10 +130,19 @@ class Repo:
     """A forkpoint repository at `url`: a local path, file://, mem://name, or an fsspec URL
     such as s3://bucket/prefix (`storage_options` go to the fsspec file system)."""
 
-    def __init__(self, url: str | Store, create: bool = False, codec: str = "raw",
+    def __init__(self, url: str | Store | None = None, create: bool = False, codec: str = "raw",
                  on_conflict: str = "retry", workers: int = 4, options: SaveOptions | None = None,
-                 storage_options: dict | None = None):
-        self.store = url if isinstance(url, Store) else open_store(str(url), **(storage_options or {}))
+                 storage_options: dict | None = None, tiers: list | None = None):
+        if tiers is not None:
+            if url is not None:
+                raise ValueError("give either url or tiers, not both")
+            self.tier_specs, self.stores = open_tiers(tiers)
+        elif url is None:
+            raise ValueError("Repo needs a url (or tiers=[...])")
+        else:
+            store = url if isinstance(url, Store) else open_store(str(url), **(storage_options or {}))
+            self.tier_specs, self.stores = [Tier(store.url)], [store]
+        self.store = self.stores[0]
         self.url = self.store.url
         if on_conflict not in ("retry", "error"):
             raise ValueError(f"on_conflict must be 'retry' or 'error', got {on_conflict!r}")
@@ -145,24 +156,36 @@ class Repo:
         self._staging = StagingPool(self.options.staging_bytes + self.options.window_bytes)
         self._tier = "tier0"
         self._last_commit: Task | None = None
+        self._flushed = [0] * len(self.stores)
+        self._future_order: list[str] = []
+        self._writers: set = set()
+        self._flushing: set[str] = set()
+        self._evict_lock = threading.Lock()
         self._manifests: dict[str, Manifest] = {}
         self._lock = threading.Lock()
         self._closed = False
 
     # ----------------------------------------------------------------- set-up
     def _open_or_create(self, create: bool) -> None:
-        try:
-            record = json.loads(self.store.read(REPO_MARKER))
-        except FileNotFoundError:
-            if not create:
-                raise RepoNotFoundError(
-                    f"no forkpoint repository at {self.url}: create one with "
-                    f"fp.Repo({self.url!r}, create=True) or `forkpoint init {self.url}`") from None
-            record = {"format": REPO_KIND, "format_version": list(FORMAT_VERSION), "created": time.time()}
-            self.store.create_exclusive(REPO_MARKER, json.dumps(record).encode())
-        except ValueError:
-            raise FormatError(f"{self.url}/{REPO_MARKER} is not valid JSON") from None
-        check_format(record, REPO_KIND, f"repository {self.url}")
+        """Check every tier's marker; create missing ones when the repository exists on any tier."""
+        found = []
+        for store in self.stores:
+            try:
+                record = json.loads(store.read(REPO_MARKER))
+            except FileNotFoundError:
+                continue
+            except ValueError:
+                raise FormatError(f"{store.url}/{REPO_MARKER} is not valid JSON") from None
+            check_format(record, REPO_KIND, f"repository {store.url}")
+            found.append(store)
+        if not found and not create:
+            raise RepoNotFoundError(
+                f"no forkpoint repository at {self.url}: create one with "
+                f"fp.Repo({self.url!r}, create=True) or `forkpoint init {self.url}`")
+        record = {"format": REPO_KIND, "format_version": list(FORMAT_VERSION), "created": time.time()}
+        for store in self.stores:
+            if store not in found:
+                store.create_exclusive(REPO_MARKER, json.dumps(record).encode())
 
     def close(self) -> None:
         """Wait for background saves, then release threads. Idempotent."""
@@ -170,7 +193,8 @@ class Repo:
             return
         self._sched.shutdown(wait=True)
         self._staging.clear()
-        self.store.close()
+        for store in self.stores:
+            store.close()
         self._closed = True
 
     def __enter__(self):
@@ -180,32 +204,47 @@ class Repo:
         self.close()
 
     # ----------------------------------------------------------------- refs
-    def _ref_state(self, kind: str, name: str) -> tuple[int, str | None]:
-        """Return (highest seq, target) of a ref; (-1, None) when it never existed."""
-        seqs = [s for s in map(seq_of, self.store.list(f"refs/{kind}/{name}")) if s is not None]
+    def _ref_state_in(self, store: Store, kind: str, name: str) -> tuple[int, str | None]:
+        """Return (highest seq, target) of a ref in one store; (-1, None) when it never existed."""
+        seqs = [s for s in map(seq_of, store.list(f"refs/{kind}/{name}")) if s is not None]
         if not seqs:
             return -1, None
         seq = max(seqs)
         key = record_key(kind, name, seq)
-        return seq, decode_record(self.store.read(key), f"{self.url}/{key}")["target"]
+        return seq, decode_record(store.read(key), f"{store.url}/{key}")["target"]
 
-    def _publish_ref(self, kind: str, name: str, seq: int, target: str | None) -> bool:
+    def _ref_state(self, kind: str, name: str) -> tuple[int, str | None]:
+        """Return the ref as the fastest tier that has records of it sees it."""
+        for store in self.stores:
+            state = self._ref_state_in(store, kind, name)
+            if state[0] >= 0:
+                return state
+        return -1, None
+
+    def _publish_ref(self, kind: str, name: str, seq: int, target: str | None,
+                     store: Store | None = None) -> bool:
         data = encode_record(seq, target, time.time(), self.writer_id)
-        return self.store.create_exclusive(record_key(kind, name, seq), data)
+        return (store or self.store).create_exclusive(record_key(kind, name, seq), data)
 
     def _set_ref(self, kind: str, name: str, target: str | None, must_exist: bool | None) -> None:
+        current = self._ref_state(kind, name)[1]
+        if must_exist is True and current is None:
+            raise RefNotFoundError(f"no {kind[:-1]} {name!r} in {self.url}")
+        if must_exist is False and current is not None:
+            raise ValueError(f"{kind[:-1]} {name!r} already exists in {self.url} (at {current})")
+        for store in reversed(self.stores):
+            self._move_ref(store, kind, name, target)
+
+    def _move_ref(self, store: Store, kind: str, name: str, target: str | None) -> None:
         for _ in range(100):
-            seq, current = self._ref_state(kind, name)
-            if must_exist is True and current is None:
-                raise RefNotFoundError(f"no {kind[:-1]} {name!r} in {self.url}")
-            if must_exist is False and current is not None:
-                raise ValueError(f"{kind[:-1]} {name!r} already exists in {self.url} (at {current})")
-            if self._publish_ref(kind, name, seq + 1, target):
+            seq, _ = self._ref_state_in(store, kind, name)
+            if self._publish_ref(kind, name, seq + 1, target, store):
                 return
-        raise ConflictError(f"could not update {kind[:-1]} {name!r}: too many concurrent writers")
+        raise ConflictError(f"could not update {kind[:-1]} {name!r} in {store.url}: too many concurrent writers")
 
     def _names(self, kind: str) -> dict[str, str]:
-        names = {key.split("/")[2] for key in self.store.list(f"refs/{kind}") if key.count("/") == 3}
+        names = {key.split("/")[2] for store in self.stores
+                 for key in store.list(f"refs/{kind}") if key.count("/") == 3}
         out = {}
         for name in sorted(names):
             target = self._ref_state(kind, name)[1]
@@ -253,20 +292,25 @@ class Repo:
         if not isinstance(vid, str) or not vid or not all(c in "0123456789abcdef" for c in vid):
             raise FormatError(f"invalid version id {vid!r} in {self.url}: expected hex digits")
         key = f"versions/{vid}.json"
-        try:
-            data = self.store.read(key)
-        except FileNotFoundError:
+        for store in self.stores:
+            try:
+                data = store.read(key)
+                break
+            except FileNotFoundError:
+                continue
+        else:
             raise RefNotFoundError(f"version {vid} does not exist in {self.url}") from None
-        m = Manifest.from_bytes(data, f"{self.url}/{key}")
+        m = Manifest.from_bytes(data, f"{store.url}/{key}")
         if m.version.id != vid:
             raise FormatError(f"manifest {self.url}/{key} names version {m.version.id}, not {vid}")
         with self._lock:
             self._manifests[vid] = m
         return m
 
-    def _version_ids(self) -> list[str]:
-        return [k[len("versions/"):-len(".json")] for k in self.store.list("versions")
-                if k.endswith(".json")]
+    def _version_ids(self, store: Store | None = None) -> list[str]:
+        stores = [store] if store is not None else self.stores
+        return sorted({k[len("versions/"):-len(".json")] for st in stores for k in st.list("versions")
+                       if k.endswith(".json")})
 
     def resolve(self, ref: str) -> str:
         """Return the version id named by a branch, tag, id (or unique prefix), with `~N` suffixes."""
@@ -275,9 +319,8 @@ class Repo:
         base, ups = parse_ref_expr(ref)
         vid = None
         if base.replace(".", "").replace("_", "").replace("-", "").isalnum() and "/" not in base:
-            if self.store.list(f"refs/heads/{base}"):
-                vid = self._ref_state("heads", base)[1]
-            if vid is None and self.store.list(f"refs/tags/{base}"):
+            vid = self._ref_state("heads", base)[1]
+            if vid is None:
                 vid = self._ref_state("tags", base)[1]
         if vid is None and len(base) >= 4 and all(c in "0123456789abcdef" for c in base):
             matches = [v for v in self._version_ids() if v.startswith(base)]
@@ -341,11 +384,15 @@ class Repo:
         skeleton, flat = flatten(tree, allow_pickle=allow_pickle, copy=False)
         record = Version("", [], branch, step, 0.0, message, metrics, meta, env=_environment())
         plan = schedule_save(self._sched, self.store, self._tier, flat, self._known_chunks(branch),
-                             self.options, self._staging, "window" if sync else "staging")
+                             self.options, self._staging, "window" if sync else "staging",
+                             guard=self._evict_lock)
+        self._writers.add(plan.writer)
         commit = self._sched.submit(
             "commit", lambda: self._finish_save(plan, skeleton, record, allow_pickle),
             priority=Priority.COMMIT, needs={f"io:{self._tier}": 1}, deps=plan.writes,
             after=[self._last_commit])
+        self._sched.submit("cleanup", lambda: self._writers.discard(plan.writer),
+                           priority=Priority.COMMIT, after=[commit])
         self._last_commit = commit
         if sync:
             return commit.result()
@@ -399,7 +446,8 @@ class Repo:
     def _commit(self, manifest: Manifest) -> Version:
         record = manifest.version
         for _ in range(1000):
-            seq, head = self._ref_state("heads", record.branch)
+            seq = self._ref_state_in(self.store, "heads", record.branch)[0]
+            head = self._ref_state("heads", record.branch)[1]
             record.parents = [head] if head else []
             record.time = time.time()
             vid = manifest.assign_id()
@@ -409,6 +457,7 @@ class Repo:
             if self._publish_ref("heads", record.branch, seq + 1, vid):
                 with self._lock:
                     self._manifests[vid] = manifest
+                self._after_commit(vid, 0)
                 return record
             if self.on_conflict == "error":
                 raise ConflictError(
@@ -417,6 +466,132 @@ class Repo:
                     "repo.tag(name, ...) before gc removes it")
             self.store.delete(key)
         raise ConflictError(f"branch {record.branch!r}: gave up after repeated concurrent updates")
+
+    # ----------------------------------------------------------------- tiers
+    def _after_commit(self, vid: str, k: int) -> None:
+        """A version is durable on tier k: flush it on when due, then apply tier k's retention."""
+        self._flushed[k] += 1
+        if k + 1 < len(self.stores) and self._flushed[k] % self.tier_specs[k].flush_every == 0:
+            self._schedule_flush(vid, k)
+        else:
+            self._sched.submit("evict", lambda: self._evict(k), priority=Priority.EVICT)
+
+    def _schedule_flush(self, vid: str, k: int) -> Task:
+        m = self._manifest_by_id(vid)
+        tier = f"tier{k + 1}"
+        src, dst = self.stores[k], self.stores[k + 1]
+        keys = sorted(object_keys(m))
+        with self._lock:
+            self._flushing.add(vid)
+        copies = [self._sched.submit("flush", lambda key=key: copy_object(self.stores[k:], dst, key),
+                                     priority=Priority.FLUSH, needs={f"io:{tier}": 1}, tier=tier)
+                  for key in keys]
+
+        def finish():
+            try:
+                dst.barrier(keys)
+                copy_manifest(src, dst, vid)
+                head_seq, head = self._ref_state_in(dst, "heads", m.version.branch)
+                if head is None or self._descends(vid, head):
+                    self._move_ref(dst, "heads", m.version.branch, vid)
+            finally:
+                with self._lock:
+                    self._flushing.discard(vid)
+            self._evict(k)
+            self._after_commit(vid, k + 1)
+
+        return self._sched.submit("flush", finish, priority=Priority.FLUSH, deps=copies,
+                                  needs={f"io:{tier}": 1}, tier=tier)
+
+    def _descends(self, vid: str, ancestor: str) -> bool:
+        return any(v.id == ancestor for v in self.log(vid))
+
+    def _pinned(self, digest: str) -> bool:
+        return any(w.holds(digest) for w in list(self._writers))
+
+    def _evict(self, k: int) -> None:
+        """Apply tier k's `keep`: drop versions beyond it (only once safe on the next tier)."""
+        spec, store = self.tier_specs[k], self.stores[k]
+        last = k == len(self.stores) - 1
+        if spec.keep is None:
+            return
+        present = sorted((m.version for m in self._manifests_in(store) if not m.version.pruned),
+                         key=lambda v: v.time, reverse=True)
+        heads = {self._ref_state_in(store, "heads", b)[1] for b in {v.branch for v in present}}
+        protected = set(heads) | set(self.tags().values()) | set(self._flushing)
+        candidates = [v.id for v in present if v.id not in protected]
+        excess = len(present) - spec.keep
+        victims = []
+        while excess > 0 and candidates:
+            if self._future_order:
+                victim = farthest_next_use(candidates, self._future_order)
+            else:
+                victim = candidates[-1]
+            candidates.remove(victim)
+            victims.append(victim)
+            excess -= 1
+        if not victims:
+            return
+        for vid in victims:
+            if last:
+                self._prune(vid, store)
+                continue
+            nxt = self.stores[k + 1]
+            if not nxt.exists(f"versions/{vid}.json"):
+                self._prune(vid, nxt)
+            store.delete(f"versions/{vid}.json")
+        live = set()
+        for m in self._manifests_in(store):
+            live |= object_keys(m)
+        sweep(store, live, self._pinned, self._evict_lock)
+
+    def _manifests_in(self, store: Store) -> list[Manifest]:
+        """Every manifest as stored on one tier (stubs included)."""
+        out = []
+        for vid in self._version_ids(store):
+            key = f"versions/{vid}.json"
+            try:
+                out.append(Manifest.from_bytes(store.read(key), f"{store.url}/{key}"))
+            except FileNotFoundError:
+                continue
+        return out
+
+    def where(self, ref: str) -> list[str]:
+        """Return the URLs of the tiers that hold the version's manifest, fastest first."""
+        vid = self.resolve(ref)
+        return [st.url for st in self.stores if st.exists(f"versions/{vid}.json")]
+
+    def prefetch(self, refs, order: list[str] | None = None) -> list[Task]:
+        """Copy versions to the fastest tier in the background; return their tasks.
+
+        `order`, when given, is the expected future access order (refs); tier 0 then evicts
+        the version whose next use is farthest away.
+        """
+        if order is not None:
+            self._future_order = [self.resolve(r) for r in order]
+        tasks = []
+        for ref in ([refs] if isinstance(refs, str) else refs):
+            vid = self.resolve(ref)
+            tasks.append(self._sched.submit("prefetch", lambda vid=vid: self._promote(vid),
+                                            priority=Priority.PREFETCH, needs={f"io:{self._tier}": 1},
+                                            tier=self._tier))
+        return tasks
+
+    def _promote(self, vid: str) -> None:
+        if self.store.exists(f"versions/{vid}.json"):
+            return
+        source = next((st for st in self.stores[1:] if st.exists(f"versions/{vid}.json")), None)
+        if source is None:
+            raise RefNotFoundError(f"version {vid} is on no tier of {self.url}")
+        m = self._manifest_by_id(vid)
+        if m.version.pruned:
+            return
+        keys = sorted(object_keys(m))
+        for key in keys:
+            copy_object(self.stores[1:], self.store, key)
+        self.store.barrier(keys)
+        copy_manifest(source, self.store, vid)
+        self._evict(0)
 
     # ----------------------------------------------------------------- load / restore
     def _readable(self, ref: str) -> Manifest:
@@ -445,7 +620,7 @@ class Repo:
                 obj, buf = empty_leaf(leaf.kind, leaf.dtype, leaf.shape, leaf.device, leaf.path)
                 requests.append(ReadRequest(leaf, buf))
                 fresh[i] = obj
-        read_leaves(self.store, requests, m.version.id, self._submit_read)
+        self._read_with_fallback(requests, m.version.id)
         for i, obj in fresh.items():
             loc = (devices or {}).get(i, map_location)
             values[i] = finish_leaf(m.leaves[i].kind, obj, m.leaves[i].device, loc, allow_pickle,
@@ -457,6 +632,16 @@ class Repo:
                     values.update(self._read_values(m, [base], targets, map_location, allow_pickle, devices))
                 values[i] = values[base]
         return values
+
+    def _read_with_fallback(self, requests, vid: str) -> None:
+        """Read from the fastest tier holding the version; on a missing or corrupt object, the next."""
+        holders = [st for st in self.stores if st.exists(f"versions/{vid}.json")] or [self.store]
+        for i, store in enumerate(holders):
+            try:
+                return read_leaves(store, requests, vid, self._submit_read)
+            except (MissingObjectError, CorruptObjectError):
+                if i == len(holders) - 1:
+                    raise
 
     def load(self, ref: str = "main", paths: list[str] | None = None, map_location=None,
              allow_pickle: bool = False):
@@ -649,15 +834,18 @@ class Repo:
             candidates.extend(v.id for v in live)
         return sorted({c for c in candidates if c not in protected})
 
-    def _prune(self, vid: str) -> None:
+    def _prune(self, vid: str, store: Store | None = None) -> None:
+        """Replace the version's manifest on `store` (default: every tier holding it) by a stub."""
         m = self._manifest_by_id(vid)
         record = Version(**{**m.version.summary(), "pruned": True})
         stub = Manifest(record, None, [], False)
         key = f"versions/{vid}.json"
-        self.store.write(key, [stub.to_bytes()])
-        self.store.barrier([key])
+        targets = [store] if store is not None else [st for st in self.stores if st.exists(key)]
+        for st in targets:
+            st.write(key, [stub.to_bytes()])
+            st.barrier([key])
         with self._lock:
-            self._manifests[vid] = stub
+            self._manifests.pop(vid, None)
 
     def gc(self, keep=None, branches: list[str] | None = None, dry_run: bool = False,
            grace: float = 600.0) -> GcReport:

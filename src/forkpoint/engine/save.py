@@ -68,14 +68,20 @@ def object_key(digest: str) -> str:
 class ObjectWriter:
     """Writes objects once per save, thread-safely, and tallies what was new."""
 
-    def __init__(self, store: Store, codec: str):
+    def __init__(self, store: Store, codec: str, guard=None):
         self.store = store
         self.codec = codec_by_name(codec)
         self.lock = threading.Lock()
+        self.guard = guard or threading.Lock()
         self.claimed: dict[str, threading.Event] = {}
         self.codecs: dict[str, str] = {}
         self.stored_bytes = 0
         self.written: list[str] = []
+        self.pinned: set[str] = set()
+
+    def holds(self, digest: str) -> bool:
+        """True when this save wrote, is writing or refers to object `digest`."""
+        return digest in self.claimed or digest in self.pinned
 
     def put(self, digest: str, data: np.ndarray) -> str:
         """Ensure object `digest` holding `data` exists; return the codec name it is stored with."""
@@ -89,8 +95,11 @@ class ObjectWriter:
             event.wait()
             return self.codecs[digest]
         try:
-            if self.store.exists(key):
-                self.store.touch(key)
+            with self.guard:
+                present = self.store.exists(key)
+                if present:
+                    self.store.touch(key)
+            if present:
                 codec_name = stored_codec(self.store, key)
             else:
                 codec_name = self._write(key, data)
@@ -173,7 +182,7 @@ class ScheduledSave:
 
 def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf],
                   known: dict[str, KnownChunk], opts: SaveOptions, pool: StagingPool,
-                  staging: str = "staging") -> ScheduledSave:
+                  staging: str = "staging", guard=None) -> ScheduledSave:
     """Queue the capture and write tasks of one save.
 
     Each chunk is copied (captured) into a page-aligned staging buffer, then hashed and
@@ -181,7 +190,8 @@ def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf
     change once their captures are done. `staging` names the budget resource the buffers
     count against ("staging" for asynchronous saves, "window" for synchronous ones).
     """
-    plan = ScheduledSave(flat, ObjectWriter(store, opts.codec))
+    plan = ScheduledSave(flat, ObjectWriter(store, opts.codec, guard))
+    plan.writer.pinned.update(k.object for k in known.values())
     io = {f"io:{tier}": 1}
     group: list[tuple[int, np.ndarray, list]] = []
     group_bytes = 0

@@ -1,0 +1,57 @@
+"""Moving versions between tiers: copy objects and manifests, sweep what a tier no longer needs.
+
+Objects are immutable and named by content, so a copy is a plain byte copy that is skipped
+when the destination already has the name; durability comes before the manifest.
+"""
+
+import threading
+from typing import Callable, Iterable
+
+from ..storage import Store
+
+
+def object_keys(manifest) -> set[str]:
+    """Return the storage keys of every object a manifest refers to."""
+    return {f"objects/{c.object[:2]}/{c.object}" for leaf in manifest.leaves for c in leaf.chunks}
+
+
+def copy_object(sources: list[Store], dst: Store, key: str) -> int:
+    """Copy `key` to `dst` from the first source that has it; return bytes copied (0 if present)."""
+    if dst.exists(key):
+        dst.touch(key)
+        return 0
+    for src in sources:
+        try:
+            data = src.read(key)
+        except FileNotFoundError:
+            continue
+        dst.write(key, [data])
+        return len(data)
+    raise FileNotFoundError(f"{key} is in no tier")
+
+
+def copy_manifest(src: Store, dst: Store, vid: str) -> None:
+    """Durably copy a version's manifest (call after its objects are durable on `dst`)."""
+    key = f"versions/{vid}.json"
+    dst.write(key, [src.read(key)])
+    dst.barrier([key])
+
+
+def sweep(store: Store, live: set[str], pinned: Callable[[str], bool], lock,
+          keys: Iterable[str] | None = None) -> tuple[int, int]:
+    """Delete object keys of `store` not in `live` and not pinned; return (objects, bytes)."""
+    count = freed = 0
+    for key in list(keys if keys is not None else store.list("objects")):
+        if key in live:
+            continue
+        with lock:
+            if pinned(key.rsplit("/", 1)[-1]):
+                continue
+            try:
+                size = store.size(key)
+            except FileNotFoundError:
+                continue
+            store.delete(key)
+        count += 1
+        freed += size
+    return count, freed
