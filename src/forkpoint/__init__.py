@@ -8,7 +8,8 @@ from .format.manifest import Version  # noqa: E402
 from .policy import EverySteps, Keep, Seconds  # noqa: E402
 from .repo import Divergence, GcReport, LeafDiff, PendingSave, Repo, VerifyReport  # noqa: E402
 from .state import ResumableSampler, RNGState  # noqa: E402
+from .tiers import Tier, tier  # noqa: E402
 
 __all__ = ["Checkpointer", "Divergence", "EverySteps", "GcReport", "Keep", "LeafDiff",
-           "PendingSave", "Repo", "ResumableSampler", "RNGState", "Seconds", "Version",
-           "VerifyReport", "errors", "__version__"]
+           "PendingSave", "Repo", "ResumableSampler", "RNGState", "Seconds", "Tier", "Version",
+           "VerifyReport", "errors", "tier", "__version__"]

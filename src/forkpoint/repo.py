@@ -160,7 +160,9 @@ class Repo:
         self._future_order: list[str] = []
         self._writers: set = set()
         self._flushing: set[str] = set()
+        self._flush_pins: dict[str, set[str]] = {}
         self._evict_lock = threading.Lock()
+        self._tier_locks = [threading.Lock() for _ in self.stores]
         self._manifests: dict[str, Manifest] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -391,7 +393,7 @@ class Repo:
             "commit", lambda: self._finish_save(plan, skeleton, record, allow_pickle),
             priority=Priority.COMMIT, needs={f"io:{self._tier}": 1}, deps=plan.writes,
             after=[self._last_commit])
-        self._sched.submit("cleanup", lambda: self._writers.discard(plan.writer),
+        self._sched.submit("cleanup", lambda: self._forget_writer(plan.writer),
                            priority=Priority.COMMIT, after=[commit])
         self._last_commit = commit
         if sync:
@@ -404,6 +406,10 @@ class Repo:
         """Run `fn` as a low-priority task after every save already submitted; return the task."""
         return self._sched.submit("background", lambda: fn(*args, **kwargs), priority=Priority.GC,
                                   after=[self._last_commit])
+
+    def drain(self) -> None:
+        """Block until every background task (saves, flushes, evictions, prefetches) is done."""
+        self._sched.drain()
 
     def stats(self) -> dict:
         """Queue depths, bytes in flight and seconds per stage and per tier, resource use."""
@@ -481,8 +487,9 @@ class Repo:
         tier = f"tier{k + 1}"
         src, dst = self.stores[k], self.stores[k + 1]
         keys = sorted(object_keys(m))
-        with self._lock:
+        with self._evict_lock:
             self._flushing.add(vid)
+            self._flush_pins[vid] = {key.rsplit("/", 1)[-1] for key in keys}
         copies = [self._sched.submit("flush", lambda key=key: copy_object(self.stores[k:], dst, key),
                                      priority=Priority.FLUSH, needs={f"io:{tier}": 1}, tier=tier)
                   for key in keys]
@@ -490,27 +497,53 @@ class Repo:
         def finish():
             try:
                 dst.barrier(keys)
-                copy_manifest(src, dst, vid)
-                head_seq, head = self._ref_state_in(dst, "heads", m.version.branch)
-                if head is None or self._descends(vid, head):
-                    self._move_ref(dst, "heads", m.version.branch, vid)
+                with self._tier_locks[k + 1]:
+                    copy_manifest(src, dst, vid)
+                    self._stub_ancestors(vid, dst)
+                    head = self._ref_state_in(dst, "heads", m.version.branch)[1]
+                    if head is None or self._descends(vid, head):
+                        self._move_ref(dst, "heads", m.version.branch, vid)
             finally:
-                with self._lock:
+                with self._evict_lock:
                     self._flushing.discard(vid)
+                    self._flush_pins.pop(vid, None)
             self._evict(k)
             self._after_commit(vid, k + 1)
 
         return self._sched.submit("flush", finish, priority=Priority.FLUSH, deps=copies,
                                   needs={f"io:{tier}": 1}, tier=tier)
 
+    def _stub_ancestors(self, vid: str, dst: Store) -> None:
+        """Give `dst` records (stubs) of the ancestors it lacks, so its history stays walkable."""
+        parents = self._manifest_by_id(vid).version.parents
+        while parents and parents[0] not in self._flushing and not dst.exists(f"versions/{parents[0]}.json"):
+            try:
+                parent = self._manifest_by_id(parents[0])
+            except RefNotFoundError:
+                return
+            self._prune(parent.version.id, dst)
+            parents = parent.version.parents
+
     def _descends(self, vid: str, ancestor: str) -> bool:
         return any(v.id == ancestor for v in self.log(vid))
 
-    def _pinned(self, digest: str) -> bool:
-        return any(w.holds(digest) for w in list(self._writers))
+    def _forget_writer(self, writer) -> None:
+        with self._evict_lock:
+            self._writers.discard(writer)
 
-    def _evict(self, k: int) -> None:
+    def _pinned(self, digest: str) -> bool:
+        """True for objects a save or flush in flight relies on (call with the evict lock held)."""
+        return (any(w.holds(digest) for w in self._writers)
+                or any(digest in pins for pins in self._flush_pins.values()))
+
+    def _evict(self, k: int, spare: str | None = None) -> None:
         """Apply tier k's `keep`: drop versions beyond it (only once safe on the next tier)."""
+        if self.tier_specs[k].keep is None:
+            return
+        with self._tier_locks[k]:
+            self._evict_locked(k, spare)
+
+    def _evict_locked(self, k: int, spare: str | None) -> None:
         spec, store = self.tier_specs[k], self.stores[k]
         last = k == len(self.stores) - 1
         if spec.keep is None:
@@ -518,18 +551,24 @@ class Repo:
         present = sorted((m.version for m in self._manifests_in(store) if not m.version.pruned),
                          key=lambda v: v.time, reverse=True)
         heads = {self._ref_state_in(store, "heads", b)[1] for b in {v.branch for v in present}}
-        protected = set(heads) | set(self.tags().values()) | set(self._flushing)
-        candidates = [v.id for v in present if v.id not in protected]
+        pinned = set(heads) | set(self.tags().values()) | {spare}
+        busy = set(self._flushing)
         excess = len(present) - spec.keep
         victims = []
-        while excess > 0 and candidates:
-            if self._future_order:
+        if self._future_order:
+            candidates = [v.id for v in present if v.id not in pinned and v.id not in busy]
+            while excess > 0 and candidates:
                 victim = farthest_next_use(candidates, self._future_order)
-            else:
-                victim = candidates[-1]
-            candidates.remove(victim)
-            victims.append(victim)
-            excess -= 1
+                candidates.remove(victim)
+                victims.append(victim)
+                excess -= 1
+        else:
+            for v in reversed(present):
+                if excess <= 0 or v.id in busy:
+                    break
+                if v.id not in pinned:
+                    victims.append(v.id)
+                    excess -= 1
         if not victims:
             return
         for vid in victims:
@@ -540,10 +579,11 @@ class Repo:
             if not nxt.exists(f"versions/{vid}.json"):
                 self._prune(vid, nxt)
             store.delete(f"versions/{vid}.json")
-        live = set()
-        for m in self._manifests_in(store):
-            live |= object_keys(m)
-        sweep(store, live, self._pinned, self._evict_lock)
+        with self._evict_lock:
+            live = set()
+            for m in self._manifests_in(store):
+                live |= object_keys(m)
+            sweep(store, live, self._pinned)
 
     def _manifests_in(self, store: Store) -> list[Manifest]:
         """Every manifest as stored on one tier (stubs included)."""
@@ -591,11 +631,14 @@ class Repo:
             copy_object(self.stores[1:], self.store, key)
         self.store.barrier(keys)
         copy_manifest(source, self.store, vid)
-        self._evict(0)
+        self._evict(0, spare=vid)
 
     # ----------------------------------------------------------------- load / restore
     def _readable(self, ref: str) -> Manifest:
         m = self._manifest_by_id(self.resolve(ref))
+        with self._lock:
+            if m.version.id in self._future_order:
+                self._future_order.remove(m.version.id)
         if m.version.pruned:
             raise PrunedVersionError(
                 f"version {m.version.id} (step {m.version.step}) of {self.url} was pruned by "
@@ -788,30 +831,35 @@ class Repo:
 
     # ----------------------------------------------------------------- integrity
     def verify(self, ref: str | None = None, progress=None) -> VerifyReport:
-        """Re-read and re-hash every object of `ref` (or of every version); report problems."""
-        ids = [self.resolve(ref)] if ref is not None else self._version_ids()
+        """Re-read and re-hash every object of `ref` (or of every version) on every tier holding it."""
+        wanted = {self.resolve(ref)} if ref is not None else None
         report = VerifyReport()
-        for vid in ids:
-            try:
-                m = self._manifest_by_id(vid)
-            except Exception as e:  # a broken manifest is a problem to report, not to stop at
-                report.problems.append(str(e))
-                continue
-            report.versions += 1
-            if m.version.pruned:
-                continue
-            real = [i for i, leaf in enumerate(m.leaves) if leaf.alias_of is None]
-            for i in real:
-                leaf = m.leaves[i]
-                _, buf = empty_leaf("bytes", "uint8", [leaf.nbytes], "cpu", leaf.path)
+        seen = set()
+        for store in self.stores:
+            for vid in self._version_ids(store):
+                if wanted is not None and vid not in wanted:
+                    continue
+                key = f"versions/{vid}.json"
                 try:
-                    read_leaves(self.store, [ReadRequest(leaf, buf)], vid, self._submit_read)
-                except Exception as e:
+                    m = Manifest.from_bytes(store.read(key), f"{store.url}/{key}")
+                except Exception as e:  # a broken manifest is a problem to report, not to stop at
                     report.problems.append(str(e))
-                report.objects += len(leaf.chunks)
-                report.bytes += leaf.nbytes
-                if progress is not None:
-                    progress(leaf.nbytes)
+                    continue
+                if vid not in seen:
+                    seen.add(vid)
+                    report.versions += 1
+                for leaf in m.leaves:
+                    if leaf.alias_of is not None:
+                        continue
+                    _, buf = empty_leaf("bytes", "uint8", [leaf.nbytes], "cpu", leaf.path)
+                    try:
+                        read_leaves(store, [ReadRequest(leaf, buf)], vid, self._submit_read)
+                    except Exception as e:
+                        report.problems.append(str(e))
+                    report.objects += len(leaf.chunks)
+                    report.bytes += leaf.nbytes
+                    if progress is not None:
+                        progress(leaf.nbytes)
         return report
 
     # ----------------------------------------------------------------- retention and gc

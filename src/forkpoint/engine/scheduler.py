@@ -219,8 +219,16 @@ class Scheduler:
                 "queued": len(self.queue),
             }
 
+    def drain(self) -> None:
+        """Block until no task is queued or running (tasks may queue more while it waits)."""
+        with self.cond:
+            while self.queue or any(st.running for st in self.stages.values()):
+                self.cond.wait(0.5)
+
     def shutdown(self, wait: bool = True) -> None:
-        """Finish queued tasks, then stop the threads."""
+        """Finish queued tasks (and those they queue), then stop the threads."""
+        if wait:
+            self.drain()
         with self.cond:
             self.closed = True
             self.cond.notify_all()

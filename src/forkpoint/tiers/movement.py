@@ -4,8 +4,7 @@ Objects are immutable and named by content, so a copy is a plain byte copy that 
 when the destination already has the name; durability comes before the manifest.
 """
 
-import threading
-from typing import Callable, Iterable
+from typing import Callable
 
 from ..storage import Store
 
@@ -37,21 +36,21 @@ def copy_manifest(src: Store, dst: Store, vid: str) -> None:
     dst.barrier([key])
 
 
-def sweep(store: Store, live: set[str], pinned: Callable[[str], bool], lock,
-          keys: Iterable[str] | None = None) -> tuple[int, int]:
-    """Delete object keys of `store` not in `live` and not pinned; return (objects, bytes)."""
+def sweep(store: Store, live: set[str], pinned: Callable[[str], bool]) -> tuple[int, int]:
+    """Delete object keys of `store` not in `live` and not pinned; return (objects, bytes).
+
+    The caller holds the lock that savers take around their existence checks, and computed
+    `live` under it, so no object can gain a reference while it is being deleted.
+    """
     count = freed = 0
-    for key in list(keys if keys is not None else store.list("objects")):
-        if key in live:
+    for key in store.list("objects"):
+        if key in live or pinned(key.rsplit("/", 1)[-1]):
             continue
-        with lock:
-            if pinned(key.rsplit("/", 1)[-1]):
-                continue
-            try:
-                size = store.size(key)
-            except FileNotFoundError:
-                continue
-            store.delete(key)
+        try:
+            size = store.size(key)
+        except FileNotFoundError:
+            continue
+        store.delete(key)
         count += 1
         freed += size
     return count, freed

@@ -1,0 +1,165 @@
+"""Storage tiers: commit fast, flush in the background, evict per tier, fall back on loss."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import numpy as np
+import pytest
+import torch
+
+import forkpoint as fp
+
+HERE = os.path.dirname(__file__)
+
+
+def mem():
+    return f"mem://{uuid.uuid4().hex}"
+
+
+def state(i):
+    return {"w": torch.full((300_000,), float(i)), "frozen": torch.arange(300_000.0), "i": i}
+
+
+def test_commit_fast_flush_and_evict(tmp_path):
+    fast, disk = mem(), str(tmp_path / "disk")
+    repo = fp.Repo(tiers=[fp.tier(fast, keep=2), disk], create=True)
+    ids = [repo.save(state(i), step=i).id for i in range(5)]
+    repo.close()
+    repo = fp.Repo(tiers=[fast, disk])
+    in_fast = [v for v in ids if repo.stores[0].exists(f"versions/{v}.json")]
+    assert in_fast == ids[-2:], "the memory tier keeps 2"
+    assert all(repo.stores[1].exists(f"versions/{v}.json") for v in ids), "every version reached disk"
+    assert repo.where(ids[0]) == [repo.stores[1].url] and len(repo.where(ids[-1])) == 2
+    for i, v in enumerate(ids):
+        assert repo.load(v)["i"] == i
+    assert [v.step for v in repo.log()] == [4, 3, 2, 1, 0]
+    n_objects = len(repo.stores[0].list("objects"))
+    assert n_objects <= 2 * 2, "objects of evicted versions left the memory tier"
+    repo.close()
+
+
+def test_losing_the_fast_tier_loses_nothing_flushed(tmp_path):
+    scratch, disk = str(tmp_path / "scratch"), str(tmp_path / "disk")
+    repo = fp.Repo(tiers=[fp.tier(scratch, keep=3), disk], create=True)
+    for i in range(4):
+        repo.save(state(i), step=i)
+    repo.close()
+    shutil.rmtree(scratch)
+    repo = fp.Repo(tiers=[scratch, disk])
+    assert repo.version("main").step == 3
+    assert [repo.load(v.id)["i"] for v in repo.log()] == [3, 2, 1, 0]
+    v = repo.save(state(4), step=4)
+    assert v.parents == [repo.resolve("main~1")]
+    repo.close()
+
+
+def test_corrupt_fast_copy_falls_back_to_slower_tier(tmp_path):
+    fast, disk = str(tmp_path / "fast"), str(tmp_path / "disk")
+    repo = fp.Repo(tiers=[fast, disk], create=True)
+    v = repo.save(state(7), step=7)
+    repo.close()
+    obj = next(c.object for leaf in fp.Repo(disk).manifest().leaves for c in leaf.chunks)
+    path = os.path.join(fast, "objects", obj[:2], obj)
+    data = bytearray(open(path, "rb").read())
+    data[-1] ^= 0xFF
+    open(path, "wb").write(bytes(data))
+    repo = fp.Repo(tiers=[fast, disk])
+    assert repo.load(v.id)["i"] == 7
+    assert not repo.verify().ok, "verify still reports the corrupt copy"
+    os.unlink(path)
+    assert torch.equal(fp.Repo(tiers=[fast, disk]).load()["w"], state(7)["w"])
+
+
+def test_flush_every_keeps_lineage_with_stubs(tmp_path):
+    fast, disk = mem(), str(tmp_path / "disk")
+    repo = fp.Repo(tiers=[fp.tier(fast, keep=2, flush_every=3), disk], create=True)
+    for i in range(9):
+        repo.save(state(i), step=i)
+    repo.close()
+    slow = fp.Repo(disk)
+    log = slow.log()
+    assert [v.step for v in log] == [8, 7, 6, 5, 4, 3, 2, 1, 0]
+    assert [v.step for v in log if not v.pruned] == [8, 5, 2]
+    assert slow.load("main")["i"] == 8
+
+
+def test_last_tier_keep_prunes(tmp_path):
+    repo = fp.Repo(tiers=[mem(), fp.tier(str(tmp_path / "disk"), keep=2)], create=True)
+    for i in range(5):
+        repo.save(state(i), step=i)
+    repo.close()
+    log = fp.Repo(str(tmp_path / "disk")).log()
+    assert [v.pruned for v in log] == [False, False, True, True, True]
+
+
+def test_prefetch_promotes_and_evicts_farthest_next_use(tmp_path):
+    fast, disk = mem(), str(tmp_path / "disk")
+    repo = fp.Repo(tiers=[fp.tier(fast, keep=2), disk], create=True)
+    ids = [repo.save(state(i), step=i).id for i in range(6)]
+    repo.drain()
+    assert not repo.stores[0].exists(f"versions/{ids[0]}.json")
+    order = [ids[1], ids[0], ids[5]]
+    for t in repo.prefetch([ids[1]], order=order):
+        t.result()
+    on_fast = {v for v in ids if repo.stores[0].exists(f"versions/{v}.json")}
+    assert ids[1] in on_fast and ids[5] in on_fast and len(on_fast) == 2
+    for t in repo.prefetch([ids[0]]):
+        t.result()
+    on_fast = {v for v in ids if repo.stores[0].exists(f"versions/{v}.json")}
+    assert on_fast == {ids[0], ids[5]}, "ids[1] was used already and is not needed again"
+    assert repo.load(ids[0])["i"] == 0
+    repo.close()
+
+
+def test_shm_tier_survives_a_crash(tmp_path):
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    shm = f"/dev/shm/fp-test-{uuid.uuid4().hex}"
+    disk = str(tmp_path / "disk")
+    script = (
+        "import sys, numpy as np, forkpoint as fp\n"
+        f"r = fp.Repo(tiers=[fp.tier({shm!r}, keep=3), fp.tier({disk!r})], create=True)\n"
+        "i = 0\n"
+        "while True:\n"
+        "    r.save({'w': np.full(100_000, i, dtype=np.float32), 'i': i}, step=i)\n"
+        "    print(i, flush=True)\n"
+        "    i += 1\n")
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+        for _ in range(30):
+            line = proc.stdout.readline()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        repo = fp.Repo(tiers=[shm, disk])
+        newest = repo.version("main")
+        assert newest.step >= 29
+        assert repo.load("main")["i"] == newest.step
+        assert repo.verify().ok
+        repo.close()
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+
+
+def test_async_checkpointer_with_tiers(tmp_path):
+    fast, disk = mem(), str(tmp_path / "disk")
+    repo = fp.Repo(tiers=[fp.tier(fast, keep=1), disk], create=True)
+    model = torch.nn.Linear(256, 256)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ck = fp.Checkpointer(repo, {"model": model, "optim": opt}, every=1)
+    for step in range(6):
+        model(torch.randn(8, 256)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        ck.step(step)
+    ck.close()
+    repo.close()
+    slow = fp.Repo(disk)
+    assert [v.step for v in slow.log()] == [5, 4, 3, 2, 1, 0]
+    assert torch.equal(slow.load()["model"]["weight"], model.weight.detach())
+    stats = fp.Repo(tiers=[fast, disk]).stats()
+    assert "resources" in stats
