@@ -37,15 +37,15 @@ class MemoryStore(Store):
         return self._get(key)
 
     def read_into(self, key: str, offset: int, buf: memoryview) -> int:
-        data = self._get(key)[offset:offset + buf.nbytes]
-        buf[:len(data)] = data
-        return len(data)
+        data = memoryview(self._get(key))[offset:offset + buf.nbytes]
+        buf[:data.nbytes] = data
+        return data.nbytes
 
     def size(self, key: str) -> int:
         return len(self._get(key))
 
     def write(self, key: str, parts: Sequence, durable: bool = True) -> None:
-        blob = b"".join(bytes(memoryview(p).cast("B")) for p in parts)
+        blob = b"".join(memoryview(p).cast("B") for p in parts)
         with self._lock:
             self._data[key] = blob
             self._mtime[key] = time.time()

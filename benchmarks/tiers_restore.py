@@ -1,0 +1,187 @@
+"""Restore speed per tier, peak memory of an asynchronous save, and every-step memory-tier saves.
+
+1. Restore of the ~1.5 GB state from local disk with a cold page cache (dropped before
+   each load when permitted) against `dcp.load`, and from the memory tier against a plain
+   `copy_` of every tensor.
+2. Peak extra resident memory during an asynchronous save with a staging budget B.
+3. A training loop that checkpoints every step into a memory tier (keep=2), flushing every
+   10th version to disk, against the same loop without checkpoints.
+
+    python benchmarks/tiers_restore.py --repeats 3
+"""
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+import warnings
+
+import torch
+
+import forkpoint as fp
+from forkpoint.engine import SaveOptions
+
+sys.path.insert(0, os.path.dirname(__file__))
+from save_load import make_state  # noqa: E402
+from train_overhead import build, train_step, WIDTH  # noqa: E402
+
+warnings.filterwarnings("ignore")
+
+
+def drop_caches() -> bool:
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class PeakRSS:
+    def __init__(self):
+        self.peak, self.stop = rss(), False
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        while not self.stop:
+            self.peak = max(self.peak, rss())
+            time.sleep(0.002)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop = True
+        self.thread.join()
+
+
+def restore_section(model, opt, nbytes, scratch, repeats):
+    import torch.distributed.checkpoint as dcp
+
+    disk = os.path.join(scratch, "disk")
+    repo = fp.Repo(disk, create=True)
+    repo.save({"model": model, "optim": opt})
+    repo.close()
+    dcp_dir = os.path.join(scratch, "dcp")
+    dcp.save({"model": model.state_dict(), "optim": opt.state_dict()}, checkpoint_id=dcp_dir)
+    mem_repo = fp.Repo(f"mem://{uuid.uuid4().hex}", create=True)
+    mem_repo.save({"model": model, "optim": opt})
+    tensors = list(model.state_dict().values()) + [t for s in opt.state_dict()["state"].values()
+                                                   for t in s.values() if t.numel() > 1]
+    sources = [t.clone() for t in tensors]
+    times = {"forkpoint disk (cold)": [], "dcp.load disk (cold)": [], "forkpoint memory tier": [],
+             "plain copy_ of every tensor": []}
+    cold = True
+    for _ in range(repeats):
+        cold &= drop_caches()
+        t0 = time.perf_counter()
+        r = fp.Repo(disk)
+        r.restore({"model": model, "optim": opt}, "main")
+        r.close()
+        times["forkpoint disk (cold)"].append(time.perf_counter() - t0)
+        cold &= drop_caches()
+        t0 = time.perf_counter()
+        sd = {"model": model.state_dict(), "optim": opt.state_dict()}
+        dcp.load(sd, checkpoint_id=dcp_dir)
+        model.load_state_dict(sd["model"])
+        opt.load_state_dict(sd["optim"])
+        times["dcp.load disk (cold)"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        mem_repo.restore({"model": model, "optim": opt}, "main")
+        times["forkpoint memory tier"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            for dst, src in zip(tensors, sources):
+                dst.copy_(src)
+        times["plain copy_ of every tensor"].append(time.perf_counter() - t0)
+    mem_repo.close()
+    gb = nbytes / 1e9
+    print(f"\n### Restore ({gb:.2f} GB, medians of {repeats}; page cache dropped: {cold})\n")
+    print("| restore | seconds | GB/s |")
+    print("|---|---|---|")
+    med = {k: statistics.median(v) for k, v in times.items()}
+    for k, v in med.items():
+        print(f"| {k} | {v:.2f} | {gb / v:.2f} |")
+    print(f"\nforkpoint cold / dcp.load cold speed = {med['dcp.load disk (cold)'] / med['forkpoint disk (cold)']:.2f}x; "
+          f"memory tier / plain copy speed = {med['plain copy_ of every tensor'] / med['forkpoint memory tier']:.2f}")
+
+
+def rss_section(model, opt, nbytes, scratch, budget_mb):
+    budget = budget_mb << 20
+    repo = fp.Repo(os.path.join(scratch, "rss"), create=True,
+                   options=SaveOptions(staging_bytes=budget, window_bytes=64 << 20))
+    base = rss()
+    with PeakRSS() as peak:
+        repo.save({"model": model, "optim": opt}, sync=False).wait()
+    repo.close()
+    extra = peak.peak - base
+    print(f"\n### Peak extra resident memory of an asynchronous save\n")
+    print(f"state {nbytes / 1e9:.2f} GB, staging budget B = {budget_mb} MiB: peak extra RSS "
+          f"{extra / 2**20:.0f} MiB = B + {(extra - budget) / nbytes * 100:.1f}% of the state "
+          f"(target: at most B + 5%)")
+
+
+def every_step_section(scratch, steps, params_m):
+    torch.set_num_threads(2)
+    batch = torch.randn(16, WIDTH, generator=torch.Generator().manual_seed(1))
+    walls = {}
+    for mode in ("no checkpoint", "every step to memory, every 10th flushed to disk"):
+        model, opt = build(params_m)
+        train_step(model, opt, batch)
+        ck = None
+        if mode != "no checkpoint":
+            repo = fp.Repo(tiers=[fp.tier(f"mem://{uuid.uuid4().hex}", keep=2, flush_every=10),
+                                  os.path.join(scratch, f"every-{uuid.uuid4().hex}")], create=True)
+            ck = fp.Checkpointer(repo, {"model": model, "optim": opt}, every=1)
+        t0 = time.perf_counter()
+        for step in range(steps):
+            train_step(model, opt, batch)
+            if ck:
+                ck.step(step)
+        if ck:
+            ck.close()
+            repo.drain()
+            repo.close()
+        walls[mode] = time.perf_counter() - t0
+        del model, opt
+    base = walls["no checkpoint"]
+    print(f"\n### Checkpoint every step into the memory tier ({params_m}M params, {steps} steps)\n")
+    print("| loop | wall (s) | s/step | slowdown |")
+    print("|---|---|---|---|")
+    for k, v in walls.items():
+        print(f"| {k} | {v:.2f} | {v / steps:.2f} | {(v / base - 1) * 100:.0f}% |")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--budget-mb", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--params-m", type=int, default=125)
+    ap.add_argument("--dir", default=None)
+    args = ap.parse_args()
+    scratch = tempfile.mkdtemp(prefix="fp-tiers-", dir=args.dir)
+    try:
+        model, opt, nbytes = make_state(args.params_m)
+        restore_section(model, opt, nbytes, scratch, args.repeats)
+        rss_section(model, opt, nbytes, scratch, args.budget_mb)
+        del model, opt
+        every_step_section(scratch, args.steps, args.params_m)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
