@@ -126,3 +126,20 @@ def test_two_writers_on_one_branch_over_s3(s3):
     a.save({"who": "a"}, step=1)
     log = fp.Repo(url, storage_options=opts).log()
     assert sorted(fp.Repo(url, storage_options=opts).load(v.id)["who"] for v in log) == ["a", "b"]
+
+
+def test_memory_tier_flushes_to_s3_and_survives_losing_memory(s3):
+    import uuid
+
+    url, opts = s3
+    fast = f"mem://{uuid.uuid4().hex}"
+    repo = fp.Repo(tiers=[fp.tier(fast, keep=1), fp.tier(url, **opts)], create=True)
+    for s in range(3):
+        repo.save({"w": np.full(400_000, s, dtype=np.float32), "s": s}, step=s)
+    repo.close()
+    remote = fp.Repo(url, storage_options=opts)
+    assert [v.step for v in remote.log()] == [2, 1, 0]
+    assert all(np.all(remote.load(v.id)["w"] == v.step) for v in remote.log())
+    again = fp.Repo(tiers=[f"mem://{uuid.uuid4().hex}", fp.tier(url, **opts)])
+    assert again.load("main")["s"] == 2 and again.where("main") == [url]
+    again.close()
