@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import forkpoint as fp
+from conftest import race_before_publish
 from forkpoint.errors import ConflictError
 
 HERE = os.path.dirname(__file__)
@@ -51,16 +52,7 @@ def test_conflict_error_mode_keeps_the_version(tmp_path):
     a = fp.Repo(url, create=True, on_conflict="error")
     b = fp.Repo(url)
     a.save({"x": 0}, step=0)
-    real = a._publish_ref
-    calls = []
-
-    def racing_publish(kind, name, seq, target):
-        if not calls:
-            calls.append(1)
-            b.save({"x": "from b"}, step=1)
-        return real(kind, name, seq, target)
-
-    a._publish_ref = racing_publish
+    race_before_publish(a, lambda: b.save({"x": "from b"}, step=1))
     with pytest.raises(ConflictError, match=r"moved while saving; version (\w+) is stored") as e:
         a.save({"x": "from a"}, step=1)
     vid = str(e.value).split("version ")[1].split(" ")[0]

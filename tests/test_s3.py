@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import forkpoint as fp
+from conftest import race_before_publish
 from forkpoint.errors import CorruptObjectError
 from forkpoint.storage.remote import FsspecStore
 
@@ -113,16 +114,7 @@ def test_two_writers_on_one_branch_over_s3(s3):
     url, opts = s3
     a = fp.Repo(url, create=True, storage_options=opts)
     b = fp.Repo(url, storage_options=opts)
-    real = a._publish_ref
-    fired = []
-
-    def racing(kind, name, seq, target):
-        if not fired:
-            fired.append(1)
-            b.save({"who": "b"}, step=1)
-        return real(kind, name, seq, target)
-
-    a._publish_ref = racing
+    race_before_publish(a, lambda: b.save({"who": "b"}, step=1))
     a.save({"who": "a"}, step=1)
     log = fp.Repo(url, storage_options=opts).log()
     assert sorted(fp.Repo(url, storage_options=opts).load(v.id)["who"] for v in log) == ["a", "b"]
