@@ -5,11 +5,11 @@ __version__ = "0.1.0"
 from . import errors  # noqa: E402
 from .checkpointer import Checkpointer  # noqa: E402
 from .format.manifest import Version  # noqa: E402
-from .policy import EverySteps, Keep, Seconds  # noqa: E402
+from .policy import PREEMPTED_EXIT_CODE, Auto, EverySteps, Keep, Preemption, Seconds  # noqa: E402
 from .repo import Divergence, GcReport, LeafDiff, PendingSave, Repo, VerifyReport  # noqa: E402
 from .state import ResumableSampler, RNGState  # noqa: E402
 from .tiers import Tier, tier  # noqa: E402
 
-__all__ = ["Checkpointer", "Divergence", "EverySteps", "GcReport", "Keep", "LeafDiff",
+__all__ = ["PREEMPTED_EXIT_CODE", "Auto", "Preemption", "Checkpointer", "Divergence", "EverySteps", "GcReport", "Keep", "LeafDiff",
            "PendingSave", "Repo", "ResumableSampler", "RNGState", "Seconds", "Tier", "Version",
            "VerifyReport", "errors", "tier", "__version__"]

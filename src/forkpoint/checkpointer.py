@@ -1,71 +1,202 @@
 """Checkpointer: the object a training loop holds to resume, save on schedule and retain.
 
-`every` is a step count or any object with `should_save(step, last_save_time)` (e.g.
-`fp.Seconds(600)`); `keep` is any object with `select(versions, tagged)` (e.g. `fp.Keep`).
+`every` is a step count, a policy object with `should_save(step, last_save_time)` (e.g.
+`fp.Seconds(600)`), or a name registered by `forkpoint.policy` ("auto"); `keep` is any
+object with `select(versions, tagged)` (e.g. `fp.Keep`). Upper layers extend a
+Checkpointer through `POLICY_FACTORIES` and `EXTENSIONS` (e.g. preemption handlers), so
+this module never imports them.
 """
 
+import os
+import sys
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 from .repo import PendingSave, Repo
 from .state import capture
 from .state.hooks import CaptureGuard
 
+POLICY_FACTORIES: dict = {}
+EXTENSIONS: list[Callable[["Checkpointer"], None]] = []
+RESTART_COUNT_VARIABLES = ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
+
+
+@dataclass
+class StopRequest:
+    """Ask the loop to save at the next step boundary, then call `then(version)`."""
+
+    reason: str
+    then: Callable
+    time: float
+
+
+class _Never:
+    def should_save(self, step, last_save_time):
+        return False
+
+    def explain(self):
+        return "saves only when asked (no interval)"
+
+
+def resolve_policy(every):
+    """Turn `every` (None, int, registered name or policy object) into a policy object."""
+    if every is None:
+        return _Never()
+    if isinstance(every, bool):
+        raise TypeError("every must be a step count, a policy or a policy name, not a bool")
+    key = int if isinstance(every, int) else every if isinstance(every, str) else None
+    if key is not None:
+        if key not in POLICY_FACTORIES:
+            raise ValueError(f"unknown save policy {every!r}; known: {sorted(map(str, POLICY_FACTORIES))}")
+        return POLICY_FACTORIES[key](every)
+    if not callable(getattr(every, "should_save", None)):
+        raise TypeError(f"every={every!r} has no should_save(step, last_save_time)")
+    return every
+
+
+def _world():
+    dist = getattr(sys.modules.get("torch"), "distributed", None)
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist, dist.get_rank(), dist.get_world_size()
+    return None, 0, 1
+
 
 class Checkpointer:
-    """Saves `state` to `repo` on `branch` when the policy says so and restores it on resume."""
+    """Saves `state` to `repo` on `branch` when the policy says so and restores it on resume.
+
+    In a torch.distributed run every rank holds a Checkpointer; stop requests are agreed
+    across ranks at each step, and rank 0 writes the (replicated) state.
+    """
 
     def __init__(self, repo: Repo, state, every=None, keep=None, branch: str = "main",
-                 sync: bool = False, allow_pickle: bool = False, gc_grace: float = 600.0):
-        if isinstance(every, int) and every < 1:
-            raise ValueError(f"every must be >= 1 step, got {every}")
-        self.repo, self.state, self.every, self.keep = repo, state, every, keep
+                 sync: bool = False, allow_pickle: bool = False, gc_grace: float = 600.0,
+                 preemption=True):
+        self.policy = resolve_policy(every)
+        self.repo, self.state, self.keep = repo, state, keep
         self.branch, self.sync, self.allow_pickle, self.gc_grace = branch, sync, allow_pickle, gc_grace
+        self.preemption = preemption
         self._pending: list[PendingSave] = []
         self._retention = None
         self._guard = CaptureGuard()
         if not sync:
             self._guard.install(obj for _, obj in capture(state)[1])
         self._last_save = time.monotonic()
+        self._stall_open: float | None = None
+        self._waited_mark = 0.0
+        self.stop_request: StopRequest | None = None
+        self.restart_meta: dict = {}
         self.last_version = None
+        self.last_step: int | None = None
+        self.save_seconds: list[float] = []
+        self.closers: list[Callable[[], None]] = []
+        self.on_remote_stop: Callable = lambda version: None
+        for extend in EXTENSIONS:
+            extend(self)
 
+    # ----------------------------------------------------------------- resume
     def resume(self, strict: bool = True) -> int:
-        """Restore the newest version of the branch; return the step to run next (0 if none)."""
+        """Restore the newest committed version of the branch; return the next step (0 if none).
+
+        Later versions record the restart count (SLURM / torchelastic) and the wall time since
+        the restored version was written (work lost plus time spent waiting to restart).
+        """
         if self.repo.head(self.branch) is None:
             return 0
         version = self.repo.restore(self.state, self.branch, strict=strict,
                                     allow_pickle=self.allow_pickle)
         self.last_version = version
+        count = next((int(os.environ[v]) for v in RESTART_COUNT_VARIABLES if os.environ.get(v, "").isdigit()),
+                     None)
+        restarts = int(version.meta.get("restarts", 0)) + 1 if isinstance(version.meta, dict) else 1
+        self.restart_meta = {"restarts": restarts if count is None else count,
+                             "resumed_from": version.id,
+                             "lost_seconds": round(max(0.0, time.time() - version.time), 3)}
         return 0 if version.step is None else version.step + 1
 
+    # ----------------------------------------------------------------- the loop
     def should_save(self, step: int) -> bool:
         """True when the policy asks for a save after `step`."""
-        if self.every is None:
-            return False
-        if isinstance(self.every, int):
-            return step % self.every == 0
-        return self.every.should_save(step, self._last_save)
+        return self.policy.should_save(step, self._last_save)
+
+    def request_stop(self, reason: str, then: Callable) -> None:
+        """Save at the next step boundary (on every rank's agreement), then call then(version)."""
+        if self.stop_request is None:
+            self.stop_request = StopRequest(reason, then, time.time())
 
     def step(self, step: int, metrics: dict | None = None):
         """Call after each training step; saves (asynchronously by default) when due."""
-        if self.should_save(step):
+        self.last_step = step
+        due = self.should_save(step)
+        if self._stop_agreed():
+            request = self.stop_request or StopRequest("stop requested on another rank",
+                                                       self.on_remote_stop, time.time())
+            version = self.save(step, metrics, message=f"emergency: {request.reason}", sync=True,
+                                meta={"reason": request.reason})
+            self.wait()
+            request.then(version)
+            self.stop_request = None
+            return version
+        if due:
             return self.save(step, metrics)
         return None
 
+    def _stop_agreed(self) -> bool:
+        dist, _, world = _world()
+        local = self.stop_request is not None
+        if dist is None or world == 1:
+            return local
+        import torch
+
+        flag = torch.tensor([1 if local else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    # ----------------------------------------------------------------- saving
     def save(self, step: int | None = None, metrics: dict | None = None, message: str = "",
-             sync: bool | None = None):
-        """Save now; returns the Version (sync) or a PendingSave."""
+             sync: bool | None = None, meta: dict | None = None):
+        """Save now; returns the Version (sync) or a PendingSave (None on ranks other than 0)."""
         self._reap()
+        self._observe_stall()
         sync = self.sync if sync is None else sync
-        result = self.repo.save(self.state, branch=self.branch, step=step, message=message,
-                                metrics=metrics, sync=sync, allow_pickle=self.allow_pickle)
+        dist, rank, _ = _world()
+        start = time.perf_counter()
+        result = None
+        if rank == 0:
+            result = self.repo.save(self.state, branch=self.branch, step=step, message=message,
+                                    metrics=metrics, sync=sync, allow_pickle=self.allow_pickle,
+                                    meta={**self.restart_meta, **(meta or {})})
+        if dist is not None and sync:
+            dist.barrier()
+        elapsed = time.perf_counter() - start
         self._last_save = time.monotonic()
+        if result is None:
+            return None
         if sync:
+            self.save_seconds.append(elapsed)
             self.last_version = result
+            self._note_stall(elapsed)
+            self._observe_stall()
             self._retain()
         else:
             self._guard.add(result.capture_map)
             self._pending.append(result)
+            self._note_stall(elapsed)
         return result
+
+    def _note_stall(self, seconds: float) -> None:
+        self._stall_open = seconds
+        self._waited_mark = self._guard.waited
+
+    def _observe_stall(self) -> None:
+        """Report the stall of the previous save (call time + hook waits since) to the policy."""
+        if self._stall_open is None:
+            return
+        stall = self._stall_open + (self._guard.waited - self._waited_mark)
+        self._stall_open = None
+        observe = getattr(self.policy, "observe", None)
+        if observe is not None:
+            observe(stall)
 
     def wait_capture(self) -> None:
         """Block until saves in flight have copied the state (call before changing it by means
@@ -107,9 +238,12 @@ class Checkpointer:
             future.result()
 
     def close(self) -> None:
-        """Wait for everything in flight and remove the capture hooks."""
+        """Wait for everything in flight; remove hooks and handlers."""
         self.wait()
         self._guard.remove()
+        for close in self.closers:
+            close()
+        self.closers = []
 
     def __enter__(self):
         return self

@@ -6,6 +6,7 @@ tasks that copy it. Hooks on optimizers (before `step`) and on modules that own 
 """
 
 import threading
+import time
 
 from .stateful import is_module
 
@@ -21,6 +22,7 @@ class CaptureGuard:
         self._lock = threading.Lock()
         self._by_ptr: dict[int, list] = {}
         self._handles = []
+        self.waited = 0.0
 
     def add(self, by_ptr: dict[int, list]) -> None:
         """Register tasks (objects with `.result()` and `.done()`) per data pointer."""
@@ -44,6 +46,11 @@ class CaptureGuard:
                 tasks = [t for ts in self._by_ptr.values() for t in ts]
             else:
                 tasks = [t for x in tensors for t in self._by_ptr.get(_pointer(x), ())]
+        if any(not t.done() for t in tasks):
+            start = time.perf_counter()
+            for t in tasks:
+                t.result()
+            self.waited += time.perf_counter() - start
         for t in tasks:
             t.result()
         self.pending()

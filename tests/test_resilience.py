@@ -1,0 +1,160 @@
+"""Preemption signals, walltime, auto interval, restarts, multi-rank agreement."""
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import forkpoint as fp
+from forkpoint.policy.interval import Auto, young_daly
+
+HERE = os.path.dirname(__file__)
+
+
+@pytest.mark.parametrize("mtbf_h, expected_min", [(24, 117), (6, 57), (0.25, 9.1)])
+def test_daly_worked_cases(mtbf_h, expected_min):
+    assert young_daly(5.0, mtbf_h * 60) == pytest.approx(expected_min, abs=0.1 if expected_min < 10 else 0.5)
+
+
+def test_auto_interval_uses_measured_stall_and_time_cap():
+    capped = Auto(mtbf=30.0, max_fraction=0.05)
+    assert capped.should_save(0, time.monotonic()), "no measurement yet: save to get one"
+    assert "no checkpoint measured yet" in capped.explain()
+    capped.observe(2.0)
+    tau, why = capped.interval()
+    assert why == "5% time cap" and tau == pytest.approx(2.0 * 0.95 / 0.05)
+    assert tau > young_daly(2.0, 30.0), "the cap saves less often than Young/Daly here"
+    auto = Auto(mtbf=3600.0, max_fraction=0.05)
+    auto.observe(0.05)
+    auto.observe(0.01)
+    assert auto.stall == pytest.approx(0.03)
+    tau2, why2 = auto.interval()
+    assert why2 == "young/daly" and tau2 == pytest.approx(young_daly(auto.stall, 3600.0))
+    assert "measured stall" in auto.explain() and "MTBF M = 3600 s (given)" in auto.explain()
+    assert not auto.should_save(1, time.monotonic())
+    assert auto.should_save(1, time.monotonic() - tau2 - 1)
+
+
+def test_checkpointer_auto_learns_stall(repo):
+    model = torch.nn.Linear(64, 64)
+    ck = fp.Checkpointer(repo, {"model": model}, every="auto", sync=True, preemption=False)
+    assert ck.step(0) is not None
+    ck.step(1)
+    assert ck.policy.stall is not None and ck.policy.stall > 0
+    assert "auto interval" in ck.policy.explain()
+    ck.close()
+    with pytest.raises(ValueError, match="unknown save policy"):
+        fp.Checkpointer(repo, {"model": model}, every="sometimes")
+
+
+def _train(repo, log, steps, extra=(), env=None, wait=True):
+    cmd = [sys.executable, "-m", "forkpoint.cli.demo", "train", "--repo", repo, "--log", log,
+           "--steps", str(steps), *extra]
+    if wait:
+        return subprocess.run(cmd, timeout=300, env=env)
+    return subprocess.Popen(cmd, env=env)
+
+
+def _losses(path):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(path))}
+
+
+def test_sigterm_at_random_step_then_bit_identical_resume(tmp_path):
+    ref, cut = str(tmp_path / "ref"), str(tmp_path / "cut")
+    assert _train(ref, str(tmp_path / "ref.jsonl"), 40, ["--every", "5"]).returncode == 0
+    proc = _train(cut, str(tmp_path / "cut.jsonl"), 40, ["--every", "5", "--sleep", "0.05"], wait=False)
+    while not os.path.exists(str(tmp_path / "cut.jsonl")) or len(open(tmp_path / "cut.jsonl").readlines()) < 3:
+        time.sleep(0.05)
+    time.sleep(random.Random(7).uniform(0.0, 1.0))
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == fp.PREEMPTED_EXIT_CODE
+    assert time.monotonic() - sent < 60
+    repo = fp.Repo(cut)
+    head = repo.version("main")
+    last_logged = max(_losses(str(tmp_path / "cut.jsonl")))
+    assert head.step == last_logged and head.message == "emergency: signal SIGTERM"
+    assert head.meta["reason"] == "signal SIGTERM"
+    assert _train(cut, str(tmp_path / "cut.jsonl"), 40, ["--every", "5"]).returncode == 0
+    a, b = fp.Repo(ref).load("main"), fp.Repo(cut).load("main")
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k])
+    assert _losses(str(tmp_path / "ref.jsonl")) == _losses(str(tmp_path / "cut.jsonl"))
+    resumed = fp.Repo(cut).version("main")
+    assert resumed.meta["restarts"] == 1 and resumed.meta["resumed_from"] == head.id
+    assert resumed.meta["lost_seconds"] >= 0
+    out = subprocess.run([sys.executable, "-m", "forkpoint.cli.main", "log", "main", "-r", cut],
+                         capture_output=True, text=True)
+    assert "restarts=1" in out.stdout
+
+
+def test_walltime_saves_once_before_the_end(tmp_path):
+    url = str(tmp_path / "r")
+    env = dict(os.environ, FORKPOINT_END_TIME=str(time.time() + 6.0))
+    script = (
+        "import time, torch, forkpoint as fp\n"
+        f"repo = fp.Repo({url!r}, create=True)\n"
+        "m = torch.nn.Linear(8, 8)\n"
+        "ck = fp.Checkpointer(repo, {'m': m}, every=None)\n"
+        "for step in range(80):\n"
+        "    time.sleep(0.1)\n"
+        "    ck.step(step)\n"
+        "ck.close()\n"
+        "print(ck.policy.explain())\n")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    log = fp.Repo(url).log()
+    assert len(log) == 1 and log[0].meta["reason"] == "walltime"
+    end = float(env["FORKPOINT_END_TIME"])
+    assert end - 4.0 < log[0].time < end, "saved shortly before the end, not at the start"
+    assert "before the job's end" in out.stdout
+
+
+def test_requeue_under_slurm(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "scontrol.args"
+    (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" > {record}\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    url = str(tmp_path / "r")
+    script = (
+        "import os, signal, time, torch, forkpoint as fp\n"
+        f"repo = fp.Repo({url!r}, create=True)\n"
+        "m = torch.nn.Linear(8, 8)\n"
+        "ck = fp.Checkpointer(repo, {'m': m}, every=None, preemption=fp.Preemption(requeue=True))\n"
+        "for step in range(100):\n"
+        "    if step == 5: os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "    ck.step(step)\n")
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="4242",
+               SLURM_ARRAY_JOB_ID="4200", SLURM_ARRAY_TASK_ID="7")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == fp.PREEMPTED_EXIT_CODE, out.stderr
+    assert record.read_text().split() == ["requeue", "4200_7"]
+    assert fp.Repo(url).version("main").step == 5
+
+
+def test_signal_on_one_rank_saves_one_version_at_the_same_step(tmp_path):
+    url = str(tmp_path / "r")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                   WORLD_SIZE="2", LOCAL_RANK=str(rank))
+        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "helpers", "dist_preempt.py"), url],
+                                      env=env))
+    codes = [p.wait(timeout=120) for p in procs]
+    assert codes == [fp.PREEMPTED_EXIT_CODE] * 2
+    log = fp.Repo(url).log()
+    emergency = [v for v in log if v.message.startswith("emergency")]
+    assert [v.step for v in log] == [3, 0], "one regular save at step 0, one coordinated save at 3"
+    assert len(emergency) == 1 and emergency[0].env["world_size"] == 2
+    assert emergency[0].meta["reason"] == "stop requested on another rank"
