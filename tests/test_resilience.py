@@ -31,13 +31,14 @@ def test_auto_interval_uses_measured_stall_and_time_cap():
     tau, why = capped.interval()
     assert why == "5% time cap" and tau == pytest.approx(2.0 * 0.95 / 0.05)
     assert tau > young_daly(2.0, 30.0), "the cap saves less often than Young/Daly here"
-    auto = Auto(mtbf=3600.0, max_fraction=0.05)
+    auto = Auto(mtbf=3600.0)
     auto.observe(0.05)
     auto.observe(0.01)
     assert auto.stall == pytest.approx(0.03)
     tau2, why2 = auto.interval()
     assert why2 == "young/daly" and tau2 == pytest.approx(young_daly(auto.stall, 3600.0))
     assert "measured stall" in auto.explain() and "MTBF M = 3600 s (given)" in auto.explain()
+    assert "no time-fraction cap" in auto.explain() and "5% cap" in capped.explain()
     assert not auto.should_save(1, time.monotonic())
     assert auto.should_save(1, time.monotonic() - tau2 - 1)
 
@@ -158,3 +159,15 @@ def test_signal_on_one_rank_saves_one_version_at_the_same_step(tmp_path):
     assert [v.step for v in log] == [3, 0], "one regular save at step 0, one coordinated save at 3"
     assert len(emergency) == 1 and emergency[0].env["world_size"] == 2
     assert emergency[0].meta["reason"] == "stop requested on another rank"
+
+
+def test_example_training_script_runs_and_resumes(tmp_path):
+    url = str(tmp_path / "r")
+    script = os.path.join(HERE, "..", "examples", "train.py")
+    for steps in (20, 30):
+        out = subprocess.run([sys.executable, script, "--repo", url, "--steps", str(steps)],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert "auto interval" in out.stdout
+    log = fp.Repo(url).log()
+    assert log[0].step == 29 and log[0].meta["restarts"] == 1

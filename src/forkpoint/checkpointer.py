@@ -127,6 +127,7 @@ class Checkpointer:
     def step(self, step: int, metrics: dict | None = None):
         """Call after each training step; saves (asynchronously by default) when due."""
         self.last_step = step
+        self._observe_stall()
         due = self.should_save(step)
         if self._stop_agreed():
             request = self.stop_request or StopRequest("stop requested on another rank",

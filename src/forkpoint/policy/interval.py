@@ -26,8 +26,9 @@ def expected_waste_fraction(tau: float, cost: float, mtbf: float, restart: float
 
 @dataclass
 class Auto:
-    """Save every Young/Daly interval for the measured stall C and the MTBF M, but never spend
-    more than `max_fraction` of the time checkpointing (whichever saves less often).
+    """Save every Young/Daly interval for the measured stall C and the MTBF M; with
+    `max_fraction` (e.g. 0.05), never spend more than that fraction of the time
+    checkpointing (whichever of the two saves less often).
 
     C is a running estimate (exponential average of recent stalls); M is given, else
     `mtbf_estimate` (e.g. from the repository's restarts), else 24 h. Until a stall has been
@@ -35,7 +36,7 @@ class Auto:
     """
 
     mtbf: float | None = None
-    max_fraction: float = 0.05
+    max_fraction: float | None = None
     restart_cost: float | None = None
     smoothing: float = 0.5
     default_mtbf: float = 24 * 3600.0
@@ -44,7 +45,7 @@ class Auto:
     history: list = field(default_factory=list)
 
     def __post_init__(self):
-        if not 0 < self.max_fraction < 1:
+        if self.max_fraction is not None and not 0 < self.max_fraction < 1:
             raise ValueError(f"max_fraction must be in (0, 1), got {self.max_fraction}")
         if self.mtbf is not None and self.mtbf <= 0:
             raise ValueError(f"mtbf must be > 0 seconds, got {self.mtbf}")
@@ -62,8 +63,14 @@ class Auto:
     def interval(self) -> tuple[float, str]:
         """Return (seconds between saves, which bound decided it)."""
         daly = young_daly(self.stall, self.mtbf_used)
-        cap = self.stall * (1 - self.max_fraction) / self.max_fraction
+        cap = self.cap()
         return (daly, "young/daly") if daly >= cap else (cap, f"{self.max_fraction:.0%} time cap")
+
+    def cap(self) -> float:
+        """Shortest interval the time-fraction cap allows (0 without a cap)."""
+        if self.max_fraction is None:
+            return 0.0
+        return self.stall * (1 - self.max_fraction) / self.max_fraction
 
     def should_save(self, step: int, last_save_time: float | None) -> bool:
         if self.stall is None:
@@ -76,8 +83,9 @@ class Auto:
         tau, why = self.interval()
         source = "given" if self.mtbf else "estimated from restarts" if self.mtbf_estimate else "default"
         waste = expected_waste_fraction(tau, self.stall, self.mtbf_used, self.restart_cost or 0.0)
+        cap = (f", the {self.max_fraction:.0%} cap {self.cap():.1f} s" if self.max_fraction is not None
+               else ", no time-fraction cap")
         return (f"auto interval: saves every {tau:.1f} s ({why}); measured stall C = {self.stall:.3f} s "
                 f"over {len(self.history)} checkpoint(s), MTBF M = {self.mtbf_used:.0f} s ({source}); "
-                f"Young/Daly alone gives {young_daly(self.stall, self.mtbf_used):.1f} s, the "
-                f"{self.max_fraction:.0%} cap {self.stall * (1 - self.max_fraction) / self.max_fraction:.1f} s; "
+                f"Young/Daly alone gives {young_daly(self.stall, self.mtbf_used):.1f} s{cap}; "
                 f"expected waste {waste:.1%}")
