@@ -171,3 +171,43 @@ def test_example_training_script_runs_and_resumes(tmp_path):
         assert "auto interval" in out.stdout
     log = fp.Repo(url).log()
     assert log[0].step == 29 and log[0].meta["restarts"] == 1
+
+
+def test_mtbf_estimated_from_restart_history(repo):
+    from forkpoint.policy.preemption import estimate_mtbf
+
+    assert estimate_mtbf(repo, "main") is None
+    repo.save({"x": 1}, step=0)
+    time.sleep(0.05)
+    repo.save({"x": 2}, step=1, meta={"restarts": 1})
+    time.sleep(0.05)
+    v = repo.save({"x": 3}, step=2, meta={"restarts": 2})
+    span = v.time - repo.log()[-1].time
+    assert estimate_mtbf(repo, "main") == pytest.approx(span / 2)
+    ck = fp.Checkpointer(repo, {"x": {"y": 1}}, every="auto", preemption=False)
+    assert ck.policy.mtbf_estimate == pytest.approx(span / 2)
+    ck.policy.observe(0.1)
+    assert "estimated from restarts" in ck.policy.explain()
+
+
+def test_slurm_restart_count_and_squeue_end_time(tmp_path, monkeypatch, repo):
+    from forkpoint.policy.preemption import slurm_end_time
+
+    model = torch.nn.Linear(4, 4)
+    repo.save({"m": model}, step=9)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
+    ck = fp.Checkpointer(repo, {"m": model}, every=1, sync=True, preemption=False)
+    assert ck.resume() == 10
+    v = ck.step(10)
+    assert v.meta["restarts"] == 3 and v.meta["resumed_from"] == repo.resolve("main~1")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text("#!/bin/sh\necho 2031-05-04T12:30:00\n")
+    (bin_dir / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.delenv("SLURM_JOB_END_TIME", raising=False)
+    monkeypatch.delenv("FORKPOINT_END_TIME", raising=False)
+    assert slurm_end_time() == time.mktime(time.strptime("2031-05-04T12:30:00", "%Y-%m-%dT%H:%M:%S"))
+    monkeypatch.setenv("SLURM_JOB_END_TIME", "1900000000")
+    assert slurm_end_time() == 1900000000.0
