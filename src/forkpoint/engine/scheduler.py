@@ -100,7 +100,7 @@ class Scheduler:
             return self.capacity[resource]
         if resource.startswith("io:"):
             return self.budget.default_io_slots
-        raise KeyError(f"unknown resource {resource!r}")
+        raise ValueError(f"unknown resource {resource!r}: use staging, window, cpu or io:<tier>")
 
     def submit(self, stage: str, fn: Callable, *, priority: int, needs: dict | None = None,
                frees: dict | None = None, deps=(), after=(), nbytes: int = 0,
@@ -110,6 +110,8 @@ class Scheduler:
         A failed dependency fails the task with the same exception without running it.
         """
         needs = dict(needs or {})
+        for resource in set(needs) | set(frees or {}):
+            self._cap(resource)
         with self.cond:
             if self.closed:
                 raise RuntimeError("scheduler is shut down")

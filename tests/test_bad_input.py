@@ -1,0 +1,63 @@
+"""Wrong arguments to the newer entry points get clear errors."""
+
+import pytest
+import torch
+
+import forkpoint as fp
+from forkpoint.engine import Budget, Scheduler
+from forkpoint.errors import RefNotFoundError
+from forkpoint.policy.interval import Auto, young_daly
+
+
+def test_tier_and_repo_arguments(tmp_path):
+    with pytest.raises(ValueError, match="keep must be >= 1"):
+        fp.tier(str(tmp_path / "a"), keep=0)
+    with pytest.raises(ValueError, match="flush_every must be >= 1"):
+        fp.tier(str(tmp_path / "a"), flush_every=0)
+    with pytest.raises(ValueError, match="at least one store"):
+        fp.Repo(tiers=[], create=True)
+    with pytest.raises(ValueError, match="either url or tiers"):
+        fp.Repo(str(tmp_path / "a"), tiers=[str(tmp_path / "b")], create=True)
+    with pytest.raises(ValueError, match="needs a url"):
+        fp.Repo()
+    with pytest.raises(ValueError, match="on_conflict"):
+        fp.Repo(str(tmp_path / "a"), create=True, on_conflict="maybe")
+
+
+def test_prefetch_and_where_of_unknown_refs(tmp_path):
+    repo = fp.Repo(tiers=[f"mem://{tmp_path.name}", str(tmp_path / "d")], create=True)
+    with pytest.raises(RefNotFoundError):
+        repo.prefetch(["nosuch"])
+    with pytest.raises(RefNotFoundError):
+        repo.where("main")
+    repo.close()
+
+
+def test_policy_arguments(repo):
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match=">= 1 step"):
+        fp.Checkpointer(repo, {"m": model}, every=0)
+    with pytest.raises(TypeError, match="not a bool"):
+        fp.Checkpointer(repo, {"m": model}, every=True)
+    with pytest.raises(TypeError, match="should_save"):
+        fp.Checkpointer(repo, {"m": model}, every=object())
+    with pytest.raises(ValueError, match="max_fraction"):
+        Auto(max_fraction=1.5)
+    with pytest.raises(ValueError, match="mtbf"):
+        Auto(mtbf=-1)
+    with pytest.raises(ValueError, match="> 0"):
+        young_daly(0.0, 10.0)
+    with pytest.raises(ValueError, match="seconds"):
+        fp.Seconds(0)
+    with pytest.raises(ValueError, match="Keep"):
+        fp.Keep(best=("loss", 1, "sideways"))
+
+
+def test_scheduler_rejects_unknown_resources_and_late_submissions():
+    sched = Scheduler(Budget(), threads=1)
+    with pytest.raises(ValueError, match="unknown resource 'gpu'"):
+        sched.submit("x", lambda: 1, priority=0, needs={"gpu": 1})
+    assert sched.submit("x", lambda: 1, priority=0, needs={"io:any": 1}).result(5) == 1
+    sched.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        sched.submit("x", lambda: 1, priority=0)
