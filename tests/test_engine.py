@@ -148,3 +148,18 @@ def test_async_save_errors_surface_and_next_save_works(tmp_path, monkeypatch):
     assert repo.save({"w": np.ones(10)}, step=1).step == 1
     assert repo.stats()["resources"]["staging"]["used"] == 0
     repo.close()
+
+
+def test_warm_staging_prepares_exactly_the_buffers_a_save_uses(tmp_path):
+    repo = fp.Repo(str(tmp_path / "r"), create=True, options=SaveOptions(chunk_bytes=1 << 20))
+    state = {"big": torch.randn(3 << 18), "small": torch.randn(100), "n": 3}
+    warmed = repo.warm_staging(state)
+    assert warmed == repo._staging.kept == 3 * (1 << 20) + 400
+    kept_before = {size: list(bufs) for size, bufs in repo._staging.free.items()}
+    pending = repo.save(state, sync=False)
+    pending.wait()
+    reused = sum(1 for size, bufs in kept_before.items() for b in bufs
+                 if any(b is x for x in repo._staging.free.get(size, [])))
+    assert reused == 4, "every staging buffer of the save came from the warmed pool"
+    assert torch.equal(repo.load()["big"], state["big"])
+    repo.close()

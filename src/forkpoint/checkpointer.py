@@ -66,12 +66,14 @@ class Checkpointer:
     """Saves `state` to `repo` on `branch` when the policy says so and restores it on resume.
 
     In a torch.distributed run every rank holds a Checkpointer; stop requests are agreed
-    across ranks at each step, and rank 0 writes the (replicated) state.
+    across ranks at each step, and rank 0 writes the (replicated) state. With `warm`, an
+    asynchronous Checkpointer faults in its staging memory at construction, so the first
+    checkpoint does not pay for fresh pages.
     """
 
     def __init__(self, repo: Repo, state, every=None, keep=None, branch: str = "main",
                  sync: bool = False, allow_pickle: bool = False, gc_grace: float = 600.0,
-                 preemption=True):
+                 preemption=True, warm: bool = True):
         self.policy = resolve_policy(every)
         self.repo, self.state, self.keep = repo, state, keep
         self.branch, self.sync, self.allow_pickle, self.gc_grace = branch, sync, allow_pickle, gc_grace
@@ -81,6 +83,8 @@ class Checkpointer:
         self._guard = CaptureGuard()
         if not sync:
             self._guard.install(obj for _, obj in capture(state)[1])
+            if warm:
+                repo.warm_staging(state, allow_pickle)
         self._last_save = time.monotonic()
         self._stall_open: float | None = None
         self._waited_mark = 0.0

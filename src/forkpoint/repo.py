@@ -18,7 +18,7 @@ import numpy as np
 
 from . import __version__
 from .engine.restore import ReadRequest, read_leaves
-from .engine.save import KnownChunk, SaveOptions, object_key, schedule_save
+from .engine.save import KnownChunk, SaveOptions, object_key, schedule_save, staging_sizes
 from .engine.scheduler import Budget, Priority, Scheduler, Task
 from .engine.staging import StagingPool
 from .errors import (ConflictError, CorruptObjectError, FormatError, MissingObjectError,
@@ -401,6 +401,15 @@ class Repo:
         by_ptr = {fl.data.data.__array_interface__["data"][0]: plan.captures[i]
                   for i, fl in enumerate(flat) if fl.data is not None and i in plan.captures and fl.data.data.size}
         return PendingSave(commit, plan.capture_tasks(), by_ptr)
+
+    def warm_staging(self, state, allow_pickle: bool = False) -> int:
+        """Allocate and fault in the staging buffers an asynchronous save of `state` will use,
+        so that the first checkpoint does not pay for fresh memory; return the bytes warmed."""
+        tree, _ = capture(state)
+        _, flat = flatten(tree, allow_pickle=allow_pickle, copy=False)
+        limit = self.options.staging_bytes
+        sizes = [n for n in staging_sizes(flat, self.options)]
+        return self._staging.warm(sizes if sum(sizes) <= limit else [])
 
     def background(self, fn, *args, **kwargs) -> Task:
         """Run `fn` as a low-priority task after every save already submitted; return the task."""

@@ -193,15 +193,22 @@ def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf
     plan = ScheduledSave(flat, ObjectWriter(store, opts.codec, guard))
     plan.writer.pinned.update(k.object for k in known.values())
     io = {f"io:{tier}": 1}
+    for kind, item in layout(flat, opts):
+        if kind == "pack":
+            group, total = item
+            _schedule_pack(sched, plan, group, total, known, pool, io, tier, staging)
+        else:
+            i, pieces = item
+            plan.large[i] = [_schedule_chunk(sched, plan, i, piece, box, pool, io, tier, staging)
+                             for piece, box in pieces]
+    return plan
+
+
+def layout(flat: list[FlatLeaf], opts: SaveOptions):
+    """Yield ("pack", (members, total bytes)) and ("chunks", (leaf index, [(piece, box)])) in
+    the order a save stores them; members are (leaf index, bytes, box)."""
     group: list[tuple[int, np.ndarray, list]] = []
     group_bytes = 0
-
-    def flush_group():
-        nonlocal group, group_bytes
-        if group:
-            _schedule_pack(sched, plan, group, group_bytes, known, pool, io, tier, staging)
-        group, group_bytes = [], 0
-
     for i, fl in enumerate(flat):
         if fl.data is None:
             continue
@@ -211,17 +218,28 @@ def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf
             group.append((i, d.data, [[0] * len(d.shape), list(d.shape)]))
             group_bytes += nbytes
             if group_bytes >= opts.pack_bytes:
-                flush_group()
+                yield "pack", (group, group_bytes)
+                group, group_bytes = [], 0
             continue
         row = nbytes // d.shape[0]
-        tasks = []
+        pieces = []
         for first, count in row_split(d.shape, nbytes, opts.chunk_bytes):
-            piece = d.data[first * row:(first + count) * row]
             box = ([first] + [0] * (len(d.shape) - 1), [count] + list(d.shape[1:]))
-            tasks.append(_schedule_chunk(sched, plan, i, piece, box, pool, io, tier, staging))
-        plan.large[i] = tasks
-    flush_group()
-    return plan
+            pieces.append((d.data[first * row:(first + count) * row], box))
+        yield "chunks", (i, pieces)
+    if group:
+        yield "pack", (group, group_bytes)
+
+
+def staging_sizes(flat: list[FlatLeaf], opts: SaveOptions) -> list[int]:
+    """Sizes of the staging buffers a save of `flat` takes (to warm a pool ahead of time)."""
+    sizes = []
+    for kind, item in layout(flat, opts):
+        if kind == "pack":
+            sizes.append(item[1])
+        else:
+            sizes.extend(int(piece.nbytes) for piece, _ in item[1])
+    return sizes
 
 
 def _copy_and_hash(src: np.ndarray, dst: np.ndarray) -> str:

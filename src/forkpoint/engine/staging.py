@@ -47,6 +47,20 @@ class StagingPool:
                 self.free.setdefault(buf.nbytes, []).append(buf)
                 self.kept += buf.nbytes
 
+    def warm(self, sizes: list[int]) -> int:
+        """Allocate and touch buffers of these sizes ahead of use (within the limit); return bytes."""
+        bufs, total = [], 0
+        for n in sizes:
+            if self.kept + self.outstanding + total + n > self.limit:
+                break
+            buf = self.get(n)
+            buf.fill(0)
+            bufs.append(buf)
+            total += n
+        for buf in bufs:
+            self.give(buf)
+        return total
+
     def _trim(self, keep: int) -> None:
         for size in sorted(self.free, reverse=True):
             bucket = self.free[size]
