@@ -213,7 +213,7 @@ def main():
         print(f"| {m.name} | {wall:.2f} | {n} | {stall:.2f} |")
     peers = [v["stall_s"] for k, v in out.items() if k not in ("no checkpoint", "forkpoint (async)")]
     best = min(peers)
-    print(f"\nforkpoint stall / best peer stall = {out['forkpoint (async)']['stall_s'] / best:.2f}")
+    print(f"\nforkpoint stall / best peer stall = {out['forkpoint (async)']['stall_s'] / best:.3f}")
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     with open(args.json, "w") as f:
         json.dump(out, f, indent=1)
