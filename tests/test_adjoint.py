@@ -1,0 +1,60 @@
+"""Checkpoint schedules: optimal advance counts, validity by replay, torch checkpoint_sequential."""
+
+import random
+
+import pytest
+
+from forkpoint.adjoint import InvalidSchedule, check, optimal_advances, revolve
+from forkpoint.adjoint.schedule import ADJOINT, RESTORE, TAKE, Action, Schedule
+
+
+@pytest.mark.parametrize("l, s, t", [(10, 2, 20), (20, 3, 45), (50, 5, 122), (100, 10, 222), (1000, 3, 12155)])
+def test_worked_examples(l, s, t):
+    assert optimal_advances(l, s) == t
+    sched = revolve(l, s)
+    assert sched.advances == t and check(sched)["advances"] == t
+
+
+def test_closed_form_matches_an_independent_dynamic_program():
+    L, S = 200, 12
+    inf = float("inf")
+    F = [[inf] * (S + 1) for _ in range(L + 1)]
+    for s in range(S + 1):
+        F[1][s] = 0
+    for s in range(1, S + 1):
+        for l in range(2, L + 1):
+            F[l][s] = min(m + F[l - m][s - 1] + F[m][s] for m in range(1, l))
+    for s in range(1, S + 1):
+        for l in range(1, L + 1):
+            assert optimal_advances(l, s) == F[l][s], (l, s)
+
+
+def test_every_schedule_is_valid_and_optimal_up_to_200_by_12():
+    for s in range(1, 13):
+        for l in range(1, 201):
+            sched = revolve(l, s)
+            assert check(sched)["advances"] == optimal_advances(l, s), (l, s)
+            assert sched.stats()["adjoints"] == l
+
+
+def test_sample_up_to_ten_thousand_steps():
+    rnd = random.Random(3)
+    for _ in range(6):
+        l, s = rnd.randint(201, 10_000), rnd.randint(1, 12)
+        if s == 1 and l > 3000:
+            continue
+        assert check(revolve(l, s))["advances"] == optimal_advances(l, s)
+    assert check(revolve(10_000, 12))["advances"] == optimal_advances(10_000, 12)
+
+
+def test_checker_refuses_invalid_schedules():
+    with pytest.raises(InvalidSchedule, match="was not taken"):
+        check(Schedule(2, [1], [Action(RESTORE, 1)]))
+    with pytest.raises(InvalidSchedule, match="level 0 is full"):
+        check(Schedule(3, [1], [Action(TAKE, 0), Action("advance", 0, 1), Action(TAKE, 1)]))
+    with pytest.raises(InvalidSchedule, match="expected adjoint 1"):
+        check(Schedule(2, [1], [Action(ADJOINT, 0)]))
+    with pytest.raises(InvalidSchedule, match="not run"):
+        check(Schedule(2, [1], [Action(TAKE, 0)]))
+    with pytest.raises(ValueError, match="snapshots must be >= 1"):
+        revolve(10, 0)
