@@ -58,3 +58,39 @@ def test_checker_refuses_invalid_schedules():
         check(Schedule(2, [1], [Action(TAKE, 0)]))
     with pytest.raises(ValueError, match="snapshots must be >= 1"):
         revolve(10, 0)
+
+
+def _net(n, dropout):
+    import torch
+
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(n):
+        layers += [torch.nn.Linear(16, 16), torch.nn.Tanh()]
+        if dropout:
+            layers.append(torch.nn.Dropout(0.2))
+    return torch.nn.Sequential(*layers).double()
+
+
+@pytest.mark.parametrize("snapshots", [1, 2, 4, 60])
+@pytest.mark.parametrize("dropout", [False, True])
+def test_checkpoint_sequential_gradients_match_plain_backprop(snapshots, dropout):
+    import torch
+
+    import forkpoint as fp
+
+    net = _net(12, dropout)
+    x = torch.randn(5, 16, dtype=torch.float64, requires_grad=True)
+    torch.manual_seed(7)
+    plain = net(x).pow(2).sum()
+    plain.backward()
+    ref_x, ref_p = x.grad.clone(), [p.grad.clone() for p in net.parameters()]
+    x.grad = None
+    net.zero_grad()
+    torch.manual_seed(7)
+    out = fp.adjoint.checkpoint_sequential(net, x, snapshots).pow(2).sum()
+    assert torch.equal(out, plain.detach())
+    out.backward()
+    assert torch.equal(x.grad, ref_x)
+    for p, r in zip(net.parameters(), ref_p):
+        assert torch.equal(p.grad, r)

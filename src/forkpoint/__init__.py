@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-from . import errors  # noqa: E402
+from . import adjoint, errors  # noqa: E402
 from .checkpointer import Checkpointer  # noqa: E402
 from .format.manifest import Version  # noqa: E402
 from .policy import PREEMPTED_EXIT_CODE, Auto, EverySteps, Keep, Preemption, Seconds  # noqa: E402
@@ -12,4 +12,4 @@ from .tiers import Tier, tier  # noqa: E402
 
 __all__ = ["PREEMPTED_EXIT_CODE", "Auto", "Preemption", "Checkpointer", "Divergence", "EverySteps", "GcReport", "Keep", "LeafDiff",
            "PendingSave", "Repo", "ResumableSampler", "RNGState", "Seconds", "Tier", "Version",
-           "VerifyReport", "errors", "tier", "__version__"]
+           "VerifyReport", "adjoint", "errors", "tier", "__version__"]

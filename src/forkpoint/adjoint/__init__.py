@@ -3,4 +3,13 @@
 from .check import InvalidSchedule, check
 from .schedule import Action, Schedule, optimal_advances, revolve
 
-__all__ = ["Action", "InvalidSchedule", "Schedule", "check", "optimal_advances", "revolve"]
+
+
+def checkpoint_sequential(functions, input, snapshots: int):
+    """Revolve-scheduled drop-in for torch.utils.checkpoint.checkpoint_sequential (imports torch)."""
+    from .torch_sequential import checkpoint_sequential as run
+
+    return run(functions, input, snapshots)
+
+
+__all__ = ["checkpoint_sequential", "Action", "InvalidSchedule", "Schedule", "check", "optimal_advances", "revolve"]
