@@ -94,3 +94,73 @@ def test_checkpoint_sequential_gradients_match_plain_backprop(snapshots, dropout
     assert torch.equal(x.grad, ref_x)
     for p, r in zip(net.parameters(), ref_p):
         assert torch.equal(p.grad, r)
+
+
+def _heat():
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "examples", "adjoint_heat.py")
+    spec = importlib.util.spec_from_file_location("adjoint_heat", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _store_all_reference(heat, u0, n):
+    import numpy as np
+
+    us = [u0]
+    for _ in range(n):
+        us.append(heat.step(us[-1]))
+    lam = us[-1]
+    for i in reversed(range(n)):
+        lam = heat.step_adjoint(lam)
+    return lam
+
+
+def test_executor_with_revolve_matches_store_all_adjoint():
+    import numpy as np
+
+    import forkpoint as fp
+
+    heat = _heat()
+    u0 = np.random.default_rng(1).standard_normal(64)
+    grad, stats = heat.gradient(u0, 300, fp.adjoint.revolve(300, 5))
+    assert np.array_equal(grad, _store_all_reference(heat, u0, 300))
+    assert stats.advances == fp.adjoint.optimal_advances(300, 5) and stats.adjoints == 300
+    assert stats.stored == 0
+
+
+def test_two_level_through_tiers_prefetches_and_checks_against_finite_differences(tmp_path):
+    import uuid
+
+    import numpy as np
+
+    import forkpoint as fp
+
+    heat = _heat()
+    rng = np.random.default_rng(2)
+    u0 = rng.standard_normal(128)
+    repo = fp.Repo(tiers=[fp.tier(f"mem://{uuid.uuid4().hex}", keep=3), str(tmp_path / "disk")], create=True)
+    sched = fp.adjoint.two_level(1000, 4, 100)
+    assert check(sched)
+    grad, stats = heat.gradient(u0, 1000, sched, repo)
+    assert np.array_equal(grad, _store_all_reference(heat, u0, 1000))
+    assert stats.stored == 10 and stats.restored == 9 and stats.prefetch_hits >= 5
+    d = rng.standard_normal(128)
+    eps = 1e-6
+    fd = (heat.objective(u0 + eps * d, 1000) - heat.objective(u0 - eps * d, 1000)) / (2 * eps)
+    assert abs(grad @ d - fd) / abs(fd) < 1e-6
+    repo.close()
+
+
+def test_executor_bad_arguments():
+    import forkpoint as fp
+
+    with pytest.raises(ValueError, match="schedule is for 10 steps"):
+        fp.adjoint.run(lambda i, x: x, lambda i, x, l: l, 0, 11, fp.adjoint.revolve(10, 2))
+    with pytest.raises(ValueError, match="pass repo"):
+        fp.adjoint.run(lambda i, x: x, lambda i, x, l: l, 0, 10, fp.adjoint.two_level(10, 2, 5))
+    with pytest.raises(ValueError, match="stride"):
+        fp.adjoint.two_level(10, 2, 0)

@@ -1,7 +1,8 @@
 """Adjoint and history workloads: checkpoint schedules and what drives them."""
 
 from .check import InvalidSchedule, check
-from .schedule import Action, Schedule, optimal_advances, revolve
+from .executor import RunStats, run
+from .schedule import Action, Schedule, optimal_advances, revolve, two_level
 
 
 
@@ -12,4 +13,4 @@ def checkpoint_sequential(functions, input, snapshots: int):
     return run(functions, input, snapshots)
 
 
-__all__ = ["checkpoint_sequential", "Action", "InvalidSchedule", "Schedule", "check", "optimal_advances", "revolve"]
+__all__ = ["checkpoint_sequential", "RunStats", "run", "two_level", "Action", "InvalidSchedule", "Schedule", "check", "optimal_advances", "revolve"]

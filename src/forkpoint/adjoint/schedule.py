@@ -146,3 +146,35 @@ def revolve(n_steps: int, snapshots: int) -> Schedule:
     acts.append(Action(FREE, 0))
     acts.append(Action(END_REVERSE))
     return sched
+
+
+def two_level(n_steps: int, memory_slots: int, stride: int) -> Schedule:
+    """Disk-unlimited two-level schedule: during the forward sweep every `stride`-th state goes
+    to level 1 (storage, unlimited); the reverse sweep restores each segment from level 1,
+    last first, and reverses it with Revolve in `memory_slots` level-0 slots."""
+    if stride < 1 or memory_slots < 1:
+        raise ValueError(f"need stride >= 1 and memory_slots >= 1, got {stride}, {memory_slots}")
+    starts = list(range(0, n_steps, stride))
+    sched = Schedule(n_steps, [memory_slots, len(starts)])
+    acts = sched.actions
+    for k, a in enumerate(starts):
+        if k:
+            acts.append(Action(ADVANCE, starts[k - 1], a))
+        acts.append(Action(TAKE, a, level=1))
+    acts.append(Action(END_FORWARD))
+    current = starts[-1]
+    for k in reversed(range(len(starts))):
+        a = starts[k]
+        b = starts[k + 1] if k + 1 < len(starts) else n_steps
+        if current != a:
+            acts.append(Action(RESTORE, a, level=1))
+        for act in revolve(b - a, memory_slots):
+            if act.kind in (END_FORWARD, END_REVERSE):
+                continue
+            if act.kind == RESTORE and act.a == 0 and (acts[-1].kind, acts[-1].a) == (RESTORE, a):
+                continue
+            acts.append(Action(act.kind, act.a + a, act.b + a if act.kind == ADVANCE else 0, 0))
+        acts.append(Action(FREE, a, level=1))
+        current = None
+    acts.append(Action(END_REVERSE))
+    return sched
