@@ -8,7 +8,7 @@ so modules such as dropout see the same masks and gradients match plain backprop
 
 import torch
 
-from .schedule import ADJOINT, ADVANCE, END_FORWARD, RESTORE, TAKE, revolve
+from .schedule import ADJOINT, ADVANCE, END_FORWARD, FREE, RESTORE, TAKE, revolve
 
 
 def _run(modules, rng_states, state, a, b):
@@ -50,12 +50,15 @@ class _RevolveFunction(torch.autograd.Function):
             offsets.append(offsets[-1] + n)
         param_grads = [None] * offsets[-1]
         state, grad = ctx.last, grad_out
+        ctx.last = None
         resume = torch.get_rng_state()
         for act in ctx.actions[ctx.pos + 1:]:
             if act.kind == RESTORE:
                 state = slots[act.a]
             elif act.kind == TAKE:
                 slots[act.a] = state
+            elif act.kind == FREE:
+                slots.pop(act.a, None)
             elif act.kind == ADVANCE:
                 with torch.no_grad():
                     state = _run(modules, rng, state, act.a, act.b)

@@ -1,0 +1,140 @@
+"""Adjoint schedules: forkpoint against checkpoint_schedules, torch.utils.checkpoint, plain backprop.
+
+1. Forward advances of Revolve for (l, s) pairs: forkpoint's `revolve` against
+   `checkpoint_schedules.Revolve` (which also counts the l taping steps; subtracted here).
+2. Backprop through a deep MLP: peak extra resident memory and time of plain backprop,
+   `torch.utils.checkpoint.checkpoint_sequential` and `fp.adjoint.checkpoint_sequential`
+   keeping a comparable number of stored activations.
+3. The reverse sweep of the heat-equation adjoint (examples/adjoint_heat.py) over a memory +
+   disk tier: storage wait with and without prefetch.
+
+    python benchmarks/adjoint.py
+"""
+
+import argparse
+import importlib.util
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+
+import numpy as np
+import torch
+
+import forkpoint as fp
+
+sys.path.insert(0, os.path.dirname(__file__))
+from tiers_restore import PeakRSS, rss  # noqa: E402
+
+
+def schedules_section():
+    import checkpoint_schedules as cs
+
+    print("### Revolve forward advances (taping steps not counted)\n")
+    print("| l | s | forkpoint revolve | checkpoint_schedules.Revolve | closed form |")
+    print("|---|---|---|---|---|")
+    for l, s in [(10, 2), (20, 3), (50, 5), (100, 10), (250, 4), (1000, 3), (1000, 10), (5000, 8)]:
+        theirs = 0
+        for act in cs.Revolve(l, s):
+            if isinstance(act, cs.Forward):
+                theirs += act.n1 - act.n0
+            if isinstance(act, cs.EndReverse):
+                break
+        print(f"| {l} | {s} | {fp.adjoint.revolve(l, s).advances} | {theirs - l} | "
+              f"{fp.adjoint.optimal_advances(l, s)} |")
+
+
+def _one_backprop(method: str, layers: int, width: int, batch: int) -> None:
+    """Run one method in this (fresh) process; print time, peak extra RSS and a gradient digest."""
+    import resource
+
+    torch.manual_seed(0)
+    torch.set_num_threads(2)
+    net = torch.nn.Sequential(*[m for _ in range(layers) for m in (torch.nn.Linear(width, width), torch.nn.Tanh())])
+    x = torch.randn(batch, width, requires_grad=True)
+    kind, _, arg = method.partition(":")
+    runs = {
+        "plain": lambda: net(x),
+        "torch": lambda: torch.utils.checkpoint.checkpoint_sequential(net, int(arg), x, use_reentrant=False),
+        "forkpoint": lambda: fp.adjoint.checkpoint_sequential(net, x, int(arg)),
+    }
+    with torch.no_grad():
+        net(x)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    runs[kind]().pow(2).mean().backward()
+    elapsed = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(elapsed, (peak - base) / 1024, float(x.grad.double().sum()))
+
+
+def backprop_section(layers, width, batch, repeats):
+    import subprocess
+
+    methods = {"plain backprop": "plain", "torch checkpoint_sequential (segments=8)": "torch:8",
+               "torch checkpoint_sequential (segments=16)": "torch:16",
+               "forkpoint checkpoint_sequential (snapshots=8)": "forkpoint:8",
+               "forkpoint checkpoint_sequential (snapshots=16)": "forkpoint:16"}
+    act_mb = batch * width * 4 / 2**20
+    print(f"\n### Backprop through {layers} x (Linear({width}) + Tanh), batch {batch} "
+          f"({2 * layers} modules, one activation = {act_mb:.1f} MiB), medians of {repeats}, "
+          "each run in a fresh process\n")
+    print("| method | time (s) | peak extra RSS (MiB) | gradient sum |")
+    print("|---|---|---|---|")
+    for name, method in methods.items():
+        rows = []
+        for _ in range(repeats):
+            out = subprocess.run([sys.executable, __file__, "--one", method, "--layers", str(layers),
+                                  "--width", str(width), "--batch", str(batch)],
+                                 capture_output=True, text=True, check=True).stdout.split()
+            rows.append([float(v) for v in out])
+        t = statistics.median(r[0] for r in rows)
+        m = statistics.median(r[1] for r in rows)
+        print(f"| {name} | {t:.2f} | {m:.0f} | {rows[0][2]:.6e} |")
+
+
+def prefetch_section(steps, points):
+    path = os.path.join(os.path.dirname(__file__), "..", "examples", "adjoint_heat.py")
+    spec = importlib.util.spec_from_file_location("adjoint_heat", path)
+    heat = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(heat)
+    u0 = np.random.default_rng(0).standard_normal(points)
+    print(f"\n### Heat-equation adjoint, {steps} steps of {points} points, two-level schedule "
+          "(4 memory slots, every 100th state to a disk tier)\n")
+    print("| prefetch | storage wait (s) | prefetch hits | restores | wall (s) |")
+    print("|---|---|---|---|---|")
+    for depth in (0, 2):
+        with tempfile.TemporaryDirectory() as disk:
+            repo = fp.Repo(tiers=[fp.tier(f"mem://{uuid.uuid4().hex}", keep=3), disk], create=True)
+            sched = fp.adjoint.two_level(steps, 4, 100)
+            forward = lambda i, u: heat.step(u)  # noqa: E731
+            adjoint = lambda i, u, lam: heat.step_adjoint(heat.step(u) if lam is None else lam)  # noqa: E731
+            t0 = time.perf_counter()
+            _, stats = fp.adjoint.run(forward, adjoint, u0, steps, sched, repo=repo, prefetch_depth=depth)
+            wall = time.perf_counter() - t0
+            repo.close()
+        print(f"| {'off' if depth == 0 else f'{depth} ahead'} | {stats.io_wait_seconds:.3f} | "
+              f"{stats.prefetch_hits} | {stats.restored} | {wall:.2f} |")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=64)
+    ap.add_argument("--width", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=8192)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--heat-steps", type=int, default=2000)
+    ap.add_argument("--heat-points", type=int, default=200_000)
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        return _one_backprop(args.one, args.layers, args.width, args.batch)
+    schedules_section()
+    backprop_section(args.layers, args.width, args.batch, args.repeats)
+    prefetch_section(args.heat_steps, args.heat_points)
+
+
+if __name__ == "__main__":
+    main()
