@@ -18,6 +18,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
 
 bench: $(STAMP)
+	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) benchmarks/save_load.py
 
 clean:
