@@ -66,7 +66,7 @@ def test_diff_uses_hash_fast_path_and_reports_numbers(repo, monkeypatch):
     b = {"w": torch.ones(4, 4) * 1.5, "frozen": torch.arange(1000.0), "lr": 0.2, "new": torch.zeros(2)}
     vb = repo.save(b)
     reads = []
-    import forkpoint.repo as repo_mod
+    import forkpoint.repo.reading as repo_mod
 
     real = repo_mod.read_leaves
     monkeypatch.setattr(repo_mod, "read_leaves",

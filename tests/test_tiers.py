@@ -163,3 +163,18 @@ def test_async_checkpointer_with_tiers(tmp_path):
     assert torch.equal(slow.load()["model"]["weight"], model.weight.detach())
     stats = fp.Repo(tiers=[fast, disk]).stats()
     assert "resources" in stats
+
+
+def test_gc_sweeps_every_tier(tmp_path):
+    fast, disk = str(tmp_path / "fast"), str(tmp_path / "disk")
+    repo = fp.Repo(tiers=[fast, disk], create=True)
+    for i in range(4):
+        repo.save(state(i), step=i)
+    repo.drain()
+    before = [len(st.list("objects")) for st in repo.stores]
+    report = repo.gc(keep=fp.Keep(last=1), grace=0)
+    after = [len(st.list("objects")) for st in repo.stores]
+    assert len(report.pruned_versions) == 3
+    assert all(a < b for a, b in zip(after, before)), (before, after)
+    assert repo.load("main")["i"] == 3 and repo.verify().ok
+    repo.close()

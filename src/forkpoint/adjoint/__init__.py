@@ -5,7 +5,6 @@ from .executor import RunStats, run
 from .schedule import Action, Schedule, optimal_advances, revolve, two_level
 
 
-
 def checkpoint_sequential(functions, input, snapshots: int):
     """Revolve-scheduled drop-in for torch.utils.checkpoint.checkpoint_sequential (imports torch)."""
     from .torch_sequential import checkpoint_sequential as run

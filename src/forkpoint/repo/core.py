@@ -1,0 +1,242 @@
+"""Repo: versions, refs, lineage, load/restore, diff, verify and gc — the public core.
+
+A repository is a store holding `forkpoint.json`, `objects/`, `versions/` and `refs/`.
+A version is visible once its manifest is durable and a ref record points at it.
+"""
+
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+
+
+from ..engine.save import KnownChunk, SaveOptions, object_key, schedule_save, staging_sizes
+from ..engine.scheduler import Budget, Priority, Scheduler, Task
+from ..engine.staging import StagingPool
+from ..errors import ConflictError, FormatError, RefNotFoundError, RepoNotFoundError
+from ..format.manifest import FORMAT_VERSION, Manifest, Version, check_format
+from ..format.refs import check_name
+from ..state import capture, flatten
+from ..storage import Store, open_store
+from ..tiers import Tier, open_tiers
+from .compare import CompareMixin
+from .history import HistoryMixin
+from .maintenance import MaintenanceMixin
+from .placement import PlacementMixin
+from .reading import ReadingMixin
+from .records import PendingSave, _environment
+from .refs import RefsMixin
+
+REPO_MARKER = "forkpoint.json"
+REPO_KIND = "forkpoint.repository"
+
+
+class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin, PlacementMixin):
+    """A forkpoint repository at `url`: a local path, file://, mem://name, or an fsspec URL
+    such as s3://bucket/prefix (`storage_options` go to the fsspec file system)."""
+
+    def __init__(self, url: str | Store | None = None, create: bool = False, codec: str = "raw",
+                 on_conflict: str = "retry", workers: int = 4, options: SaveOptions | None = None,
+                 storage_options: dict | None = None, tiers: list | None = None):
+        if tiers is not None:
+            if url is not None:
+                raise ValueError("give either url or tiers, not both")
+            self.tier_specs, self.stores = open_tiers(tiers)
+        elif url is None:
+            raise ValueError("Repo needs a url (or tiers=[...])")
+        else:
+            store = url if isinstance(url, Store) else open_store(str(url), **(storage_options or {}))
+            self.tier_specs, self.stores = [Tier(store.url)], [store]
+        self.store = self.stores[0]
+        self.url = self.store.url
+        if on_conflict not in ("retry", "error"):
+            raise ValueError(f"on_conflict must be 'retry' or 'error', got {on_conflict!r}")
+        self.on_conflict = on_conflict
+        self.options = options or SaveOptions(codec=codec, workers=workers)
+        self.writer_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._open_or_create(create)
+        budget = Budget(staging_bytes=self.options.staging_bytes, window_bytes=self.options.window_bytes,
+                        cpu_workers=2, default_io_slots=self.options.workers)
+        self._sched = Scheduler(budget, threads=self.options.workers + 4)
+        self._staging = StagingPool(self.options.staging_bytes + self.options.window_bytes)
+        self._tier = "tier0"
+        self._last_commit: Task | None = None
+        self._flushed = [0] * len(self.stores)
+        self._future_order: list[str] = []
+        self._writers: set = set()
+        self._flushing: set[str] = set()
+        self._flush_pins: dict[str, set[str]] = {}
+        self._evict_lock = threading.Lock()
+        self._tier_locks = [threading.Lock() for _ in self.stores]
+        self._manifests: dict[str, Manifest] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # ----------------------------------------------------------------- set-up
+    def _open_or_create(self, create: bool) -> None:
+        """Check every tier's marker; create missing ones when the repository exists on any tier."""
+        found = []
+        for store in self.stores:
+            try:
+                record = json.loads(store.read(REPO_MARKER))
+            except FileNotFoundError:
+                continue
+            except ValueError:
+                raise FormatError(f"{store.url}/{REPO_MARKER} is not valid JSON") from None
+            check_format(record, REPO_KIND, f"repository {store.url}")
+            found.append(store)
+        if not found and not create:
+            raise RepoNotFoundError(
+                f"no forkpoint repository at {self.url}: create one with "
+                f"fp.Repo({self.url!r}, create=True) or `forkpoint init {self.url}`")
+        record = {"format": REPO_KIND, "format_version": list(FORMAT_VERSION), "created": time.time()}
+        for store in self.stores:
+            if store not in found:
+                store.create_exclusive(REPO_MARKER, json.dumps(record).encode())
+
+    def close(self) -> None:
+        """Wait for background saves, then release threads. Idempotent."""
+        if self._closed:
+            return
+        self._sched.shutdown(wait=True)
+        self._staging.clear()
+        for store in self.stores:
+            store.close()
+        self._closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ----------------------------------------------------------------- save
+    def save(self, state, branch: str = "main", step: int | None = None, message: str = "",
+             metrics: dict | None = None, meta: dict | None = None, sync: bool = True,
+             allow_pickle: bool = False) -> Version | PendingSave:
+        """Store `state` as a new version on `branch`.
+
+        sync=True writes straight from live memory and returns the Version. sync=False returns
+        a PendingSave at once: tensors are copied to staging memory by background tasks, and
+        the caller must not modify them before `PendingSave.wait_capture()` (the Checkpointer
+        hooks optimizers and modules to wait exactly where needed).
+        """
+        if self._closed:
+            raise RuntimeError(f"repository {self.url} is closed")
+        check_name(branch, "branch")
+        metrics = _json_safe(metrics or {}, "metrics")
+        meta = _json_safe(meta or {}, "meta")
+        tree, _ = capture(state)
+        skeleton, flat = flatten(tree, allow_pickle=allow_pickle, copy=False)
+        record = Version("", [], branch, step, 0.0, message, metrics, meta, env=_environment())
+        plan = schedule_save(self._sched, self.store, self._tier, flat, self._known_chunks(branch),
+                             self.options, self._staging, "window" if sync else "staging",
+                             guard=self._evict_lock)
+        self._writers.add(plan.writer)
+        commit = self._sched.submit(
+            "commit", lambda: self._finish_save(plan, skeleton, record, allow_pickle),
+            priority=Priority.COMMIT, needs={f"io:{self._tier}": 1}, deps=plan.writes,
+            after=[self._last_commit])
+        self._sched.submit("cleanup", lambda: self._forget_writer(plan.writer),
+                           priority=Priority.COMMIT, after=[commit])
+        self._last_commit = commit
+        if sync:
+            return commit.result()
+        by_ptr = {fl.data.data.__array_interface__["data"][0]: plan.captures[i]
+                  for i, fl in enumerate(flat) if fl.data is not None and i in plan.captures and fl.data.data.size}
+        return PendingSave(commit, plan.capture_tasks(), by_ptr)
+
+    def warm_staging(self, state, allow_pickle: bool = False) -> int:
+        """Allocate and fault in the staging buffers an asynchronous save of `state` will use,
+        so that the first checkpoint does not pay for fresh memory; return the bytes warmed."""
+        tree, _ = capture(state)
+        _, flat = flatten(tree, allow_pickle=allow_pickle, copy=False)
+        limit = self.options.staging_bytes
+        sizes = [n for n in staging_sizes(flat, self.options)]
+        return self._staging.warm(sizes if sum(sizes) <= limit else [])
+
+    def background(self, fn, *args, **kwargs) -> Task:
+        """Run `fn` as a low-priority task after every save already submitted; return the task."""
+        return self._sched.submit("background", lambda: fn(*args, **kwargs), priority=Priority.GC,
+                                  after=[self._last_commit])
+
+    def drain(self) -> None:
+        """Block until every background task (saves, flushes, evictions, prefetches) is done."""
+        self._sched.drain()
+
+    def stats(self) -> dict:
+        """Queue depths, bytes in flight and seconds per stage and per tier, resource use."""
+        return self._sched.stats()
+
+    def _submit_read(self, fn, nbytes: int) -> Task:
+        return self._sched.submit("restore", fn, priority=Priority.RESTORE,
+                                  needs={f"io:{self._tier}": 1}, nbytes=nbytes, tier=self._tier)
+
+    def _known_chunks(self, branch: str) -> dict[str, KnownChunk]:
+        """Chunks of the branch head packed with others, by hash (their objects are refreshed)."""
+        head = self._ref_state("heads", branch)[1]
+        known: dict[str, KnownChunk] = {}
+        if head is None:
+            return known
+        try:
+            m = self._manifest_by_id(head)
+        except (RefNotFoundError, FormatError):
+            return known
+        for leaf in m.leaves:
+            for c in leaf.chunks:
+                if c.object != c.hash:
+                    known[c.hash] = KnownChunk(c.object, c.start, c.size, c.codec)
+        for obj in {k.object for k in known.values()}:
+            try:
+                self.store.touch(object_key(obj))
+            except FileNotFoundError:
+                known = {h: k for h, k in known.items() if k.object != obj}
+        return known
+
+    def _finish_save(self, plan, skeleton, record: Version, allow_pickle: bool) -> Version:
+        stored = plan.assemble()
+        self.store.barrier(stored.written_keys)
+        record.logical_bytes = sum(leaf.nbytes for leaf in stored.leaves if leaf.alias_of is None)
+        record.stored_bytes = stored.stored_bytes
+        has_pickle = any(leaf.kind == "pickle" for leaf in stored.leaves)
+        manifest = Manifest(record, skeleton, stored.leaves, pickle=allow_pickle and has_pickle)
+        return self._commit(manifest)
+
+    def _commit(self, manifest: Manifest) -> Version:
+        record = manifest.version
+        for _ in range(1000):
+            seq = self._ref_state_in(self.store, "heads", record.branch)[0]
+            head = self._ref_state("heads", record.branch)[1]
+            record.parents = [head] if head else []
+            record.time = time.time()
+            vid = manifest.assign_id()
+            key = f"versions/{vid}.json"
+            self.store.write(key, [manifest.to_bytes()])
+            self.store.barrier([key])
+            if self._publish_ref("heads", record.branch, seq + 1, vid):
+                with self._lock:
+                    self._manifests[vid] = manifest
+                self._after_commit(vid, 0)
+                return record
+            if self.on_conflict == "error":
+                raise ConflictError(
+                    f"branch {record.branch!r} of {self.url} moved while saving; version {vid} is "
+                    f"stored but not on the branch: keep it with repo.fork({vid!r}, name) or "
+                    "repo.tag(name, ...) before gc removes it")
+            self.store.delete(key)
+        raise ConflictError(f"branch {record.branch!r}: gave up after repeated concurrent updates")
+
+
+def _json_safe(d: dict, what: str) -> dict:
+    try:
+        return json.loads(json.dumps(d, allow_nan=False, default=_to_json))
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{what} must be JSON data (finite numbers, str, lists, dicts): {e}") from None
+
+
+def _to_json(x):
+    if hasattr(x, "item"):
+        return x.item()
+    raise TypeError(f"{type(x).__name__} is not JSON data")

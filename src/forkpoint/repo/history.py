@@ -1,0 +1,90 @@
+"""Versions and lineage: manifests by id, ref resolution, logs."""
+
+
+from ..errors import FormatError, RefNotFoundError
+from ..format.manifest import Manifest, Version
+from ..format.refs import parse_ref_expr
+from ..storage import Store
+
+
+class HistoryMixin:
+    """Version lookup of a Repo (see repo.core)."""
+
+    def _manifest_by_id(self, vid: str) -> Manifest:
+        cached = self._manifests.get(vid)
+        if cached is not None:
+            return cached
+        if not isinstance(vid, str) or not vid or not all(c in "0123456789abcdef" for c in vid):
+            raise FormatError(f"invalid version id {vid!r} in {self.url}: expected hex digits")
+        key = f"versions/{vid}.json"
+        for store in self.stores:
+            try:
+                data = store.read(key)
+                break
+            except FileNotFoundError:
+                continue
+        else:
+            raise RefNotFoundError(f"version {vid} does not exist in {self.url}") from None
+        m = Manifest.from_bytes(data, f"{store.url}/{key}")
+        if m.version.id != vid:
+            raise FormatError(f"manifest {self.url}/{key} names version {m.version.id}, not {vid}")
+        with self._lock:
+            self._manifests[vid] = m
+        return m
+
+    def _version_ids(self, store: Store | None = None) -> list[str]:
+        stores = [store] if store is not None else self.stores
+        return sorted({k[len("versions/"):-len(".json")] for st in stores for k in st.list("versions")
+                       if k.endswith(".json")})
+
+    def resolve(self, ref: str) -> str:
+        """Return the version id named by a branch, tag, id (or unique prefix), with `~N` suffixes."""
+        if not isinstance(ref, str) or not ref:
+            raise RefNotFoundError(f"invalid ref {ref!r}")
+        base, ups = parse_ref_expr(ref)
+        vid = None
+        if base.replace(".", "").replace("_", "").replace("-", "").isalnum() and "/" not in base:
+            vid = self._ref_state("heads", base)[1]
+            if vid is None:
+                vid = self._ref_state("tags", base)[1]
+        if vid is None and len(base) >= 4 and all(c in "0123456789abcdef" for c in base):
+            matches = [v for v in self._version_ids() if v.startswith(base)]
+            if len(matches) > 1:
+                raise RefNotFoundError(f"ref {base!r} is ambiguous: {', '.join(sorted(matches)[:5])}")
+            vid = matches[0] if matches else None
+        if vid is None:
+            raise RefNotFoundError(
+                f"no branch, tag or version {base!r} in {self.url}; branches: "
+                f"{', '.join(self.branches()) or '(none)'}")
+        for i in range(ups):
+            parents = self._manifest_by_id(vid).version.parents
+            if not parents:
+                raise RefNotFoundError(f"{ref!r}: version {vid} has no parent ({i} generations back)")
+            vid = parents[0]
+        return vid
+
+    def version(self, ref: str = "main") -> Version:
+        """Return the Version record `ref` names."""
+        return self._manifest_by_id(self.resolve(ref)).version
+
+    def manifest(self, ref: str = "main") -> Manifest:
+        """Return the full manifest (record, skeleton, leaf table) of `ref`."""
+        return self._manifest_by_id(self.resolve(ref))
+
+    def log(self, ref: str = "main", limit: int | None = None) -> list[Version]:
+        """Return the first-parent history of `ref`, newest first (pruned records included)."""
+        out: list[Version] = []
+        vid: str | None = self.resolve(ref)
+        while vid is not None and (limit is None or len(out) < limit):
+            try:
+                v = self._manifest_by_id(vid).version
+            except RefNotFoundError:
+                break
+            out.append(v)
+            vid = v.parents[0] if v.parents else None
+        return out
+
+    def versions(self) -> list[Version]:
+        """Return every version record in the repository, oldest first."""
+        return sorted((self._manifest_by_id(v).version for v in self._version_ids()),
+                      key=lambda v: v.time)

@@ -1,0 +1,179 @@
+"""Integrity and space: verify, retention, gc, usage."""
+
+import time
+
+
+from ..engine.restore import ReadRequest, read_leaves
+from ..errors import RefNotFoundError
+from ..format.manifest import Manifest, Version
+from ..format.refs import seq_of
+from ..state.leaves import empty_leaf
+from ..storage import Store
+from .records import GcReport, VerifyReport
+
+REF_RECORDS_KEPT = 4
+
+
+class MaintenanceMixin:
+    """Upkeep of a Repo (see repo.core)."""
+
+    def verify(self, ref: str | None = None, progress=None) -> VerifyReport:
+        """Re-read and re-hash every object of `ref` (or of every version) on every tier holding it."""
+        wanted = {self.resolve(ref)} if ref is not None else None
+        report = VerifyReport()
+        seen = set()
+        for store in self.stores:
+            for vid in self._version_ids(store):
+                if wanted is not None and vid not in wanted:
+                    continue
+                key = f"versions/{vid}.json"
+                try:
+                    m = Manifest.from_bytes(store.read(key), f"{store.url}/{key}")
+                except Exception as e:  # a broken manifest is a problem to report, not to stop at
+                    report.problems.append(str(e))
+                    continue
+                if vid not in seen:
+                    seen.add(vid)
+                    report.versions += 1
+                for leaf in m.leaves:
+                    if leaf.alias_of is not None:
+                        continue
+                    _, buf = empty_leaf("bytes", "uint8", [leaf.nbytes], "cpu", leaf.path)
+                    try:
+                        read_leaves(store, [ReadRequest(leaf, buf)], vid, self._submit_read)
+                    except Exception as e:
+                        report.problems.append(str(e))
+                    report.objects += len(leaf.chunks)
+                    report.bytes += leaf.nbytes
+                    if progress is not None:
+                        progress(leaf.nbytes)
+        return report
+
+    # ----------------------------------------------------------------- retention and gc
+    def _chains(self) -> dict[str, list[Version]]:
+        return {name: self.log(name) for name in self.branches()}
+
+    def prune_plan(self, keep, branches: list[str] | None = None) -> list[str]:
+        """Return ids of versions `keep` would prune on `branches` (default: all)."""
+        chains = self._chains()
+        tagged = set(self.tags().values())
+        protected = set(tagged) | {c[0].id for c in chains.values() if c}
+        chosen = set(chains) if branches is None else set(branches)
+        candidates = []
+        for name, chain in chains.items():
+            if name not in chosen:
+                protected.update(v.id for v in chain)
+                continue
+            live = [v for v in chain if not v.pruned]
+            protected.update(keep.select(live, tagged))
+            candidates.extend(v.id for v in live)
+        return sorted({c for c in candidates if c not in protected})
+
+    def _prune(self, vid: str, store: Store | None = None) -> None:
+        """Replace the version's manifest on `store` (default: every tier holding it) by a stub."""
+        m = self._manifest_by_id(vid)
+        record = Version(**{**m.version.summary(), "pruned": True})
+        stub = Manifest(record, None, [], False)
+        key = f"versions/{vid}.json"
+        targets = [store] if store is not None else [st for st in self.stores if st.exists(key)]
+        for st in targets:
+            st.write(key, [stub.to_bytes()])
+            st.barrier([key])
+        with self._lock:
+            self._manifests.pop(vid, None)
+
+    def gc(self, keep=None, branches: list[str] | None = None, dry_run: bool = False,
+           grace: float = 600.0) -> GcReport:
+        """Prune versions by `keep`, then delete objects no version needs and stale temp files.
+
+        Objects, manifests and temp files younger than `grace` seconds are kept, so gc is safe
+        while other processes save (a save must finish within `grace`).
+        """
+        report = GcReport(dry_run=dry_run)
+        if keep is not None:
+            report.pruned_versions = self.prune_plan(keep, branches)
+        pruned = set(report.pruned_versions)
+        if not dry_run:
+            for vid in report.pruned_versions:
+                self._prune(vid)
+        now = time.time()
+        reachable = set()
+        for start in list(self.branches().values()) + list(self.tags().values()):
+            vid = start
+            while vid and vid not in reachable:
+                reachable.add(vid)
+                try:
+                    parents = self._manifest_by_id(vid).version.parents
+                except RefNotFoundError:
+                    break
+                vid = parents[0] if parents else None
+        for store in self.stores:
+            self._gc_store(store, reachable, pruned, now, grace, dry_run, report)
+        return report
+
+    def _gc_store(self, store, reachable: set, pruned: set, now: float, grace: float,
+                  dry_run: bool, report: GcReport) -> None:
+        """Sweep one tier: orphan manifests, unreferenced objects, stale temp files, old refs."""
+        live_objects = set()
+        for m in self._manifests_in(store):
+            vid = m.version.id
+            key = f"versions/{vid}.json"
+            try:
+                old = now - store.mtime(key) > grace
+            except FileNotFoundError:
+                continue
+            if vid not in reachable and old:
+                report.deleted_manifests += 1
+                if not dry_run:
+                    store.delete(key)
+                    self._manifests.pop(vid, None)
+                continue
+            if vid not in pruned:
+                live_objects.update(c.object for leaf in m.leaves for c in leaf.chunks)
+        for key in store.list("objects"):
+            if key.rsplit("/", 1)[-1] in live_objects:
+                continue
+            try:
+                if now - store.mtime(key) <= grace:
+                    continue
+                size = store.size(key)
+            except FileNotFoundError:
+                continue
+            report.deleted_objects += 1
+            report.freed_bytes += size
+            if not dry_run:
+                store.delete(key)
+        for key in store.list("tmp"):
+            try:
+                if now - store.mtime(key) > grace:
+                    report.deleted_temp += 1
+                    if not dry_run:
+                        store.delete(key)
+            except FileNotFoundError:
+                pass
+        if not dry_run:
+            self._compact_refs(store)
+
+    def _compact_refs(self, store) -> None:
+        by_ref: dict[str, list[tuple[int, str]]] = {}
+        for key in store.list("refs"):
+            seq = seq_of(key)
+            if seq is not None:
+                by_ref.setdefault(key.rsplit("/", 1)[0], []).append((seq, key))
+        for records in by_ref.values():
+            for _, key in sorted(records)[:-REF_RECORDS_KEPT]:
+                store.delete(key)
+
+    def du(self) -> dict:
+        """Return logical and stored bytes per version and per branch, and the objects' total."""
+        versions = {v.id: v for v in self.versions()}
+        branches = {}
+        for name, chain in self._chains().items():
+            branches[name] = {"versions": len(chain),
+                              "logical_bytes": sum(v.logical_bytes for v in chain if not v.pruned),
+                              "stored_bytes": sum(v.stored_bytes for v in chain if not v.pruned)}
+        total = sum(self.store.size(k) for k in self.store.list("objects"))
+        return {"versions": [{"id": v.id, "branch": v.branch, "step": v.step, "pruned": v.pruned,
+                              "logical_bytes": v.logical_bytes, "stored_bytes": v.stored_bytes}
+                             for v in versions.values()],
+                "branches": branches, "objects_bytes": total}

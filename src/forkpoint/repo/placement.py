@@ -1,0 +1,172 @@
+"""Tiers: flush versions down, evict per tier, prefetch up, report where versions live."""
+
+
+from ..engine.scheduler import Priority, Task
+from ..errors import RefNotFoundError
+from ..format.manifest import Manifest
+from ..storage import Store
+from ..tiers import farthest_next_use
+from ..tiers.movement import copy_manifest, copy_object, object_keys, sweep
+
+
+class PlacementMixin:
+    """Tier movement of a Repo (see repo.core)."""
+
+    def _after_commit(self, vid: str, k: int) -> None:
+        """A version is durable on tier k: flush it on when due, then apply tier k's retention."""
+        self._flushed[k] += 1
+        if k + 1 < len(self.stores) and self._flushed[k] % self.tier_specs[k].flush_every == 0:
+            self._schedule_flush(vid, k)
+        else:
+            self._sched.submit("evict", lambda: self._evict(k), priority=Priority.EVICT)
+
+    def _schedule_flush(self, vid: str, k: int) -> Task:
+        m = self._manifest_by_id(vid)
+        tier = f"tier{k + 1}"
+        src, dst = self.stores[k], self.stores[k + 1]
+        keys = sorted(object_keys(m))
+        with self._evict_lock:
+            self._flushing.add(vid)
+            self._flush_pins[vid] = {key.rsplit("/", 1)[-1] for key in keys}
+        copies = [self._sched.submit("flush", lambda key=key: copy_object(self.stores[k:], dst, key),
+                                     priority=Priority.FLUSH, needs={f"io:{tier}": 1}, tier=tier)
+                  for key in keys]
+
+        def finish():
+            try:
+                dst.barrier(keys)
+                with self._tier_locks[k + 1]:
+                    copy_manifest(src, dst, vid)
+                    self._stub_ancestors(vid, dst)
+                    head = self._ref_state_in(dst, "heads", m.version.branch)[1]
+                    if head is None or self._descends(vid, head):
+                        self._move_ref(dst, "heads", m.version.branch, vid)
+            finally:
+                with self._evict_lock:
+                    self._flushing.discard(vid)
+                    self._flush_pins.pop(vid, None)
+            self._evict(k)
+            self._after_commit(vid, k + 1)
+
+        return self._sched.submit("flush", finish, priority=Priority.FLUSH, deps=copies,
+                                  needs={f"io:{tier}": 1}, tier=tier)
+
+    def _stub_ancestors(self, vid: str, dst: Store) -> None:
+        """Give `dst` records (stubs) of the ancestors it lacks, so its history stays walkable."""
+        parents = self._manifest_by_id(vid).version.parents
+        while parents and parents[0] not in self._flushing and not dst.exists(f"versions/{parents[0]}.json"):
+            try:
+                parent = self._manifest_by_id(parents[0])
+            except RefNotFoundError:
+                return
+            self._prune(parent.version.id, dst)
+            parents = parent.version.parents
+
+    def _descends(self, vid: str, ancestor: str) -> bool:
+        return any(v.id == ancestor for v in self.log(vid))
+
+    def _forget_writer(self, writer) -> None:
+        with self._evict_lock:
+            self._writers.discard(writer)
+
+    def _pinned(self, digest: str) -> bool:
+        """True for objects a save or flush in flight relies on (call with the evict lock held)."""
+        return (any(w.holds(digest) for w in self._writers)
+                or any(digest in pins for pins in self._flush_pins.values()))
+
+    def _evict(self, k: int, spare: str | None = None) -> None:
+        """Apply tier k's `keep`: drop versions beyond it (only once safe on the next tier)."""
+        if self.tier_specs[k].keep is None:
+            return
+        with self._tier_locks[k]:
+            self._evict_locked(k, spare)
+
+    def _evict_locked(self, k: int, spare: str | None) -> None:
+        spec, store = self.tier_specs[k], self.stores[k]
+        last = k == len(self.stores) - 1
+        if spec.keep is None:
+            return
+        present = sorted((m.version for m in self._manifests_in(store) if not m.version.pruned),
+                         key=lambda v: v.time, reverse=True)
+        heads = {self._ref_state_in(store, "heads", b)[1] for b in {v.branch for v in present}}
+        pinned = set(heads) | set(self.tags().values()) | {spare}
+        busy = set(self._flushing)
+        excess = len(present) - spec.keep
+        victims = []
+        if self._future_order:
+            candidates = [v.id for v in present if v.id not in pinned and v.id not in busy]
+            while excess > 0 and candidates:
+                victim = farthest_next_use(candidates, self._future_order)
+                candidates.remove(victim)
+                victims.append(victim)
+                excess -= 1
+        else:
+            for v in reversed(present):
+                if excess <= 0 or v.id in busy:
+                    break
+                if v.id not in pinned:
+                    victims.append(v.id)
+                    excess -= 1
+        if not victims:
+            return
+        for vid in victims:
+            if last:
+                self._prune(vid, store)
+                continue
+            nxt = self.stores[k + 1]
+            if not nxt.exists(f"versions/{vid}.json"):
+                self._prune(vid, nxt)
+            store.delete(f"versions/{vid}.json")
+        with self._evict_lock:
+            live = set()
+            for m in self._manifests_in(store):
+                live |= object_keys(m)
+            sweep(store, live, self._pinned)
+
+    def _manifests_in(self, store: Store) -> list[Manifest]:
+        """Every manifest as stored on one tier (stubs included)."""
+        out = []
+        for vid in self._version_ids(store):
+            key = f"versions/{vid}.json"
+            try:
+                out.append(Manifest.from_bytes(store.read(key), f"{store.url}/{key}"))
+            except FileNotFoundError:
+                continue
+        return out
+
+    def where(self, ref: str) -> list[str]:
+        """Return the URLs of the tiers that hold the version's manifest, fastest first."""
+        vid = self.resolve(ref)
+        return [st.url for st in self.stores if st.exists(f"versions/{vid}.json")]
+
+    def prefetch(self, refs, order: list[str] | None = None) -> list[Task]:
+        """Copy versions to the fastest tier in the background; return their tasks.
+
+        `order`, when given, is the expected future access order (refs); tier 0 then evicts
+        the version whose next use is farthest away.
+        """
+        if order is not None:
+            self._future_order = [self.resolve(r) for r in order]
+        tasks = []
+        for ref in ([refs] if isinstance(refs, str) else refs):
+            vid = self.resolve(ref)
+            tasks.append(self._sched.submit("prefetch", lambda vid=vid: self._promote(vid),
+                                            priority=Priority.PREFETCH, needs={f"io:{self._tier}": 1},
+                                            tier=self._tier))
+        return tasks
+
+    def _promote(self, vid: str) -> None:
+        if self.store.exists(f"versions/{vid}.json"):
+            return
+        source = next((st for st in self.stores[1:] if st.exists(f"versions/{vid}.json")), None)
+        if source is None:
+            raise RefNotFoundError(f"version {vid} is on no tier of {self.url}")
+        m = self._manifest_by_id(vid)
+        if m.version.pruned:
+            return
+        keys = sorted(object_keys(m))
+        for key in keys:
+            copy_object(self.stores[1:], self.store, key)
+        self.store.barrier(keys)
+        copy_manifest(source, self.store, vid)
+        self._evict(0, spare=vid)

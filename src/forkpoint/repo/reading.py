@@ -1,0 +1,186 @@
+"""Load and in-place restore, with strict checks and tier fallback."""
+
+from ..engine.restore import ReadRequest, read_leaves
+from ..errors import (CorruptObjectError, MissingObjectError, PrunedVersionError, RefNotFoundError,
+                      StateMismatchError, UnsupportedTypeError)
+from ..format.manifest import Manifest, Version
+from ..format.paths import child_path, has_prefix, join_path
+from ..state import capture, is_module, merge, restore_objects, unflatten, walk_skeleton
+from ..state.leaves import empty_leaf, finish_leaf, is_torch_tensor, live_buffer
+from ..state.skeleton import rename as rename_skeleton
+from ..state.skeleton import select as select_skeleton
+
+
+class ReadingMixin:
+    """Reading of a Repo (see repo.core)."""
+
+    def _readable(self, ref: str) -> Manifest:
+        m = self._manifest_by_id(self.resolve(ref))
+        with self._lock:
+            if m.version.id in self._future_order:
+                self._future_order.remove(m.version.id)
+        if m.version.pruned:
+            raise PrunedVersionError(
+                f"version {m.version.id} (step {m.version.step}) of {self.url} was pruned by "
+                "retention; its record remains in the log but its data is gone")
+        return m
+
+    def _read_values(self, m: Manifest, indices: list[int], targets: dict, map_location,
+                     allow_pickle: bool, devices: dict | None = None) -> dict[int, object]:
+        """Read leaves `indices` of `m`; `targets[i]` is a live uint8 buffer to fill in place."""
+        if any(m.leaves[i].kind == "pickle" for i in indices) and not allow_pickle:
+            leaf = next(m.leaves[i] for i in indices if m.leaves[i].kind == "pickle")
+            raise _pickle_refused(leaf.path, m.version.id)
+        values, requests, fresh = {}, [], {}
+        for i in indices:
+            leaf = m.leaves[i]
+            if leaf.alias_of is not None:
+                continue
+            if i in targets:
+                requests.append(ReadRequest(leaf, targets[i][1]))
+                values[i] = targets[i][0]
+            else:
+                obj, buf = empty_leaf(leaf.kind, leaf.dtype, leaf.shape, leaf.device, leaf.path)
+                requests.append(ReadRequest(leaf, buf))
+                fresh[i] = obj
+        self._read_with_fallback(requests, m.version.id)
+        for i, obj in fresh.items():
+            loc = (devices or {}).get(i, map_location)
+            values[i] = finish_leaf(m.leaves[i].kind, obj, m.leaves[i].device, loc, allow_pickle,
+                                    m.leaves[i].path)
+        for i in indices:
+            base = m.leaves[i].alias_of
+            if base is not None:
+                if base not in values:
+                    values.update(self._read_values(m, [base], targets, map_location, allow_pickle, devices))
+                values[i] = values[base]
+        return values
+
+    def _read_with_fallback(self, requests, vid: str) -> None:
+        """Read from the fastest tier holding the version; on a missing or corrupt object, the next."""
+        holders = [st for st in self.stores if st.exists(f"versions/{vid}.json")] or [self.store]
+        for i, store in enumerate(holders):
+            try:
+                return read_leaves(store, requests, vid, self._submit_read)
+            except (MissingObjectError, CorruptObjectError):
+                if i == len(holders) - 1:
+                    raise
+
+    def load(self, ref: str = "main", paths: list[str] | None = None, map_location=None,
+             allow_pickle: bool = False):
+        """Return the state tree of `ref` (tensors on `map_location`, default CPU)."""
+        m = self._readable(ref)
+        paths = [paths] if isinstance(paths, str) else paths
+        skeleton = select_skeleton(m.tree, paths)
+        if skeleton is None:
+            raise RefNotFoundError(f"version {m.version.id} has nothing under {paths}")
+        indices = [n["i"] for _, _, n in walk_skeleton(skeleton) if n.get("t") == "leaf"]
+        values = self._read_values(m, indices, {}, map_location, allow_pickle)
+        return unflatten(skeleton, values, f"version {m.version.id}")
+
+    def restore(self, state, ref: str = "main", strict: bool = True, paths: list[str] | None = None,
+                rename: dict[str, str] | None = None, map_location=None,
+                allow_pickle: bool = False) -> Version:
+        """Restore `ref` into live objects in place; strict checks list every mismatch at once."""
+        m = self._readable(ref)
+        paths = [paths] if isinstance(paths, str) else paths
+        skeleton = select_skeleton(m.tree, paths)
+        if skeleton is None:
+            raise RefNotFoundError(f"version {m.version.id} has nothing under {paths}")
+        captured, objects = capture(state)
+        skeleton = rename_skeleton(skeleton, rename, captured)
+        stored = {p: n for p, _, n in walk_skeleton(skeleton)}
+        live = _live_leaves(captured)
+        scope = None if paths is None else [_renamed(p, rename) for p in paths]
+        self._check_restore(m, stored, live, objects, scope, strict)
+        targets, devices = {}, {}
+        for path, node in stored.items():
+            if node.get("t") != "leaf" or path not in live:
+                continue
+            leaf = m.leaves[node["i"]]
+            value = live[path]
+            buf = live_buffer(value)
+            if leaf.alias_of is None and buf is not None and buf[1] == leaf.dtype and list(buf[2]) == leaf.shape:
+                targets[node["i"]] = (value, buf[3])
+            elif is_torch_tensor(value):
+                devices[node["i"]] = value.device
+        indices = [n["i"] for n in stored.values() if n.get("t") == "leaf"]
+        values = self._read_values(m, indices, targets, map_location, allow_pickle, devices)
+        loaded = unflatten(skeleton, values, f"version {m.version.id}")
+        captured = merge(captured, loaded)
+        restore_objects(captured, objects, state, module_strict=False)
+        return m.version
+
+    def _check_restore(self, m: Manifest, stored: dict, live: dict, objects, scope, strict) -> None:
+        def in_scope(p):
+            return scope is None or any(has_prefix(p, s) for s in scope)
+
+        open_prefixes = [_keys_path(k) for k, o in objects if not is_module(o)]
+
+        def checked(p):
+            return not any(has_prefix(p, o) for o in open_prefixes)
+
+        missing = sorted(p for p in live if in_scope(p) and p not in stored and checked(p))
+        unexpected = sorted(p for p in stored if p not in live and checked(p))
+        for keys, obj in objects:
+            prefix = _keys_path(keys)
+            if not is_module(obj) and in_scope(prefix) and not any(has_prefix(p, prefix) for p in stored):
+                missing.append(prefix)
+        mismatched = []
+        for path, node in stored.items():
+            if node.get("t") != "leaf" or path not in live:
+                continue
+            leaf, value = m.leaves[node["i"]], live[path]
+            shape = getattr(value, "shape", None)
+            if shape is None or leaf.kind in ("bytes", "pickle", "numpy_scalar"):
+                continue
+            live_dtype = str(value.dtype).removeprefix("torch.")
+            if list(shape) != leaf.shape:
+                mismatched.append(f"{path}: stored shape {leaf.shape}, live {list(shape)}")
+            elif live_dtype != leaf.dtype and strict:
+                mismatched.append(f"{path}: stored dtype {leaf.dtype}, live {live_dtype}")
+        if mismatched or (strict and (missing or unexpected)):
+            lines = [f"cannot restore version {m.version.id} (step {m.version.step}) strictly:"]
+            if missing:
+                lines.append(f"  missing in the version ({len(missing)}): " + ", ".join(missing[:20]))
+            if unexpected:
+                lines.append(f"  unexpected in the version ({len(unexpected)}): " + ", ".join(unexpected[:20]))
+            if mismatched:
+                lines.append(f"  mismatched ({len(mismatched)}): " + "; ".join(mismatched[:20]))
+            lines.append("  use strict=False, paths=[...] or rename={...} for a partial restore")
+            raise StateMismatchError("\n".join(lines))
+
+
+def _pickle_refused(path: str, vid: str) -> Exception:
+    return UnsupportedTypeError(
+        f"version {vid}: leaf {path!r} was stored with pickle; loading it could run code. "
+        "Pass allow_pickle=True only if you trust this repository")
+
+
+def _keys_path(keys: tuple) -> str:
+    return join_path(*keys)
+
+
+def _renamed(path: str, rename: dict | None) -> str:
+    for old, new in (rename or {}).items():
+        if has_prefix(path, old):
+            return new + path[len(old.rstrip("/")):]
+    return path
+
+
+def _live_leaves(tree) -> dict:
+    """Return {path: value} for every non-container value of a captured live tree."""
+    out = {}
+
+    def walk(obj, path):
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(v, child_path(path, k))
+        elif isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+            for i, v in enumerate(obj):
+                walk(v, child_path(path, i))
+        else:
+            out[path] = obj
+
+    walk(tree, "")
+    return out

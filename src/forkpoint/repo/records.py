@@ -1,0 +1,99 @@
+"""Records the repository returns: diffs, divergences, reports, pending saves."""
+
+import os
+import socket
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import __version__
+from ..engine.scheduler import Task
+from ..format.manifest import Version
+
+
+@dataclass
+class LeafDiff:
+    """How one path differs between two versions."""
+
+    path: str
+    status: str
+    detail: str = ""
+    max_abs: float | None = None
+    rel_l2: float | None = None
+
+
+@dataclass
+class Divergence:
+    """The earliest step at which two branches' states differ beyond tolerance."""
+
+    step: int
+    version_a: str
+    version_b: str
+    paths: list[str]
+    max_abs: float | None
+
+
+@dataclass
+class VerifyReport:
+    """What `verify` checked and the problems it found (empty when all is well)."""
+
+    versions: int = 0
+    objects: int = 0
+    bytes: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@dataclass
+class GcReport:
+    """What `gc` removed (or would remove, on a dry run)."""
+
+    pruned_versions: list[str] = field(default_factory=list)
+    deleted_objects: int = 0
+    freed_bytes: int = 0
+    deleted_manifests: int = 0
+    deleted_temp: int = 0
+    dry_run: bool = False
+
+
+class PendingSave:
+    """A save running in the background: `done()`, `wait(timeout)` -> Version.
+
+    `captured()` tells whether every tensor has been copied out of live memory;
+    `wait_capture()` blocks until then (after which the state may be changed freely).
+    """
+
+    def __init__(self, commit: Task, captures: list[Task], by_pointer: dict[int, list[Task]]):
+        self._commit = commit
+        self._captures = captures
+        self.capture_map = by_pointer
+
+    def done(self) -> bool:
+        return self._commit.done()
+
+    def wait(self, timeout: float | None = None) -> Version:
+        return self._commit.result(timeout)
+
+    def captured(self) -> bool:
+        return all(t.done() for t in self._captures)
+
+    def wait_capture(self) -> None:
+        for t in self._captures:
+            t.result()
+
+
+def _environment() -> dict:
+    env = {"forkpoint": __version__, "python": sys.version.split()[0], "numpy": np.__version__,
+           "hostname": socket.gethostname(), "pid": os.getpid(),
+           "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        env["torch"] = torch.__version__
+        dist = getattr(torch, "distributed", None)
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            env["world_size"] = dist.get_world_size()
+    return env

@@ -1,0 +1,93 @@
+"""Branch and tag refs: write-once records, newest wins, fastest tier first."""
+
+import time
+
+
+from ..errors import ConflictError, RefNotFoundError
+from ..format.manifest import Version
+from ..format.refs import check_name, decode_record, encode_record, record_key, seq_of
+from ..storage import Store
+
+
+class RefsMixin:
+    """Refs of a Repo (see repo.core)."""
+
+    def _ref_state_in(self, store: Store, kind: str, name: str) -> tuple[int, str | None]:
+        """Return (highest seq, target) of a ref in one store; (-1, None) when it never existed."""
+        seqs = [s for s in map(seq_of, store.list(f"refs/{kind}/{name}")) if s is not None]
+        if not seqs:
+            return -1, None
+        seq = max(seqs)
+        key = record_key(kind, name, seq)
+        return seq, decode_record(store.read(key), f"{store.url}/{key}")["target"]
+
+    def _ref_state(self, kind: str, name: str) -> tuple[int, str | None]:
+        """Return the ref as the fastest tier that has records of it sees it."""
+        for store in self.stores:
+            state = self._ref_state_in(store, kind, name)
+            if state[0] >= 0:
+                return state
+        return -1, None
+
+    def _publish_ref(self, kind: str, name: str, seq: int, target: str | None,
+                     store: Store | None = None) -> bool:
+        data = encode_record(seq, target, time.time(), self.writer_id)
+        return (store or self.store).create_exclusive(record_key(kind, name, seq), data)
+
+    def _set_ref(self, kind: str, name: str, target: str | None, must_exist: bool | None) -> None:
+        current = self._ref_state(kind, name)[1]
+        if must_exist is True and current is None:
+            raise RefNotFoundError(f"no {kind[:-1]} {name!r} in {self.url}")
+        if must_exist is False and current is not None:
+            raise ValueError(f"{kind[:-1]} {name!r} already exists in {self.url} (at {current})")
+        for store in reversed(self.stores):
+            self._move_ref(store, kind, name, target)
+
+    def _move_ref(self, store: Store, kind: str, name: str, target: str | None) -> None:
+        for _ in range(100):
+            seq, _ = self._ref_state_in(store, kind, name)
+            if self._publish_ref(kind, name, seq + 1, target, store):
+                return
+        raise ConflictError(f"could not update {kind[:-1]} {name!r} in {store.url}: too many concurrent writers")
+
+    def _names(self, kind: str) -> dict[str, str]:
+        names = {key.split("/")[2] for store in self.stores
+                 for key in store.list(f"refs/{kind}") if key.count("/") == 3}
+        out = {}
+        for name in sorted(names):
+            target = self._ref_state(kind, name)[1]
+            if target is not None:
+                out[name] = target
+        return out
+
+    def branches(self) -> dict[str, str]:
+        """Return {branch name: head version id}."""
+        return self._names("heads")
+
+    def tags(self) -> dict[str, str]:
+        """Return {tag name: version id}."""
+        return self._names("tags")
+
+    def head(self, branch: str = "main") -> str | None:
+        """Return the head version id of `branch`, or None when it has no versions."""
+        return self._ref_state("heads", check_name(branch, "branch"))[1]
+
+    def fork(self, ref: str, name: str) -> Version:
+        """Create branch `name` at the version `ref` names; later saves on it descend from there."""
+        version = self.version(ref)
+        self._set_ref("heads", check_name(name, "branch"), version.id, must_exist=False)
+        return version
+
+    def tag(self, name: str, ref: str = "main", force: bool = False) -> Version:
+        """Point tag `name` at `ref` (moving an existing tag only with force=True)."""
+        version = self.version(ref)
+        self._set_ref("tags", check_name(name, "tag"), version.id, must_exist=None if force else False)
+        return version
+
+    def delete_tag(self, name: str) -> None:
+        """Remove a tag (its version stays)."""
+        self._set_ref("tags", check_name(name, "tag"), None, must_exist=True)
+
+    def delete_branch(self, name: str) -> None:
+        """Remove a branch ref (its versions stay until gc finds them unreachable)."""
+        self._set_ref("heads", check_name(name, "branch"), None, must_exist=True)
