@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import FormatError
-from ..format.codecs import codec_by_id, codec_by_name
+from ..format.codecs import POLICIES, codec_by_id, codec_by_name, codec_for
 from ..format.manifest import Chunk, Leaf
 from ..format.objects import (ALIGNED_HEADER_SIZE, OBJECT_HEADER_SIZE, content_hash, pack_header,
                               unpack_header)
@@ -70,7 +70,10 @@ class ObjectWriter:
 
     def __init__(self, store: Store, codec: str, guard=None):
         self.store = store
-        self.codec = codec_by_name(codec)
+        policy = "raw" if codec == "none" else codec
+        if policy not in POLICIES:
+            raise ValueError(f"codec must be one of {POLICIES + ('none',)}, got {codec!r}")
+        self.policy = policy
         self.lock = threading.Lock()
         self.guard = guard or threading.Lock()
         self.claimed: dict[str, threading.Event] = {}
@@ -83,7 +86,7 @@ class ObjectWriter:
         """True when this save wrote, is writing or refers to object `digest`."""
         return digest in self.claimed or digest in self.pinned
 
-    def put(self, digest: str, data: np.ndarray) -> str:
+    def put(self, digest: str, data: np.ndarray, itemsize: int = 1, floating: bool = False) -> str:
         """Ensure object `digest` holding `data` exists; return the codec name it is stored with."""
         key = object_key(digest)
         with self.lock:
@@ -102,18 +105,18 @@ class ObjectWriter:
             if present:
                 codec_name = stored_codec(self.store, key)
             else:
-                codec_name = self._write(key, data)
+                codec_name = self._write(key, data, codec_for(self.policy, itemsize, floating), itemsize)
             self.codecs[digest] = codec_name
             return codec_name
         finally:
             self.codecs.setdefault(digest, "raw")
             event.set()
 
-    def _write(self, key: str, data: np.ndarray) -> str:
+    def _write(self, key: str, data: np.ndarray, codec, itemsize: int) -> str:
         view = memoryview(data).cast("B")
-        codec, payload = self.codec, view
+        payload = view
         if codec.id != 0:
-            encoded = codec.encode(view)
+            encoded = codec.encode(view, itemsize)
             if len(encoded) < 0.95 * view.nbytes:
                 payload = encoded
             else:
@@ -254,8 +257,17 @@ def _copy_and_hash(src: np.ndarray, dst: np.ndarray) -> str:
     return hasher.hexdigest()
 
 
+def element_kind(d) -> tuple[int, bool]:
+    """(bytes per element, whether it is floating point) of a leaf's data."""
+    count = int(np.prod(d.shape)) if d.shape else 1
+    itemsize = int(d.data.nbytes) // count if count else 1
+    floating = d.kind in ("torch", "numpy") and d.dtype.startswith(("float", "bfloat", "complex"))
+    return itemsize, floating
+
+
 def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tier, staging) -> Task:
     n = int(piece.nbytes)
+    itemsize, floating = element_kind(plan.flat[index].data)
 
     def capture():
         buf = pool.get(n)
@@ -268,7 +280,7 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
     def write_staged() -> Chunk:
         buf, digest = cap.result()
         try:
-            return Chunk(*box, digest, digest, 0, n, plan.writer.put(digest, buf))
+            return Chunk(*box, digest, digest, 0, n, plan.writer.put(digest, buf, itemsize, floating))
         finally:
             pool.give(buf)
 

@@ -6,6 +6,7 @@ Each codec has a stable numeric id (written in object headers) and a name (in ma
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import zstandard
 
 from ..errors import FormatError
@@ -17,25 +18,54 @@ class Codec:
 
     id: int
     name: str
-    encode: Callable[[memoryview], bytes | memoryview]
+    encode: Callable[[memoryview, int], bytes | memoryview]
     decode: Callable[[bytes | memoryview, int], bytes | memoryview]
 
 
-def _zstd_encode(data: memoryview) -> bytes:
-    return zstandard.ZstdCompressor(level=3).compress(data)
+def _zstd_encode(data: memoryview, itemsize: int = 1) -> bytes:
+    return zstandard.ZstdCompressor(level=3, threads=-1).compress(data)
 
 
 def _zstd_decode(payload, decoded_length: int) -> bytes:
     return zstandard.ZstdDecompressor().decompress(payload, max_output_size=decoded_length)
 
 
+def _planes_encode(data: memoryview, itemsize: int = 1) -> bytes:
+    """Byte planes: all first bytes of the elements, then all second bytes, ..., each plane
+    zstd-compressed together. Payload: itemsize (u8), then one zstd frame."""
+    if itemsize <= 1 or len(data) % itemsize or itemsize > 255:
+        itemsize = 1
+        planes = data
+    else:
+        planes = np.ascontiguousarray(np.frombuffer(data, np.uint8).reshape(-1, itemsize).T)
+    return bytes([itemsize]) + zstandard.ZstdCompressor(level=1, threads=-1).compress(planes)
+
+
+def _planes_decode(payload, decoded_length: int) -> bytes:
+    view = memoryview(payload)
+    itemsize = view[0]
+    raw = zstandard.ZstdDecompressor().decompress(view[1:], max_output_size=decoded_length)
+    if itemsize <= 1:
+        return raw
+    return np.frombuffer(raw, np.uint8).reshape(itemsize, -1).T.tobytes()
+
+
 CODECS = {
     c.id: c
     for c in (
-        Codec(0, "raw", lambda b: b, lambda p, n: p),
+        Codec(0, "raw", lambda b, itemsize=1: b, lambda p, n: p),
         Codec(1, "zstd", _zstd_encode, _zstd_decode),
+        Codec(2, "planes+zstd", _planes_encode, _planes_decode),
     )
 }
+POLICIES = ("raw", "zstd", "lossless")
+
+
+def codec_for(policy: str, itemsize: int, floating: bool) -> Codec:
+    """The codec a policy picks for one chunk: 'lossless' splits floats into byte planes."""
+    if policy == "lossless":
+        return CODECS[2] if floating and itemsize > 1 else CODECS[1]
+    return codec_by_name(policy)
 
 
 def codec_by_id(codec_id: int, where: str = "") -> Codec:
