@@ -58,3 +58,23 @@ def test_codec_policy_errors_and_registry():
     assert codec_for("lossless", 4, True).name == "planes+zstd"
     assert codec_for("lossless", 8, False).name == "zstd"
     assert {c.name for c in CODECS.values()} >= {"raw", "zstd", "planes+zstd"}
+
+
+def test_du_reports_ratio_by_codec(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    url = str(tmp_path / "r")
+    repo = fp.Repo(url, create=True, codec="lossless")
+    repo.save({"w": _trained_like(torch.bfloat16, 1_000_000), "i": torch.arange(500_000) % 3})
+    repo.close()
+    out = subprocess.run([sys.executable, "-m", "forkpoint.cli.main", "du", "-r", url, "--json"],
+                         capture_output=True, text=True, check=True)
+    codecs = json.loads(out.stdout)["codecs"]
+    assert set(codecs) == {"planes+zstd", "zstd"}
+    planes = codecs["planes+zstd"]
+    assert planes["decoded_bytes"] == 2_000_000 and planes["stored_bytes"] < planes["decoded_bytes"]
+    human = subprocess.run([sys.executable, "-m", "forkpoint.cli.main", "du", "-r", url],
+                           capture_output=True, text=True, check=True).stdout
+    assert "planes+zstd" in human and "ratio" in human

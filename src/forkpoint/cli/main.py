@@ -253,6 +253,12 @@ def du(repo_url, as_json):
     for name, b in usage["branches"].items():
         table.add_row(name, str(b["versions"]), _size(b["logical_bytes"]), _size(b["stored_bytes"]))
     console.print(table)
+    table = Table("codec", "objects", "decoded", "stored", "ratio")
+    for codec, c in usage["codecs"].items():
+        ratio = c["decoded_bytes"] / c["stored_bytes"] if c["stored_bytes"] else float("inf")
+        table.add_row(codec, str(c["objects"]), _size(c["decoded_bytes"]), _size(c["stored_bytes"]),
+                      f"{ratio:.2f}x")
+    console.print(table)
     console.print(f"objects on storage: {_size(usage['objects_bytes'])}")
 
 

@@ -165,7 +165,8 @@ class MaintenanceMixin:
                 store.delete(key)
 
     def du(self) -> dict:
-        """Return logical and stored bytes per version and per branch, and the objects' total."""
+        """Logical and stored bytes per version and branch, the objects' total, and per codec
+        the decoded and stored bytes of the distinct objects in use."""
         versions = {v.id: v for v in self.versions()}
         branches = {}
         for name, chain in self._chains().items():
@@ -173,7 +174,25 @@ class MaintenanceMixin:
                               "logical_bytes": sum(v.logical_bytes for v in chain if not v.pruned),
                               "stored_bytes": sum(v.stored_bytes for v in chain if not v.pruned)}
         total = sum(self.store.size(k) for k in self.store.list("objects"))
+        objects: dict[str, tuple[str, int]] = {}
+        for vid, v in versions.items():
+            if v.pruned:
+                continue
+            for leaf in self._manifest_by_id(vid).leaves:
+                for c in leaf.chunks:
+                    size = objects.get(c.object, (c.codec, 0))[1]
+                    objects[c.object] = (c.codec, max(size, c.start + c.size))
+        codecs: dict[str, dict] = {}
+        for digest, (codec, decoded) in objects.items():
+            try:
+                stored = self.store.size(f"objects/{digest[:2]}/{digest}")
+            except FileNotFoundError:
+                continue
+            entry = codecs.setdefault(codec, {"objects": 0, "decoded_bytes": 0, "stored_bytes": 0})
+            entry["objects"] += 1
+            entry["decoded_bytes"] += decoded
+            entry["stored_bytes"] += stored
         return {"versions": [{"id": v.id, "branch": v.branch, "step": v.step, "pruned": v.pruned,
                               "logical_bytes": v.logical_bytes, "stored_bytes": v.stored_bytes}
                              for v in versions.values()],
-                "branches": branches, "objects_bytes": total}
+                "branches": branches, "objects_bytes": total, "codecs": codecs}
