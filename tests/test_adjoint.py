@@ -108,7 +108,6 @@ def _heat():
 
 
 def _store_all_reference(heat, u0, n):
-    import numpy as np
 
     us = [u0]
     for _ in range(n):

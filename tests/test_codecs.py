@@ -5,7 +5,6 @@ import pytest
 import torch
 
 import forkpoint as fp
-from forkpoint.engine import SaveOptions
 from forkpoint.format.codecs import CODECS, codec_for
 
 

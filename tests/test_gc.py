@@ -1,9 +1,7 @@
 """Retention and gc: Keep policies, protected heads and tags, dry runs, grace for live savers."""
 
-import os
 
 import numpy as np
-import pytest
 import torch
 
 import forkpoint as fp

@@ -1,7 +1,6 @@
 """Bit-identical resume: stop, restore in a fresh process, continue = uninterrupted run."""
 
 import json
-import os
 import subprocess
 import sys
 

@@ -5,10 +5,8 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import uuid
 
-import numpy as np
 import pytest
 import torch
 
@@ -132,7 +130,7 @@ def test_shm_tier_survives_a_crash(tmp_path):
     try:
         proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
         for _ in range(30):
-            line = proc.stdout.readline()
+            proc.stdout.readline()
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         repo = fp.Repo(tiers=[shm, disk])
