@@ -53,7 +53,7 @@ def test_incompressible_chunks_are_stored_raw(tmp_path):
 
 def test_codec_policy_errors_and_registry():
     with pytest.raises(ValueError, match="codec must be one of"):
-        fp.Repo("mem://bad-codec", create=True, codec="lzma").save({"x": np.ones(2_000_000)})
+        fp.Repo("mem://bad-codec", create=True, codec="lzma")
     assert codec_for("lossless", 4, True).name == "planes+zstd"
     assert codec_for("lossless", 8, False).name == "zstd"
     assert {c.name for c in CODECS.values()} >= {"raw", "zstd", "planes+zstd"}
@@ -77,3 +77,20 @@ def test_du_reports_ratio_by_codec(tmp_path):
     human = subprocess.run([sys.executable, "-m", "forkpoint.cli.main", "du", "-r", url],
                            capture_output=True, text=True, check=True).stdout
     assert "planes+zstd" in human and "ratio" in human
+
+
+def test_codec_per_path_pattern(tmp_path):
+    repo = fp.Repo(str(tmp_path / "r"), create=True, codec={"optim/*": "lossless", "*": "raw"})
+    model = torch.nn.Linear(1024, 512)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 1024)).sum().backward()
+    opt.step()
+    repo.save({"model": model, "optim": opt})
+    codecs = {leaf.path: {c.codec for c in leaf.chunks} for leaf in repo.manifest().leaves}
+    assert codecs["model/weight"] == {"raw"}
+    assert codecs["optim/state/0/exp_avg_sq"] == {"planes+zstd"}
+    out = repo.load()
+    assert torch.equal(out["optim"]["state"][0]["exp_avg_sq"], opt.state_dict()["state"][0]["exp_avg_sq"])
+    with pytest.raises(ValueError, match="for 'model/\\*'"):
+        fp.Repo(str(tmp_path / "r2"), create=True, codec={"model/*": "fast"})
+    repo.close()

@@ -5,6 +5,7 @@ small leaves are packed into shared objects. Staging memory is bounded by the sc
 budget: a state larger than it streams through.
 """
 
+import fnmatch
 import threading
 from dataclasses import dataclass, field
 
@@ -28,7 +29,7 @@ class SaveOptions:
     chunk_bytes: int = 32 << 20
     small_leaf_bytes: int = 1 << 20
     pack_bytes: int = 16 << 20
-    codec: str = "raw"
+    codec: object = "raw"
     workers: int = 4
     staging_bytes: int = 4 << 30
     window_bytes: int = 256 << 20
@@ -53,6 +54,22 @@ class StoredLeaves:
     written_keys: list[str] = field(default_factory=list)
 
 
+def codec_rules(codec) -> list[tuple[str, str]]:
+    """Normalise `codec` (a policy, or {path glob: policy} with an optional "*" default) into
+    ordered (pattern, policy) rules ending with a catch-all."""
+    items = list(codec.items()) if isinstance(codec, dict) else [("*", codec)]
+    rules = []
+    for pattern, policy in items:
+        policy = "raw" if policy == "none" else policy
+        if policy not in POLICIES:
+            raise ValueError(f"codec must be one of {POLICIES + ('none',)}, got {policy!r} for {pattern!r}")
+        rules.append((pattern, policy))
+    rules.sort(key=lambda r: r[0] == "*")
+    if rules[-1][0] != "*":
+        rules.append(("*", "raw"))
+    return rules
+
+
 _HEX = frozenset("0123456789abcdef")
 DIRECT_MIN_BYTES = 1 << 20
 COPY_BLOCK = 1 << 20
@@ -68,12 +85,10 @@ def object_key(digest: str) -> str:
 class ObjectWriter:
     """Writes objects once per save, thread-safely, and tallies what was new."""
 
-    def __init__(self, store: Store, codec: str, guard=None):
+    def __init__(self, store: Store, codec, guard=None):
         self.store = store
-        policy = "raw" if codec == "none" else codec
-        if policy not in POLICIES:
-            raise ValueError(f"codec must be one of {POLICIES + ('none',)}, got {codec!r}")
-        self.policy = policy
+        self.rules = codec_rules(codec)
+        self.policy = self.rules[-1][1]
         self.lock = threading.Lock()
         self.guard = guard or threading.Lock()
         self.claimed: dict[str, threading.Event] = {}
@@ -86,7 +101,12 @@ class ObjectWriter:
         """True when this save wrote, is writing or refers to object `digest`."""
         return digest in self.claimed or digest in self.pinned
 
-    def put(self, digest: str, data: np.ndarray, itemsize: int = 1, floating: bool = False) -> str:
+    def policy_for(self, path: str) -> str:
+        """The codec policy of the first rule whose pattern matches `path`."""
+        return next(policy for pattern, policy in self.rules if fnmatch.fnmatchcase(path, pattern))
+
+    def put(self, digest: str, data: np.ndarray, itemsize: int = 1, floating: bool = False,
+            policy: str | None = None) -> str:
         """Ensure object `digest` holding `data` exists; return the codec name it is stored with."""
         key = object_key(digest)
         with self.lock:
@@ -105,7 +125,8 @@ class ObjectWriter:
             if present:
                 codec_name = stored_codec(self.store, key)
             else:
-                codec_name = self._write(key, data, codec_for(self.policy, itemsize, floating), itemsize)
+                codec = codec_for(policy or self.policy, itemsize, floating)
+                codec_name = self._write(key, data, codec, itemsize)
             self.codecs[digest] = codec_name
             return codec_name
         finally:
@@ -268,6 +289,7 @@ def element_kind(d) -> tuple[int, bool]:
 def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tier, staging) -> Task:
     n = int(piece.nbytes)
     itemsize, floating = element_kind(plan.flat[index].data)
+    policy = plan.writer.policy_for(plan.flat[index].path)
 
     def capture():
         buf = pool.get(n)
@@ -280,7 +302,8 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
     def write_staged() -> Chunk:
         buf, digest = cap.result()
         try:
-            return Chunk(*box, digest, digest, 0, n, plan.writer.put(digest, buf, itemsize, floating))
+            codec = plan.writer.put(digest, buf, itemsize, floating, policy)
+            return Chunk(*box, digest, digest, 0, n, codec)
         finally:
             pool.give(buf)
 

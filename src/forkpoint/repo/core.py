@@ -12,7 +12,7 @@ import time
 import uuid
 
 
-from ..engine.save import KnownChunk, SaveOptions, object_key, schedule_save, staging_sizes
+from ..engine.save import KnownChunk, SaveOptions, codec_rules, object_key, schedule_save, staging_sizes
 from ..engine.scheduler import Budget, Priority, Scheduler, Task
 from ..engine.staging import StagingPool
 from ..errors import ConflictError, FormatError, RefNotFoundError, RepoNotFoundError
@@ -37,7 +37,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
     """A forkpoint repository at `url`: a local path, file://, mem://name, or an fsspec URL
     such as s3://bucket/prefix (`storage_options` go to the fsspec file system)."""
 
-    def __init__(self, url: str | Store | None = None, create: bool = False, codec: str = "raw",
+    def __init__(self, url: str | Store | None = None, create: bool = False, codec: str | dict = "raw",
                  on_conflict: str = "retry", workers: int = 4, options: SaveOptions | None = None,
                  storage_options: dict | None = None, tiers: list | None = None):
         if tiers is not None:
@@ -55,6 +55,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
             raise ValueError(f"on_conflict must be 'retry' or 'error', got {on_conflict!r}")
         self.on_conflict = on_conflict
         self.options = options or SaveOptions(codec=codec, workers=workers)
+        codec_rules(self.options.codec)
         self.writer_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._open_or_create(create)
         budget = Budget(staging_bytes=self.options.staging_bytes, window_bytes=self.options.window_bytes,
