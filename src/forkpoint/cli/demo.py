@@ -113,13 +113,17 @@ def run_demo(directory: str, steps: int, console) -> None:
             repo = Repo(repo_url)
         head = repo.head("main") if repo else None
         if head and repo.version(head).step >= steps // 2:
+            time.sleep(0.13)
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
             break
         time.sleep(0.02)
     last = max(_losses(logs["main"]))
     committed = Repo(repo_url).version("main")
-    console.print(f"   [red]SIGKILL[/red] at step {last}; newest committed version is step {committed.step}")
+    lost = (f"steps {committed.step + 1}..{last} are lost and will be recomputed" if last > committed.step
+            else "no step is lost")
+    console.print(f"   [red]SIGKILL[/red] after step {last}; newest committed version is step "
+                  f"{committed.step}, so {lost}")
 
     console.print("[bold]3. resume[/bold]: a new process restores model, optimizer, scheduler, RNG and data position")
     _child(["--repo", repo_url, "--branch", "main", "--log", logs["main"], "--every", "5", *common]).wait()
