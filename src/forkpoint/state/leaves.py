@@ -35,10 +35,12 @@ def torch_leaf(t, path: str, copy: bool) -> LeafData:
     """Describe a tensor; the bytes alias it when it is a contiguous CPU tensor and copy is False."""
     import torch
 
-    if t.is_quantized or t.is_sparse or t.layout != torch.strided:
+    quantized = t.is_quantized or str(t.dtype).startswith(("torch.qint", "torch.quint"))
+    if quantized or t.is_sparse or t.layout != torch.strided:
         raise UnsupportedTypeError(
-            f"state path {path!r} holds a {t.layout} / quantized tensor; forkpoint stores dense "
-            "strided tensors: convert it (e.g. .to_dense() / .dequantize()) first"
+            f"state path {path!r} holds a {'quantized' if quantized else 'sparse'} "
+            f"tensor ({t.dtype}, {t.layout}); forkpoint stores dense, non-quantized tensors: convert it "
+            "(e.g. .to_dense() / .dequantize()) first"
         )
     device = str(t.device)
     src = t.detach()
