@@ -26,7 +26,6 @@ import torch
 import forkpoint as fp
 
 sys.path.insert(0, os.path.dirname(__file__))
-from tiers_restore import PeakRSS, rss  # noqa: E402
 
 
 def schedules_section():

@@ -127,7 +127,7 @@ def rss_section(model, opt, nbytes, scratch, budget_mb):
         repo.save({"model": model, "optim": opt}, sync=False).wait()
     repo.close()
     extra = peak.peak - base
-    print(f"\n### Peak extra resident memory of an asynchronous save\n")
+    print("\n### Peak extra resident memory of an asynchronous save\n")
     print(f"state {nbytes / 1e9:.2f} GB, staging budget B = {budget_mb} MiB: peak extra RSS "
           f"{extra / 2**20:.0f} MiB = B + {(extra - budget) / nbytes * 100:.1f}% of the state "
           f"(target: at most B + 5%)")

@@ -11,11 +11,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import FormatError
 from ..format.codecs import POLICIES, codec_by_id, codec_by_name, codec_for
 from ..format.manifest import Chunk, Leaf
-from ..format.objects import (ALIGNED_HEADER_SIZE, OBJECT_HEADER_SIZE, content_hash, pack_header,
-                              unpack_header)
+from ..format.objects import (ALIGNED_HEADER_SIZE, OBJECT_HEADER_SIZE, content_hash, object_key,
+                              pack_header, unpack_header)
 from ..state.flatten import FlatLeaf
 from ..storage.base import Store
 from .scheduler import Priority, Scheduler, Task
@@ -70,16 +69,10 @@ def codec_rules(codec) -> list[tuple[str, str]]:
     return rules
 
 
-_HEX = frozenset("0123456789abcdef")
 DIRECT_MIN_BYTES = 1 << 20
 COPY_BLOCK = 1 << 20
 
 
-def object_key(digest: str) -> str:
-    """Return the storage key of the object named `digest` (64 hex digits, else FormatError)."""
-    if not isinstance(digest, str) or len(digest) != 64 or not _HEX.issuperset(digest):
-        raise FormatError(f"invalid object name {digest!r} in a manifest: expected 64 hex digits")
-    return f"objects/{digest[:2]}/{digest}"
 
 
 class ObjectWriter:

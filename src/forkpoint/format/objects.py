@@ -10,13 +10,21 @@ import struct
 
 import blake3
 
-from ..errors import CorruptObjectError
+from ..errors import CorruptObjectError, FormatError
 
 OBJECT_MAGIC = b"FPO1"
 OBJECT_HEADER_SIZE = 16
 ALIGNED_HEADER_SIZE = 4096
 _HEADER = struct.Struct("<4sBxHQ")
 HASH_THREADS_MIN_BYTES = 4 << 20
+_HEX = frozenset("0123456789abcdef")
+
+
+def object_key(digest: str) -> str:
+    """Return the storage key of the object named `digest` (64 hex digits, else FormatError)."""
+    if not isinstance(digest, str) or len(digest) != 64 or not _HEX.issuperset(digest):
+        raise FormatError(f"invalid object name {digest!r} in a manifest: expected 64 hex digits")
+    return f"objects/{digest[:2]}/{digest}"
 
 
 def content_hash(data) -> str:

@@ -154,9 +154,8 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         so that the first checkpoint does not pay for fresh memory; return the bytes warmed."""
         tree, _ = capture(state)
         _, flat = flatten(tree, allow_pickle=allow_pickle, copy=False)
-        limit = self.options.staging_bytes
-        sizes = [n for n in staging_sizes(flat, self.options)]
-        return self._staging.warm(sizes if sum(sizes) <= limit else [])
+        sizes = staging_sizes(flat, self.options)
+        return self._staging.warm(sizes if sum(sizes) <= self.options.staging_bytes else [])
 
     def background(self, fn, *args, **kwargs) -> Task:
         """Run `fn` as a low-priority task after every save already submitted; return the task."""

@@ -6,6 +6,7 @@ import time
 from ..engine.restore import ReadRequest, read_leaves
 from ..errors import RefNotFoundError
 from ..format.manifest import Manifest, Version
+from ..format.objects import object_key
 from ..format.refs import seq_of
 from ..state.leaves import empty_leaf
 from ..storage import Store
@@ -185,7 +186,7 @@ class MaintenanceMixin:
         codecs: dict[str, dict] = {}
         for digest, (codec, decoded) in objects.items():
             try:
-                stored = self.store.size(f"objects/{digest[:2]}/{digest}")
+                stored = self.store.size(object_key(digest))
             except FileNotFoundError:
                 continue
             entry = codecs.setdefault(codec, {"objects": 0, "decoded_bytes": 0, "stored_bytes": 0})

@@ -46,13 +46,12 @@ class CaptureGuard:
                 tasks = [t for ts in self._by_ptr.values() for t in ts]
             else:
                 tasks = [t for x in tensors for t in self._by_ptr.get(_pointer(x), ())]
-        if any(not t.done() for t in tasks):
-            start = time.perf_counter()
-            for t in tasks:
-                t.result()
-            self.waited += time.perf_counter() - start
+        blocked = any(not t.done() for t in tasks)
+        start = time.perf_counter()
         for t in tasks:
             t.result()
+        if blocked:
+            self.waited += time.perf_counter() - start
         self.pending()
 
     def install(self, objects) -> None:

@@ -6,12 +6,13 @@ when the destination already has the name; durability comes before the manifest.
 
 from typing import Callable
 
+from ..format.objects import object_key
 from ..storage import Store
 
 
 def object_keys(manifest) -> set[str]:
     """Return the storage keys of every object a manifest refers to."""
-    return {f"objects/{c.object[:2]}/{c.object}" for leaf in manifest.leaves for c in leaf.chunks}
+    return {object_key(c.object) for leaf in manifest.leaves for c in leaf.chunks}
 
 
 def copy_object(sources: list[Store], dst: Store, key: str) -> int:
