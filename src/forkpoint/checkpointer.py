@@ -66,7 +66,8 @@ class Checkpointer:
     """Saves `state` to `repo` on `branch` when the policy says so and restores it on resume.
 
     In a torch.distributed run every rank holds a Checkpointer; stop requests are agreed
-    across ranks at each step, and rank 0 writes the (replicated) state. With `warm`, an
+    across ranks at each step. With an fp.dist.Repo every rank saves its shards and rank 0
+    commits; with a plain Repo rank 0 writes the (replicated) state. With `warm`, an
     asynchronous Checkpointer faults in its staging memory at construction, so the first
     checkpoint does not pay for fresh pages.
     """
@@ -160,18 +161,20 @@ class Checkpointer:
     # ----------------------------------------------------------------- saving
     def save(self, step: int | None = None, metrics: dict | None = None, message: str = "",
              sync: bool | None = None, meta: dict | None = None):
-        """Save now; returns the Version (sync) or a PendingSave (None on ranks other than 0)."""
+        """Save now; returns the Version (sync) or a PendingSave (None on ranks other than 0
+        unless the repository is an fp.dist.Repo)."""
         self._reap()
         self._observe_stall()
         sync = self.sync if sync is None else sync
         dist, rank, _ = _world()
         start = time.perf_counter()
         result = None
-        if rank == 0:
+        collective = getattr(self.repo, "collective", False)
+        if rank == 0 or collective:
             result = self.repo.save(self.state, branch=self.branch, step=step, message=message,
                                     metrics=metrics, sync=sync, allow_pickle=self.allow_pickle,
                                     meta={**self.restart_meta, **(meta or {})})
-        if dist is not None and sync:
+        if dist is not None and sync and not collective:
             dist.barrier()
         elapsed = time.perf_counter() - start
         self._last_save = time.monotonic()
@@ -221,6 +224,8 @@ class Checkpointer:
         if self._retention is not None and self._retention.done():
             self._retention.result()
             self._retention = None
+        if getattr(self.repo, "collective", False) and _world()[1] != 0:
+            return
         if self.keep is not None and self._retention is None:
             self._retention = self.repo.background(self.repo.gc, keep=self.keep,
                                                    branches=[self.branch], grace=self.gc_grace)

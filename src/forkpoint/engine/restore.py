@@ -1,44 +1,74 @@
 """Restore pipeline: read chunks into target buffers, verifying every byte against its hash.
 
-Raw standalone chunks are read straight into the target's memory with one positioned read;
-packed or encoded objects are read whole once, decoded and sliced.
+A target is a whole leaf or a box of it (a shard). A raw standalone chunk that lands whole
+and contiguously in the target is read straight into the target's memory; a chunk that
+overlaps the target only in part is read as the 1 MiB blocks covering the rows it needs,
+each checked against the object's block table; packed or encoded objects are read whole
+once, decoded, verified and sliced.
 """
 
 from dataclasses import dataclass
 from typing import Callable
 
+import blake3
 import numpy as np
 
 from ..errors import CorruptObjectError, MissingObjectError
 from ..format.codecs import codec_by_id
 from ..format.manifest import Chunk, Leaf
-from ..format.objects import OBJECT_HEADER_SIZE, content_hash, unpack_header
+from ..format.objects import (ALIGNED_HEADER_SIZE, BLOCK_BYTES, DIGEST_BYTES, OBJECT_HEADER_SIZE,
+                              block_table, content_hash, unpack_header)
 from ..storage.base import Store
 from .save import object_key
 
 
 @dataclass
 class ReadRequest:
-    """Fill `target` (a uint8 array of leaf.nbytes) with the bytes of `leaf`."""
+    """Fill `target` (a uint8 array) with the bytes of `leaf` inside `box` ((offsets, lengths)
+    in the leaf's global shape; None for the whole leaf)."""
 
     leaf: Leaf
     target: np.ndarray
+    box: tuple | None = None
 
 
-def _box_view(target: np.ndarray, leaf: Leaf, chunk: Chunk):
-    """Return (contiguous byte slice or None, strided uint8 view of the chunk's box)."""
-    shape = leaf.shape
-    if not shape:
-        return target, target
-    count = int(np.prod(shape))
-    item = leaf.nbytes // count if count else 0
-    if list(chunk.lengths[1:]) == list(shape[1:]):
-        row = leaf.nbytes // shape[0] if shape[0] else 0
-        lo = chunk.offsets[0] * row
-        return target[lo:lo + chunk.lengths[0] * row], None
-    full = target.reshape(*shape, item)
-    index = tuple(slice(o, o + n) for o, n in zip(chunk.offsets, chunk.lengths))
-    return None, full[index]
+@dataclass
+class Region:
+    """Where a chunk meets a target: the rows of the chunk it needs and the two strided views."""
+
+    rows: tuple[int, int]
+    source_index: tuple
+    target_view: np.ndarray
+    whole_flat: np.ndarray | None
+
+
+def _itemsize(leaf: Leaf) -> int:
+    count = int(np.prod(leaf.shape)) if leaf.shape else 1
+    return leaf.nbytes // count if count else 0
+
+
+def _region(req: ReadRequest, chunk: Chunk) -> Region | None:
+    """The part of `chunk` inside the request's box, or None when they do not meet."""
+    leaf = req.leaf
+    if not leaf.shape:
+        return Region((0, 1), (), req.target, req.target)
+    offsets, lengths = req.box if req.box is not None else ([0] * len(leaf.shape), leaf.shape)
+    lo = [max(c, t) for c, t in zip(chunk.offsets, offsets)]
+    hi = [min(c + n, t + m) for c, n, t, m in zip(chunk.offsets, chunk.lengths, offsets, lengths)]
+    if any(a >= b for a, b in zip(lo, hi)):
+        return None
+    item = _itemsize(leaf)
+    full = req.target.reshape(*lengths, item)
+    target_view = full[tuple(slice(a - t, b - t) for a, b, t in zip(lo, hi, offsets))]
+    source_index = tuple(slice(a - c, b - c) for a, b, c in zip(lo[1:], hi[1:], chunk.offsets[1:]))
+    whole = lo == list(chunk.offsets) and hi == [c + n for c, n in zip(chunk.offsets, chunk.lengths)]
+    contiguous = whole and list(chunk.lengths[1:]) == list(lengths[1:])
+    flat = None
+    if contiguous:
+        row = int(np.prod(lengths[1:], dtype=np.int64)) * item
+        start = (lo[0] - offsets[0]) * row
+        flat = req.target[start:start + chunk.lengths[0] * row]
+    return Region((lo[0] - chunk.offsets[0], hi[0] - chunk.offsets[0]), source_index, target_view, flat)
 
 
 class _Reader:
@@ -79,14 +109,64 @@ class _Reader:
         if content_hash(dest) != chunk.hash:
             raise CorruptObjectError(f"{self.where(leaf, key)} does not match its hash: corrupted")
 
-    def copy_from_object(self, leaf: Leaf, chunk: Chunk, dest, data=None) -> None:
-        """Copy a chunk out of a whole (possibly packed or encoded) object into `dest`."""
+    def chunk_bytes(self, leaf: Leaf, chunk: Chunk, data=None) -> np.ndarray:
+        """The verified decoded bytes of a chunk, out of its (possibly packed or encoded) object."""
         data = self.read_object(chunk.object, leaf) if data is None else data
         piece = np.frombuffer(data, dtype=np.uint8, count=chunk.size, offset=chunk.start)
         if content_hash(piece) != chunk.hash:
             raise CorruptObjectError(
                 f"{self.where(leaf, object_key(chunk.object))}: chunk {chunk.hash} does not match its hash")
-        dest[...] = piece.reshape(dest.shape)
+        return piece
+
+    def copy_from_object(self, leaf: Leaf, chunk: Chunk, dest, data=None) -> None:
+        """Copy a whole chunk out of its object into `dest`."""
+        dest[...] = self.chunk_bytes(leaf, chunk, data).reshape(dest.shape)
+
+    def read_rows(self, leaf: Leaf, chunk: Chunk, lo: int, hi: int) -> np.ndarray:
+        """Bytes [lo, hi) of a chunk, reading only the blocks that cover them when the object
+        is raw and carries a block table; every block read is verified."""
+        key = object_key(chunk.object)
+        if chunk.object != chunk.hash or chunk.start != 0 or chunk.codec != "raw":
+            return self.chunk_bytes(leaf, chunk)[lo:hi]
+        header = np.empty(ALIGNED_HEADER_SIZE, dtype=np.uint8)
+        try:
+            got = self.store.read_into(key, 0, memoryview(header))
+            codec_id, length, header_size = unpack_header(header[:got].tobytes(), self.where(leaf, key))
+            if header_size > got:
+                header = np.empty(header_size, dtype=np.uint8)
+                got = self.store.read_into(key, 0, memoryview(header))
+            table = block_table(header[:got].tobytes(), length, chunk.hash) if codec_id == 0 else None
+            if table is None or length != chunk.size:
+                return self.chunk_bytes(leaf, chunk)[lo:hi]
+            first, last = lo // BLOCK_BYTES, -(-hi // BLOCK_BYTES)
+            start, end = first * BLOCK_BYTES, min(last * BLOCK_BYTES, length)
+            buf = np.empty(end - start, dtype=np.uint8)
+            got = self.store.read_into(key, header_size + start, memoryview(buf))
+        except FileNotFoundError:
+            raise MissingObjectError(f"{self.where(leaf, key)} is missing") from None
+        if got != buf.nbytes:
+            raise CorruptObjectError(f"{self.where(leaf, key)} is truncated")
+        for b in range(first, last):
+            block = buf[(b - first) * BLOCK_BYTES:(b - first + 1) * BLOCK_BYTES]
+            if blake3.blake3(memoryview(block)).digest() != table[b * DIGEST_BYTES:(b + 1) * DIGEST_BYTES]:
+                raise CorruptObjectError(
+                    f"{self.where(leaf, key)}: block {b} does not match its hash: corrupted")
+        return buf[lo - start:hi - start]
+
+    def fill_region(self, leaf: Leaf, chunk: Chunk, region: Region, data=None) -> None:
+        """Copy the part of `chunk` that `region` needs into the target."""
+        item = _itemsize(leaf)
+        if not leaf.shape:
+            region.target_view[...] = self.chunk_bytes(leaf, chunk, data).reshape(region.target_view.shape)
+            return
+        row = int(np.prod(chunk.lengths[1:], dtype=np.int64)) * item
+        r0, r1 = region.rows
+        if data is None:
+            rows = self.read_rows(leaf, chunk, r0 * row, r1 * row)
+        else:
+            rows = self.chunk_bytes(leaf, chunk, data)[r0 * row:r1 * row]
+        source = rows.reshape(r1 - r0, *chunk.lengths[1:], item)[(slice(None),) + region.source_index]
+        region.target_view[...] = source
 
 
 def read_leaves(store: Store, requests: list[ReadRequest], version_id: str,
@@ -99,18 +179,21 @@ def read_leaves(store: Store, requests: list[ReadRequest], version_id: str,
     direct, shared = [], {}
     for req in requests:
         for chunk in req.leaf.chunks:
-            flat, box = _box_view(req.target, req.leaf, chunk)
+            region = _region(req, chunk)
+            if region is None:
+                continue
             standalone = chunk.object == chunk.hash and chunk.start == 0 and chunk.codec == "raw"
-            if standalone and flat is not None:
-                direct.append(submit(_bind(reader.read_direct, req.leaf, chunk, flat), chunk.size))
+            if standalone and region.whole_flat is not None:
+                direct.append(submit(_bind(reader.read_direct, req.leaf, chunk, region.whole_flat), chunk.size))
+            elif standalone:
+                direct.append(submit(_bind(reader.fill_region, req.leaf, chunk, region), chunk.size))
             else:
-                dest = flat if flat is not None else box
-                shared.setdefault(chunk.object, []).append((req.leaf, chunk, dest))
+                shared.setdefault(chunk.object, []).append((req.leaf, chunk, region))
 
     def fill_from(obj: str, items):
         data = reader.read_object(obj, items[0][0])
-        for leaf, chunk, dest in items:
-            reader.copy_from_object(leaf, chunk, dest, data)
+        for leaf, chunk, region in items:
+            reader.fill_region(leaf, chunk, region, data)
 
     futures = direct + [submit(_bind(fill_from, obj, items), sum(c.size for _, c, _ in items))
                         for obj, items in shared.items()]

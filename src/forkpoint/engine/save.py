@@ -13,8 +13,8 @@ import numpy as np
 
 from ..format.codecs import POLICIES, codec_by_id, codec_by_name, codec_for
 from ..format.manifest import Chunk, Leaf
-from ..format.objects import (ALIGNED_HEADER_SIZE, OBJECT_HEADER_SIZE, content_hash, object_key,
-                              pack_header, unpack_header)
+from ..format.objects import (BLOCK_BYTES, DIGEST_BYTES, OBJECT_HEADER_SIZE, block_digests, block_root, content_hash, object_key,
+                              pack_header, table_header_size, unpack_header)
 from ..state.flatten import FlatLeaf
 from ..storage.base import Store
 from .scheduler import Priority, Scheduler, Task
@@ -70,7 +70,6 @@ def codec_rules(codec) -> list[tuple[str, str]]:
 
 
 DIRECT_MIN_BYTES = 1 << 20
-COPY_BLOCK = 1 << 20
 
 
 
@@ -99,8 +98,9 @@ class ObjectWriter:
         return next(policy for pattern, policy in self.rules if fnmatch.fnmatchcase(path, pattern))
 
     def put(self, digest: str, data: np.ndarray, itemsize: int = 1, floating: bool = False,
-            policy: str | None = None) -> str:
-        """Ensure object `digest` holding `data` exists; return the codec name it is stored with."""
+            policy: str | None = None, table: bytes | None = None) -> str:
+        """Ensure object `digest` holding `data` exists; return the codec name it is stored with.
+        `table` is the data's block digest table when the caller has it already."""
         key = object_key(digest)
         with self.lock:
             event = self.claimed.get(digest)
@@ -119,14 +119,14 @@ class ObjectWriter:
                 codec_name = stored_codec(self.store, key)
             else:
                 codec = codec_for(policy or self.policy, itemsize, floating)
-                codec_name = self._write(key, data, codec, itemsize)
+                codec_name = self._write(key, data, codec, itemsize, table)
             self.codecs[digest] = codec_name
             return codec_name
         finally:
             self.codecs.setdefault(digest, "raw")
             event.set()
 
-    def _write(self, key: str, data: np.ndarray, codec, itemsize: int) -> str:
+    def _write(self, key: str, data: np.ndarray, codec, itemsize: int, table: bytes | None) -> str:
         view = memoryview(data).cast("B")
         payload = view
         if codec.id != 0:
@@ -135,8 +135,13 @@ class ObjectWriter:
                 payload = encoded
             else:
                 codec = codec_by_name("raw")
-        header_size = ALIGNED_HEADER_SIZE if payload is view and view.nbytes >= DIRECT_MIN_BYTES else OBJECT_HEADER_SIZE
-        self.store.write(key, [pack_header(codec.id, view.nbytes, header_size), payload])
+        header_size, table = OBJECT_HEADER_SIZE, b""
+        if payload is view and view.nbytes >= DIRECT_MIN_BYTES:
+            header_size = table_header_size(view.nbytes)
+            blocks = -(-view.nbytes // BLOCK_BYTES)
+            if blocks > 1 and OBJECT_HEADER_SIZE + blocks * DIGEST_BYTES <= header_size:
+                table = table or block_digests(view)
+        self.store.write(key, [pack_header(codec.id, view.nbytes, header_size, table), payload])
         with self.lock:
             self.stored_bytes += header_size + memoryview(payload).nbytes
             self.written.append(key)
@@ -192,14 +197,15 @@ class ScheduledSave:
                                    src.device, alias_of=fl.alias_of))
                 continue
             d = fl.data
-            chunks = [t.result() for t in self.large[i]] if i in self.large else [small[i]]
-            leaves.append(Leaf(fl.path, d.kind, d.dtype, list(d.shape), int(d.data.nbytes), chunks, d.device))
+            chunks = [t.result() for t in self.large[i]] if i in self.large else (
+                [small[i]] if i in small else [])
+            leaves.append(Leaf(fl.path, d.kind, d.dtype, list(d.shape), d.nbytes, chunks, d.device))
         return StoredLeaves(leaves, self.writer.stored_bytes, list(self.writer.written))
 
 
 def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf],
                   known: dict[str, KnownChunk], opts: SaveOptions, pool: StagingPool,
-                  staging: str = "staging", guard=None) -> ScheduledSave:
+                  staging: str = "staging", guard=None, select=None) -> ScheduledSave:
     """Queue the capture and write tasks of one save.
 
     Each chunk is copied (captured) into a page-aligned staging buffer, then hashed and
@@ -210,7 +216,7 @@ def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf
     plan = ScheduledSave(flat, ObjectWriter(store, opts.codec, guard))
     plan.writer.pinned.update(k.object for k in known.values())
     io = {f"io:{tier}": 1}
-    for kind, item in layout(flat, opts):
+    for kind, item in layout(flat, opts, select):
         if kind == "pack":
             group, total = item
             _schedule_pack(sched, plan, group, total, known, pool, io, tier, staging)
@@ -221,37 +227,46 @@ def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf
     return plan
 
 
-def layout(flat: list[FlatLeaf], opts: SaveOptions):
+def layout(flat: list[FlatLeaf], opts: SaveOptions, select=None):
     """Yield ("pack", (members, total bytes)) and ("chunks", (leaf index, [(piece, box)])) in
-    the order a save stores them; members are (leaf index, bytes, box)."""
+    the order a save stores them; members are (leaf index, bytes, box). Boxes are in the
+    leaf's global shape; `select(index, box)` keeps only the pieces this process stores."""
     group: list[tuple[int, np.ndarray, list]] = []
     group_bytes = 0
+    keep = select or (lambda i, box: True)
     for i, fl in enumerate(flat):
         if fl.data is None:
             continue
         d = fl.data
         nbytes = int(d.data.nbytes)
+        if d.box is not None and nbytes == 0:
+            continue
+        shape, offsets = d.local_shape, d.offsets
         if nbytes < opts.small_leaf_bytes:
-            group.append((i, d.data, [[0] * len(d.shape), list(d.shape)]))
-            group_bytes += nbytes
+            box = [offsets, list(shape)]
+            if keep(i, box):
+                group.append((i, d.data, box))
+                group_bytes += nbytes
             if group_bytes >= opts.pack_bytes:
                 yield "pack", (group, group_bytes)
                 group, group_bytes = [], 0
             continue
-        row = nbytes // d.shape[0]
+        row = nbytes // shape[0]
         pieces = []
-        for first, count in row_split(d.shape, nbytes, opts.chunk_bytes):
-            box = ([first] + [0] * (len(d.shape) - 1), [count] + list(d.shape[1:]))
-            pieces.append((d.data[first * row:(first + count) * row], box))
-        yield "chunks", (i, pieces)
+        for first, count in row_split(shape, nbytes, opts.chunk_bytes):
+            box = ([offsets[0] + first] + offsets[1:], [count] + list(shape[1:]))
+            if keep(i, box):
+                pieces.append((d.data[first * row:(first + count) * row], box))
+        if pieces:
+            yield "chunks", (i, pieces)
     if group:
         yield "pack", (group, group_bytes)
 
 
-def staging_sizes(flat: list[FlatLeaf], opts: SaveOptions) -> list[int]:
+def staging_sizes(flat: list[FlatLeaf], opts: SaveOptions, select=None) -> list[int]:
     """Sizes of the staging buffers a save of `flat` takes (to warm a pool ahead of time)."""
     sizes = []
-    for kind, item in layout(flat, opts):
+    for kind, item in layout(flat, opts, select):
         if kind == "pack":
             sizes.append(item[1])
         else:
@@ -259,21 +274,26 @@ def staging_sizes(flat: list[FlatLeaf], opts: SaveOptions) -> list[int]:
     return sizes
 
 
-def _copy_and_hash(src: np.ndarray, dst: np.ndarray) -> str:
-    """Copy `src` into `dst` block by block, hashing each block while it is in cache."""
+def _copy_and_hash(src: np.ndarray, dst: np.ndarray) -> tuple[str, bytes]:
+    """Copy `src` into `dst` block by block, hashing each block while it is in cache; return
+    (content hash, block digest table)."""
     import blake3
 
-    hasher = blake3.blake3()
-    for lo in range(0, src.nbytes, COPY_BLOCK):
-        hi = min(src.nbytes, lo + COPY_BLOCK)
+    if src.nbytes <= BLOCK_BYTES:
+        np.copyto(dst[:src.nbytes], src)
+        return content_hash(dst[:src.nbytes]), b""
+    digests = []
+    for lo in range(0, src.nbytes, BLOCK_BYTES):
+        hi = min(src.nbytes, lo + BLOCK_BYTES)
         np.copyto(dst[lo:hi], src[lo:hi])
-        hasher.update(memoryview(dst[lo:hi]))
-    return hasher.hexdigest()
+        digests.append(blake3.blake3(memoryview(dst[lo:hi])).digest())
+    table = b"".join(digests)
+    return block_root(table, src.nbytes), table
 
 
 def element_kind(d) -> tuple[int, bool]:
     """(bytes per element, whether it is floating point) of a leaf's data."""
-    count = int(np.prod(d.shape)) if d.shape else 1
+    count = int(np.prod(d.local_shape)) if d.local_shape else 1
     itemsize = int(d.data.nbytes) // count if count else 1
     floating = d.kind in ("torch", "numpy") and d.dtype.startswith(("float", "bfloat", "complex"))
     return itemsize, floating
@@ -286,16 +306,16 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
 
     def capture():
         buf = pool.get(n)
-        return buf, _copy_and_hash(piece, buf)
+        return (buf, *_copy_and_hash(piece, buf))
 
     cap = sched.submit("capture", capture, priority=Priority.CAPTURE,
                        needs={staging: n, "cpu": 1}, frees={"cpu": 1}, nbytes=n)
     plan.captures.setdefault(index, []).append(cap)
 
     def write_staged() -> Chunk:
-        buf, digest = cap.result()
+        buf, digest, table = cap.result()
         try:
-            codec = plan.writer.put(digest, buf, itemsize, floating, policy)
+            codec = plan.writer.put(digest, buf[:n], itemsize, floating, policy, table)
             return Chunk(*box, digest, digest, 0, n, codec)
         finally:
             pool.give(buf)

@@ -1,12 +1,13 @@
 """Object files: a header, then the codec's payload.
 
 Header (little-endian): magic b"FPO1", codec id (u8), one zero byte, header size (u16: the
-payload's offset, 16 or a multiple of 4096 so that large payloads can use direct I/O; the
-bytes between 16 and it are zero), decoded length (u64). An object is named by the blake3
-hex digest of its decoded bytes.
+payload's offset, 16 or a multiple of 4096 so that large payloads can use direct I/O),
+decoded length (u64). Bytes 16..H hold the block digest table of a raw payload longer than
+one block (else zeros). An object is named by the content hash of its decoded bytes.
 """
 
 import struct
+from concurrent.futures import ThreadPoolExecutor
 
 import blake3
 
@@ -17,7 +18,12 @@ OBJECT_HEADER_SIZE = 16
 ALIGNED_HEADER_SIZE = 4096
 _HEADER = struct.Struct("<4sBxHQ")
 HASH_THREADS_MIN_BYTES = 4 << 20
+BLOCK_BYTES = 1 << 20
+MAX_HEADER_SIZE = 15 * ALIGNED_HEADER_SIZE
+DIGEST_BYTES = 32
+_ROOT_PREFIX = b"FPB1"
 _HEX = frozenset("0123456789abcdef")
+_hash_pool: ThreadPoolExecutor | None = None
 
 
 def object_key(digest: str) -> str:
@@ -28,16 +34,59 @@ def object_key(digest: str) -> str:
 
 
 def content_hash(data) -> str:
-    """Return the blake3 hex digest of a bytes-like object (multithreaded when large)."""
+    """Return the content hash of a bytes-like object: blake3 of the bytes up to one block,
+    else `block_root` of the blake3 digests of its 1 MiB blocks (so any block range verifies)."""
     view = memoryview(data).cast("B")
-    threads = blake3.blake3.AUTO if view.nbytes >= HASH_THREADS_MIN_BYTES else 1
-    return blake3.blake3(view, max_threads=threads).hexdigest()
+    if view.nbytes <= BLOCK_BYTES:
+        return blake3.blake3(view).hexdigest()
+    return block_root(block_digests(view), view.nbytes)
 
 
-def pack_header(codec_id: int, decoded_length: int, header_size: int = OBJECT_HEADER_SIZE) -> bytes:
-    """Return the `header_size` bytes that precede an object's payload."""
-    head = _HEADER.pack(OBJECT_MAGIC, codec_id, header_size, decoded_length)
-    return head + bytes(header_size - OBJECT_HEADER_SIZE)
+def block_digests(view: memoryview, first_block: int = 0) -> bytes:
+    """Concatenated 32-byte blake3 digests of the 1 MiB blocks of `view` (two threads when large)."""
+    view = memoryview(view).cast("B")
+    starts = range(0, view.nbytes, BLOCK_BYTES)
+
+    def run(part: range) -> bytes:
+        return b"".join(blake3.blake3(view[lo:lo + BLOCK_BYTES]).digest() for lo in part)
+
+    if view.nbytes < HASH_THREADS_MIN_BYTES:
+        return run(starts)
+    global _hash_pool
+    if _hash_pool is None:
+        _hash_pool = ThreadPoolExecutor(2, thread_name_prefix="forkpoint-hash")
+    half = (len(starts) + 1) // 2
+    return b"".join(_hash_pool.map(run, [starts[:half], starts[half:]]))
+
+
+def block_root(digests: bytes, length: int) -> str:
+    """The content hash of `length` bytes (more than one block) whose block digests are `digests`."""
+    return blake3.blake3(_ROOT_PREFIX + struct.pack("<Q", length) + digests).hexdigest()
+
+
+def block_table(header: bytes, length: int, digest: str) -> bytes | None:
+    """The block digest table held in an object's header if it checks against `digest`, else None."""
+    count = -(-length // BLOCK_BYTES)
+    table = header[OBJECT_HEADER_SIZE:OBJECT_HEADER_SIZE + count * DIGEST_BYTES]
+    if count < 2 or len(table) != count * DIGEST_BYTES or block_root(table, length) != digest:
+        return None
+    return table
+
+
+def table_header_size(length: int) -> int:
+    """The aligned header size that holds the block table of a raw `length`-byte payload."""
+    count = -(-length // BLOCK_BYTES) if length > BLOCK_BYTES else 0
+    size = -(-(OBJECT_HEADER_SIZE + count * DIGEST_BYTES) // ALIGNED_HEADER_SIZE) * ALIGNED_HEADER_SIZE
+    return size if size <= MAX_HEADER_SIZE else ALIGNED_HEADER_SIZE
+
+
+def pack_header(codec_id: int, decoded_length: int, header_size: int = OBJECT_HEADER_SIZE,
+                table: bytes = b"") -> bytes:
+    """Return the `header_size` bytes that precede an object's payload (with its block table)."""
+    if OBJECT_HEADER_SIZE + len(table) > header_size or header_size > 0xFFFF:
+        raise ValueError(f"a {len(table)}-byte block table does not fit a {header_size}-byte header")
+    head = _HEADER.pack(OBJECT_MAGIC, codec_id, header_size, decoded_length) + table
+    return head + bytes(header_size - len(head))
 
 
 def unpack_header(header: bytes, where: str) -> tuple[int, int, int]:

@@ -15,7 +15,7 @@ import uuid
 from ..engine.save import KnownChunk, SaveOptions, codec_rules, object_key, schedule_save, staging_sizes
 from ..engine.scheduler import Budget, Priority, Scheduler, Task
 from ..engine.staging import StagingPool
-from ..errors import ConflictError, FormatError, RefNotFoundError, RepoNotFoundError
+from ..errors import ConflictError, FormatError, RefNotFoundError, RepoNotFoundError, UnsupportedTypeError
 from ..format.manifest import FORMAT_VERSION, Manifest, Version, check_format
 from ..format.refs import check_name
 from ..state import capture, flatten
@@ -131,6 +131,11 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         meta = _json_safe(meta or {}, "meta")
         tree, _ = capture(state)
         skeleton, flat = flatten(tree, allow_pickle=allow_pickle, copy=False)
+        sharded = next((fl.path for fl in flat if fl.data is not None and fl.data.box is not None), None)
+        if sharded is not None:
+            raise UnsupportedTypeError(
+                f"state path {sharded!r} is a sharded DTensor: this process holds only part of it; "
+                "save sharded state from every rank with fp.dist.Repo")
         record = Version("", [], branch, step, 0.0, message, metrics, meta, env=_environment())
         plan = schedule_save(self._sched, self.store, self._tier, flat, self._known_chunks(branch),
                              self.options, self._staging, "window" if sync else "staging",

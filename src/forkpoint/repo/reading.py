@@ -37,7 +37,7 @@ class ReadingMixin:
             if leaf.alias_of is not None:
                 continue
             if i in targets:
-                requests.append(ReadRequest(leaf, targets[i][1]))
+                requests.append(ReadRequest(leaf, targets[i][1], targets[i][2]))
                 values[i] = targets[i][0]
             else:
                 obj, buf = empty_leaf(leaf.kind, leaf.dtype, leaf.shape, leaf.device, leaf.path)
@@ -74,6 +74,7 @@ class ReadingMixin:
         skeleton = select_skeleton(m.tree, paths)
         if skeleton is None:
             raise RefNotFoundError(f"version {m.version.id} has nothing under {paths}")
+        skeleton = self._resolve_ranks(skeleton, m, [], [])
         indices = [n["i"] for _, _, n in walk_skeleton(skeleton) if n.get("t") == "leaf"]
         values = self._read_values(m, indices, {}, map_location, allow_pickle)
         return unflatten(skeleton, values, f"version {m.version.id}")
@@ -89,8 +90,12 @@ class ReadingMixin:
             raise RefNotFoundError(f"version {m.version.id} has nothing under {paths}")
         captured, objects = capture(state)
         skeleton = rename_skeleton(skeleton, rename, captured)
+        resized: list = []
+        skeleton = self._resolve_ranks(skeleton, m, objects, resized)
+        skipped = [_keys_path(k) for k, o in objects if o in resized and getattr(o, "on_resize", "") == "skip"]
+        objects = [(k, o) for k, o in objects if _keys_path(k) not in skipped]
         stored = {p: n for p, _, n in walk_skeleton(skeleton)}
-        live = _live_leaves(captured)
+        live = {p: v for p, v in _live_leaves(captured).items() if not any(has_prefix(p, s) for s in skipped)}
         scope = None if paths is None else [_renamed(p, rename) for p in paths]
         self._check_restore(m, stored, live, objects, scope, strict)
         targets, devices = {}, {}
@@ -101,7 +106,7 @@ class ReadingMixin:
             value = live[path]
             buf = live_buffer(value)
             if leaf.alias_of is None and buf is not None and buf[1] == leaf.dtype and list(buf[2]) == leaf.shape:
-                targets[node["i"]] = (value, buf[3])
+                targets[node["i"]] = (value, buf[3], buf[4])
             elif is_torch_tensor(value):
                 devices[node["i"]] = value.device
         indices = [n["i"] for n in stored.values() if n.get("t") == "leaf"]
@@ -109,7 +114,45 @@ class ReadingMixin:
         loaded = unflatten(skeleton, values, f"version {m.version.id}")
         captured = merge(captured, loaded)
         restore_objects(captured, objects, state, module_strict=False)
+        rank, world = self._rank_world()
+        for obj in resized:
+            if callable(getattr(obj, "on_world_change", None)):
+                obj.on_world_change(rank, world)
         return m.version
+
+    def _rank_world(self) -> tuple[int, int]:
+        """(rank, world size) of this process for rank-local state; one process by default."""
+        return 0, 1
+
+    def _resolve_ranks(self, node: dict, m: Manifest, objects, resized: list, path: str = ""):
+        """Replace each "ranks" node by this rank's subtree. When the version was saved by a
+        different number of ranks, the live object decides (see fp.RankLocal); with no live
+        object (a load) the node stays a list of every saved rank's subtree."""
+        t = node.get("t")
+        if t in ("dict", "odict"):
+            pairs = [(k, self._resolve_ranks(v, m, objects, resized, child_path(path, k)))
+                     for k, v in zip(node["k"], node["v"])]
+            pairs = [(k, v) for k, v in pairs if v is not None]
+            return {"t": t, "k": [k for k, _ in pairs], "v": [v for _, v in pairs]}
+        if t in ("list", "tuple"):
+            return {"t": t, "v": [self._resolve_ranks(v, m, objects, resized, child_path(path, i))
+                                  for i, v in enumerate(node["v"])]}
+        if t != "ranks":
+            return node
+        rank, world = self._rank_world()
+        if len(node["v"]) == world:
+            return node["v"][rank]
+        obj = next((o for k, o in objects if _keys_path(k) == path), None)
+        if obj is None:
+            return node
+        rule = "first" if callable(getattr(obj, "on_world_change", None)) else getattr(obj, "on_resize", "error")
+        if rule == "error":
+            raise StateMismatchError(
+                f"version {m.version.id} was saved by {len(node['v'])} ranks and is restored on {world}: "
+                f"rank-local state {path!r} has no rule for that; wrap it as fp.RankLocal(obj, "
+                "on_resize='first'|'skip') or give it on_world_change(rank, world)")
+        resized.append(obj)
+        return node["v"][0] if rule == "first" else {"t": "dict", "k": [], "v": []}
 
     def _check_restore(self, m: Manifest, stored: dict, live: dict, objects, scope, strict) -> None:
         def in_scope(p):

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import FormatError, UnsupportedTypeError
 from ..format.paths import child_path
-from .leaves import LeafData, is_torch_tensor, numpy_leaf, torch_leaf
+from .leaves import LeafData, dtensor_layout, is_torch_tensor, numpy_leaf, torch_leaf
 
 INLINE_BYTES_MAX = 4096
 
@@ -30,11 +30,23 @@ class FlatLeaf:
     alias_of: int | None = None
 
 
+@dataclass(frozen=True)
+class RankSlot:
+    """Stands for a subtree whose value differs per rank; it becomes a "ranks" node that
+    lists every rank's subtree (filled in by the coordinator of a distributed save)."""
+
+    index: int
+
+
 def _float_node(x: float) -> dict:
     return {"t": "float", "v": float(x).hex()}
 
 
 def _tensor_identity(t):
+    layout = dtensor_layout(t)
+    if layout is not None:
+        inner = _tensor_identity(layout[0]) if layout[0].numel() else None
+        return None if inner is None else ("dtensor", tuple(layout[1])) + inner
     if t.layout != sys.modules["torch"].strided or t.is_quantized:
         return None
     return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()),
@@ -68,6 +80,8 @@ def flatten(tree, allow_pickle: bool = False, copy: bool = False) -> tuple[dict,
             return {"t": "complex", "v": [obj.real.hex(), obj.imag.hex()]}
         if isinstance(obj, str):
             return {"t": "str", "v": obj}
+        if isinstance(obj, RankSlot):
+            return {"t": "ranks", "slot": obj.index}
         if is_torch_tensor(obj):
             ident = _tensor_identity(obj) if obj.numel() else None
             return add_leaf(path, keys, lambda: torch_leaf(obj, path, copy), ident)
@@ -125,7 +139,7 @@ def unflatten(node, values: list, where: str = "manifest"):
     if t in ("dict", "odict"):
         cls = OrderedDict if t == "odict" else dict
         return cls((k, unflatten(v, values, where)) for k, v in zip(node["k"], node["v"]))
-    if t == "list":
+    if t in ("list", "ranks"):
         return [unflatten(v, values, where) for v in node["v"]]
     if t == "tuple":
         return tuple(unflatten(v, values, where) for v in node["v"])
@@ -156,7 +170,7 @@ def walk_skeleton(node, path: str = "", keys: tuple = ()):
     if t in ("dict", "odict"):
         for k, v in zip(node["k"], node["v"]):
             yield from walk_skeleton(v, child_path(path, k), keys + (k,))
-    elif t in ("list", "tuple"):
+    elif t in ("list", "tuple", "ranks"):
         for i, v in enumerate(node["v"]):
             yield from walk_skeleton(v, child_path(path, i), keys + (i,))
     else:

@@ -22,18 +22,71 @@ def is_torch_tensor(obj) -> bool:
 
 @dataclass
 class LeafData:
-    """A leaf ready to store: format kind, dtype name, shape, device and its bytes (uint8 array)."""
+    """A leaf ready to store: format kind, dtype name, global shape, device and the bytes this
+    process holds (uint8 array): the whole leaf, or the shard at `box` ((offsets, lengths))."""
 
     kind: str
     dtype: str
     shape: tuple
     device: str
     data: np.ndarray
+    box: tuple | None = None
+    owner: bool = True
+    itemsize: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the whole (global) leaf."""
+        if self.box is None:
+            return int(self.data.nbytes)
+        return self.itemsize * int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def local_shape(self) -> tuple:
+        """Shape of the bytes held here (the box's lengths for a shard)."""
+        return tuple(self.box[1]) if self.box is not None else tuple(self.shape)
+
+    @property
+    def offsets(self) -> list[int]:
+        """Where the held bytes start in the global shape."""
+        return list(self.box[0]) if self.box is not None else [0] * len(self.shape)
+
+
+def dtensor_layout(t):
+    """(local tensor, global shape, box or None, owner) of a DTensor; None for other tensors.
+
+    `box` is None when the local tensor is the whole (replicated) tensor; `owner` is False
+    when another rank of a replicated mesh dimension holds the same shard."""
+    cls = type(t)
+    if cls.__name__ != "DTensor" or not cls.__module__.startswith("torch.distributed"):
+        return None
+    placements = t.placements
+    if any(p.is_partial() for p in placements):
+        raise UnsupportedTypeError(
+            f"a DTensor with a Partial placement ({placements}) holds unreduced values; "
+            "redistribute it to Shard or Replicate before saving")
+    local = t.to_local()
+    [chunk] = t.__create_chunk_list__()
+    offsets, lengths = [int(x) for x in chunk.offsets], [int(x) for x in chunk.sizes]
+    shape = tuple(int(x) for x in t.shape)
+    coordinate = t.device_mesh.get_coordinate() or []
+    sharded = any(p.is_shard() for p in placements)
+    owner = not sharded or all(c == 0 for c, p in zip(coordinate, placements) if p.is_replicate())
+    box = None if lengths == list(shape) else (offsets, lengths)
+    return local, shape, box, owner
 
 
 def torch_leaf(t, path: str, copy: bool) -> LeafData:
-    """Describe a tensor; the bytes alias it when it is a contiguous CPU tensor and copy is False."""
+    """Describe a tensor; the bytes alias it when it is a contiguous CPU tensor and copy is False.
+    A DTensor is described by its global shape and the box of its local shard."""
     import torch
+
+    layout = dtensor_layout(t)
+    if layout is not None:
+        local, shape, box, owner = layout
+        leaf = torch_leaf(local, path, copy)
+        leaf.shape, leaf.box, leaf.owner, leaf.itemsize = shape, box, owner, local.element_size()
+        return leaf
 
     quantized = t.is_quantized or str(t.dtype).startswith(("torch.qint", "torch.quint"))
     if quantized or t.is_sparse or t.layout != torch.strided:
@@ -124,17 +177,23 @@ def finish_leaf(kind: str, obj, device: str, map_location, allow_pickle: bool, p
 
 
 def live_buffer(obj):
-    """Return (kind, dtype, shape, uint8 view) of a live CPU leaf writable in place, else None."""
+    """Return (kind, dtype, global shape, uint8 view, box) of a live CPU leaf writable in place
+    (box: where a DTensor's local shard sits, None for a whole tensor), else None."""
     if is_torch_tensor(obj):
         import torch
 
+        layout = dtensor_layout(obj)
+        if layout is not None:
+            local, shape, box, _ = layout
+            inner = live_buffer(local)
+            return None if inner is None else (inner[0], inner[1], shape, inner[3], box)
         if (obj.device.type != "cpu" or not obj.is_contiguous() or obj.is_conj() or obj.is_neg()
                 or obj.layout != torch.strided or obj.is_quantized):
             return None
         t = obj.detach()
         flat = t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
-        return "torch", str(obj.dtype).removeprefix("torch."), tuple(obj.shape), flat.numpy()
+        return "torch", str(obj.dtype).removeprefix("torch."), tuple(obj.shape), flat.numpy(), None
     if isinstance(obj, np.ndarray) and obj.flags.c_contiguous and obj.flags.writeable:
         if obj.dtype.kind in NUMPY_KINDS and obj.dtype.byteorder != ">":
-            return "numpy", obj.dtype.name, tuple(obj.shape), obj.reshape(-1).view(np.uint8)
+            return "numpy", obj.dtype.name, tuple(obj.shape), obj.reshape(-1).view(np.uint8), None
     return None

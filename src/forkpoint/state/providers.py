@@ -1,7 +1,8 @@
 """State providers: objects that capture and restore state not held in tensors.
 
 `RNGState` covers Python, numpy and torch (CPU and CUDA) generators; `ResumableSampler`
-yields dataset indices and resumes at the exact next sample.
+yields dataset indices and resumes at the exact next sample; `RankLocal` marks state that
+differs per rank.
 """
 
 import random
@@ -11,7 +12,26 @@ import numpy as np
 
 
 class RNGState:
-    """Captures and restores the global random generators of Python, numpy and torch."""
+    """Captures and restores the global random generators of Python, numpy and torch.
+
+    It is rank-local: in a distributed save each rank's generators are kept. Restored on a
+    different number of ranks, each rank takes rank 0's saved state and then reseeds every
+    generator from it and its new rank (`on_world_change`), so ranks draw distinct,
+    reproducible streams."""
+
+    rank_local = True
+
+    def on_world_change(self, rank: int, world: int) -> None:
+        """Reseed all generators from the restored state and `rank` (after a change of world size)."""
+        import blake3
+
+        seed_src = np.random.get_state(legacy=True)[1].tobytes() + f"/{rank}/{world}".encode()
+        seed = int.from_bytes(blake3.blake3(seed_src).digest()[:8], "little") & ((1 << 63) - 1)
+        random.seed(seed)
+        np.random.seed(seed % (1 << 32))
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            torch.manual_seed(seed)
 
     def state_dict(self) -> dict:
         version, internal, gauss = random.getstate()
@@ -42,6 +62,30 @@ class RNGState:
             if "cuda" in sd and torch.cuda.is_available():
                 states = sd["cuda"][: torch.cuda.device_count()]
                 torch.cuda.set_rng_state_all([s.cpu() for s in states])
+
+
+class RankLocal:
+    """Marks a stateful object (or plain state) whose value differs per rank: a distributed
+    save keeps every rank's value. When the number of ranks changed, `on_resize` says what
+    each rank restores: "error" (refuse), "first" (rank 0's value) or "skip" (leave it)."""
+
+    rank_local = True
+
+    def __init__(self, obj, on_resize: str = "error"):
+        if on_resize not in ("error", "first", "skip"):
+            raise ValueError(f"on_resize must be 'error', 'first' or 'skip', got {on_resize!r}")
+        self.obj, self.on_resize = obj, on_resize
+
+    def state_dict(self):
+        sd = getattr(self.obj, "state_dict", None)
+        return sd() if callable(sd) else self.obj
+
+    def load_state_dict(self, sd) -> None:
+        load = getattr(self.obj, "load_state_dict", None)
+        if callable(load):
+            load(sd)
+        else:
+            self.obj = sd
 
 
 class ResumableSampler:

@@ -25,7 +25,7 @@ def select(node: dict, prefixes, path: str = "") -> dict | None:
                 keys.append(k)
                 vals.append(sub)
         return {"t": t, "k": keys, "v": vals} if keys else None
-    if t in ("list", "tuple"):
+    if t in ("list", "tuple", "ranks"):
         items = {i: select(v, prefixes, child_path(path, i)) for i, v in enumerate(node["v"])}
         keys = [i for i, v in items.items() if v is not None]
         return {"t": "dict", "k": keys, "v": [items[i] for i in keys]} if keys else None

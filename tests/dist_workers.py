@@ -1,0 +1,143 @@
+"""Worker functions for the multi-process tests (spawned by torch.multiprocessing)."""
+
+import json
+import os
+import signal
+import traceback
+
+import torch
+import torch.distributed as dist
+
+import forkpoint as fp
+
+
+def init(rank: int, world: int, port: int) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+
+
+def build_fsdp(seed: int = 0):
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Embedding(4096, 256), torch.nn.Linear(256, 13), torch.nn.Linear(13, 5))
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def build_ddp(seed: int = 1):
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(seed)
+    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(7, 600), torch.nn.Linear(600, 600)))
+    return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+
+def train(model, opt, kind: str, steps: int, rank: int) -> None:
+    for step in range(steps):
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        if kind == "fsdp":
+            loss = model(torch.randint(0, 4096, (8,), generator=g)).pow(2).mean()
+        else:
+            loss = model(torch.randn(4, 7, generator=g)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def full(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def full_state(train_state) -> dict:
+    """Every tensor of a TrainState as a full (unsharded) tensor, keyed by a flat path."""
+    out = {}
+
+    def walk(obj, path):
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(v, f"{path}/{k}")
+        elif isinstance(obj, torch.Tensor):
+            out[path] = full(obj).detach().clone()
+
+    walk(train_state.state_dict(), "")
+    return out
+
+
+def main(rank, name, world, port, out, *args):
+    """Spawned entry: run `_<name>`(rank, world, out, *args) in a process group; write its
+    result or traceback to out/rank<r>.json."""
+    try:
+        init(rank, world, port)
+        record = {"ok": True, "result": globals()["_" + name](rank, world, out, *args)}
+    except BaseException as e:
+        record = {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(record, f)
+    os._exit(0)
+
+
+def _save(rank, world, out, url, steps):
+    fsdp, fopt = build_fsdp()
+    ddp, dopt = build_ddp()
+    train(fsdp, fopt, "fsdp", steps, rank)
+    train(ddp, dopt, "ddp", steps, rank)
+    repo = fp.dist.Repo(url, create=True, timeout=60)
+    sampler = fp.dist.DistributedResumableSampler(100, seed=3)
+    it = iter(sampler)
+    for _ in range(5):
+        next(it)
+    fsdp_state = fp.dist.TrainState(fsdp, fopt)
+    state = {"fsdp": fsdp_state, "ddp": {"model": ddp, "optim": dopt}, "rng": fp.RNGState(),
+             "data": sampler, "note": fp.RankLocal({"rank": torch.tensor([rank])}, on_resize="first")}
+    version = repo.save(state, step=steps, message=f"saved by {world} ranks")
+    reference = full_state(fsdp_state)
+    reference.update({f"ddp{k}": v.clone() for k, v in ddp.module.state_dict().items()})
+    if rank == 0:
+        torch.save(reference, os.path.join(out, "reference.pt"))
+    torch.manual_seed(123)
+    return {"version": version.id, "stats": repo.stats().get("stages", {}).get("write", {})}
+
+
+def _restore(rank, world, out, url, reference_path):
+    fsdp, fopt = build_fsdp(seed=99)
+    ddp, dopt = build_ddp(seed=98)
+    repo = fp.dist.Repo(url)
+    sampler = fp.dist.DistributedResumableSampler(100, seed=3)
+    fsdp_state = fp.dist.TrainState(fsdp, fopt)
+    note = fp.RankLocal({"rank": torch.tensor([-1])}, on_resize="first")
+    state = {"fsdp": fsdp_state, "ddp": {"model": ddp, "optim": dopt}, "rng": fp.RNGState(),
+             "data": sampler, "note": note}
+    version = repo.restore(state, "main")
+    reference = torch.load(reference_path)
+    got = full_state(fsdp_state)
+    got.update({f"ddp{k}": v for k, v in ddp.module.state_dict().items()})
+    bad = sorted(k for k in reference if k not in got or not torch.equal(reference[k], got[k]))
+    missing = sorted(set(reference) ^ set(got))
+    return {"version": version.id, "bad": bad, "missing": missing, "consumed": sampler.consumed,
+            "next": list(iter(sampler))[:3], "note": int(note.obj["rank"][0]),
+            "rand": float(torch.rand(1)), "momentum": "momentum_buffer" in str(dopt.state_dict())}
+
+
+def _killed_save(rank, world, out, url, victim):
+    repo = fp.dist.Repo(url, create=True, timeout=5)
+    model, opt = build_fsdp()
+    if rank == victim:
+        write = repo.store.write
+        calls = []
+
+        def write_then_die(key, parts):
+            calls.append(key)
+            if len(calls) == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return write(key, parts)
+
+        repo.store.write = write_then_die
+    try:
+        repo.save({"train": fp.dist.TrainState(model, opt)}, step=1)
+    except fp.dist.DistSaveError as e:
+        return {"raised": str(e), "heads": repo.branches()}
+    return {"raised": None}
+
+
