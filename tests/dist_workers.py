@@ -86,38 +86,44 @@ def _save(rank, world, out, url, steps):
     repo = fp.dist.Repo(url, create=True, timeout=60)
     sampler = fp.dist.DistributedResumableSampler(100, seed=3)
     it = iter(sampler)
-    for _ in range(5):
-        next(it)
+    taken = [next(it) for _ in range(5)]
     fsdp_state = fp.dist.TrainState(fsdp, fopt)
     state = {"fsdp": fsdp_state, "ddp": {"model": ddp, "optim": dopt}, "rng": fp.RNGState(),
              "data": sampler, "note": fp.RankLocal({"rank": torch.tensor([rank])}, on_resize="first")}
+    torch.manual_seed(1000 + rank)
     version = repo.save(state, step=steps, message=f"saved by {world} ranks")
+    next_rand = float(torch.rand(1))
     reference = full_state(fsdp_state)
     reference.update({f"ddp{k}": v.clone() for k, v in ddp.module.state_dict().items()})
     if rank == 0:
         torch.save(reference, os.path.join(out, "reference.pt"))
-    torch.manual_seed(123)
-    return {"version": version.id, "stats": repo.stats().get("stages", {}).get("write", {})}
+    return {"version": version.id, "taken": taken, "next_rand": next_rand,
+            "written": repo.stats().get("stages", {}).get("write", {}).get("bytes_done", 0)}
 
 
-def _restore(rank, world, out, url, reference_path):
-    fsdp, fopt = build_fsdp(seed=99)
-    ddp, dopt = build_ddp(seed=98)
-    repo = fp.dist.Repo(url)
-    sampler = fp.dist.DistributedResumableSampler(100, seed=3)
-    fsdp_state = fp.dist.TrainState(fsdp, fopt)
-    note = fp.RankLocal({"rank": torch.tensor([-1])}, on_resize="first")
-    state = {"fsdp": fsdp_state, "ddp": {"model": ddp, "optim": dopt}, "rng": fp.RNGState(),
-             "data": sampler, "note": note}
-    version = repo.restore(state, "main")
-    reference = torch.load(reference_path)
-    got = full_state(fsdp_state)
-    got.update({f"ddp{k}": v for k, v in ddp.module.state_dict().items()})
-    bad = sorted(k for k in reference if k not in got or not torch.equal(reference[k], got[k]))
-    missing = sorted(set(reference) ^ set(got))
-    return {"version": version.id, "bad": bad, "missing": missing, "consumed": sampler.consumed,
-            "next": list(iter(sampler))[:3], "note": int(note.obj["rank"][0]),
-            "rand": float(torch.rand(1)), "momentum": "momentum_buffer" in str(dopt.state_dict())}
+def _restore(rank, world, out, cases):
+    """Restore each (repository, reference file) into freshly initialised models; compare."""
+    results = []
+    for url, reference_path in cases:
+        fsdp, fopt = build_fsdp(seed=99)
+        ddp, dopt = build_ddp(seed=98)
+        repo = fp.dist.Repo(url)
+        sampler = fp.dist.DistributedResumableSampler(100, seed=3)
+        fsdp_state = fp.dist.TrainState(fsdp, fopt)
+        note = fp.RankLocal({"rank": torch.tensor([-1])}, on_resize="first")
+        state = {"fsdp": fsdp_state, "ddp": {"model": ddp, "optim": dopt}, "rng": fp.RNGState(),
+                 "data": sampler, "note": note}
+        version = repo.restore(state, "main")
+        reference = torch.load(reference_path)
+        got = full_state(fsdp_state)
+        got.update({f"ddp{k}": v for k, v in ddp.module.state_dict().items()})
+        momentum = [k for k, v in dopt.state.items() if "momentum_buffer" in v]
+        bad = sorted(k for k in reference if k in got and not torch.equal(reference[k], got[k]))
+        results.append({"version": version.id, "bad": bad, "keys": sorted(got), "ref_keys": sorted(reference),
+                        "consumed": sampler.consumed, "rest": list(iter(sampler)), "note": int(note.obj["rank"][0]),
+                        "rand": float(torch.rand(1)), "momentum": len(momentum)})
+        repo.close()
+    return results
 
 
 def _killed_save(rank, world, out, url, victim):

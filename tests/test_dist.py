@@ -1,0 +1,125 @@
+"""Distributed checkpoints in real multi-process gloo groups: FSDP2 and DDP saved with N ranks
+and restored with M, a rank killed mid-save, the launch environment."""
+
+import json
+import os
+import socket
+import time
+
+import multiprocessing as mp
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import forkpoint as fp  # noqa: E402
+
+import dist_workers  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(name: str, world: int, out, *args, timeout: float = 180.0) -> list[dict]:
+    """Run dist_workers._<name> on `world` spawned ranks; return each rank's record (None for a
+    rank that died without writing one)."""
+    out = str(out)
+    os.makedirs(out, exist_ok=True)
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=dist_workers.main, args=(r, name, world, port, out, *args)) for r in range(world)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    records = []
+    for r in range(world):
+        path = os.path.join(out, f"rank{r}.json")
+        records.append(json.load(open(path)) if os.path.exists(path) else None)
+    for rec in records:
+        if rec is not None and not rec["ok"]:
+            raise AssertionError(rec["trace"])
+    return records
+
+
+def test_fsdp2_and_ddp_save_on_n_ranks_restore_on_m(tmp_path):
+    cases, saved = [], {}
+    for n in (1, 2, 3, 4):
+        out = tmp_path / f"save{n}"
+        records = launch("save", n, out, str(tmp_path / f"repo{n}"), 2)
+        versions = {rec["result"]["version"] for rec in records}
+        assert len(versions) == 1, "every rank must get the same committed version"
+        written = [rec["result"]["written"] for rec in records]
+        assert all(w > 0 for w in written), f"every rank writes its share, got {written}"
+        taken = [i for rec in records for i in rec["result"]["taken"]]
+        saved[n] = (versions.pop(), taken, [rec["result"]["next_rand"] for rec in records])
+        cases.append((str(tmp_path / f"repo{n}"), str(out / "reference.pt")))
+        version = fp.Repo(str(tmp_path / f"repo{n}")).version("main")
+        assert version.env["world_size"] == n
+    for m in (1, 2, 3, 4):
+        records = launch("restore", m, tmp_path / f"restore{m}", cases)
+        for n, case in zip((1, 2, 3, 4), range(4)):
+            results = [rec["result"][case] for rec in records]
+            for r, res in enumerate(results):
+                assert res["version"] == saved[n][0]
+                assert res["bad"] == [], f"{n}->{m} ranks, rank {r}: differs at {res['bad']}"
+                assert res["keys"] == res["ref_keys"]
+                assert res["momentum"] == 4, "the DDP optimizer's momentum buffers were restored"
+                assert res["consumed"] == 5 * n
+                assert res["note"] == (r if n == m else 0), "own value on N ranks, rank 0's when N != M"
+            rest = [i for res in results for i in res["rest"]]
+            assert sorted(saved[n][1] + rest) == list(range(100)), "no sample repeated or skipped"
+            if n == m:
+                assert [res["rand"] for res in results] == saved[n][2], "each rank's RNG resumes exactly"
+            elif m > 1:
+                assert len({res["rand"] for res in results}) == m, "reseeded RNG streams differ per rank"
+
+
+def test_rank_killed_mid_save_leaves_no_version_and_others_fail_fast(tmp_path):
+    url = str(tmp_path / "repo")
+    start = time.monotonic()
+    records = launch("killed_save", 3, tmp_path / "kill", url, 2, timeout=120)
+    assert records[2] is None, "the victim was killed"
+    for rec in records[:2]:
+        assert rec["result"]["raised"], "surviving ranks get a DistSaveError"
+        assert "rank(s) [2]" in rec["result"]["raised"] or "rank 0" in rec["result"]["raised"]
+        assert not rec["result"]["heads"]
+    assert time.monotonic() - start < 90
+    assert not fp.Repo(url).branches()
+    records = launch("save", 2, tmp_path / "after", url, 1)
+    assert len({rec["result"]["version"] for rec in records}) == 1
+    repo = fp.Repo(url)
+    assert [v.step for v in repo.log("main")] == [1]
+    assert repo.verify().ok
+
+
+def test_launch_environment():
+    d = fp.dist.detect({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1"})
+    assert (d.rank, d.world, d.local_rank, d.launcher) == (3, 8, 1, "torchrun")
+    d = fp.dist.detect({"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1"})
+    assert (d.rank, d.world, d.local_rank, d.launcher) == (5, 16, 1, "slurm")
+    assert fp.dist.detect({}).world == 1
+    from forkpoint.dist.launch import first_host, master_address
+
+    assert first_host("gpu[003-005,9],cpu1") == "gpu003"
+    assert first_host("node7") == "node7"
+    host, port = master_address({"SLURM_JOB_NODELIST": "n[12-13]", "SLURM_JOB_ID": "4242", "PATH": ""})
+    assert host == "n12" and port == 24242
+
+
+def test_sampler_positions_are_global():
+    s = fp.dist.DistributedResumableSampler(10, shuffle=False, rank=1, world=3)
+    assert list(s) == [1, 4, 7]
+    s = fp.dist.DistributedResumableSampler(10, shuffle=False, rank=0, world=2)
+    s.load_state_dict({"epoch": 0, "consumed": 6, "seed": 0, "length": 10, "shuffle": False})
+    assert len(s) == 2 and list(s) == [6, 8] and s.epoch == 1
+
+
