@@ -147,3 +147,45 @@ def _killed_save(rank, world, out, url, victim):
     return {"raised": None}
 
 
+
+
+def _dcp_save(rank, world, out, url):
+    """FSDP2 state saved by the real dcp.save through forkpoint's Writer."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    import forkpoint.dcp
+
+    model, opt = build_fsdp()
+    train(model, opt, "fsdp", 2, rank)
+    repo = fp.dist.Repo(url, create=True)
+    msd, osd = get_state_dict(model, opt)
+    writer = forkpoint.dcp.Writer(repo, branch="dcp", step=2)
+    dcp.save({"model": msd, "optim": osd}, storage_writer=writer)
+    reference = full_state(fp.dist.TrainState(model, opt))
+    if rank == 0:
+        torch.save(reference, os.path.join(out, "reference.pt"))
+    native = repo.save({"train": fp.dist.TrainState(model, opt)}, branch="native", step=2)
+    return {"version": writer.version.id if writer.version else None, "native": native.id}
+
+
+def _dcp_load(rank, world, out, url, reference_path):
+    """dcp.load through forkpoint's Reader, of the DCP-written and the native version."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    import forkpoint.dcp
+
+    repo = fp.dist.Repo(url)
+    reference = torch.load(reference_path)
+    results = {}
+    for ref, prefix in (("dcp", ""), ("native", "train.")):
+        model, opt = build_fsdp(seed=7)
+        msd, osd = get_state_dict(model, opt)
+        sd = {"model": msd, "optim": osd}
+        dcp.load({prefix + "model": msd, prefix + "optim": osd} if prefix else sd,
+                 storage_reader=forkpoint.dcp.Reader(repo, ref))
+        set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=osd)
+        got = full_state(fp.dist.TrainState(model, opt))
+        results[ref] = sorted(k for k in reference if not torch.equal(reference[k], got[k]))
+    return results

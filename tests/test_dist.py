@@ -101,6 +101,18 @@ def test_rank_killed_mid_save_leaves_no_version_and_others_fail_fast(tmp_path):
     assert repo.verify().ok
 
 
+def test_real_dcp_save_and_load_through_forkpoint_on_different_rank_counts(tmp_path):
+    url = str(tmp_path / "repo")
+    records = launch("dcp_save", 2, tmp_path / "save", url)
+    repo = fp.Repo(url)
+    assert records[0]["result"]["version"] == repo.version("dcp").id, "the coordinator committed it"
+    assert repo.version("dcp").step == 2 and repo.version("native").env["world_size"] == 2
+    assert repo.verify().ok
+    records = launch("dcp_load", 3, tmp_path / "load", url, str(tmp_path / "save" / "reference.pt"))
+    for rec in records:
+        assert rec["result"] == {"dcp": [], "native": []}
+
+
 def test_launch_environment():
     d = fp.dist.detect({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1"})
     assert (d.rank, d.world, d.local_rank, d.launcher) == (3, 8, 1, "torchrun")

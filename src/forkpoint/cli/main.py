@@ -265,15 +265,42 @@ def du(repo_url, as_json):
 @cli.command()
 @click.argument("ref")
 @click.argument("directory")
+@click.option("--format", "fmt", type=click.Choice(["safetensors", "dcp"]), default="safetensors",
+              show_default=True, help="safetensors files + state.json, or a PyTorch DCP directory")
 @click.option("--allow-pickle", is_flag=True, help="also unpickle leaves stored with pickle")
 @repo_option
-def export(ref, directory, allow_pickle, repo_url):
-    """Write REF as safetensors files plus JSON for non-tensor leaves."""
-    from .export import export_version
+def export(ref, directory, fmt, allow_pickle, repo_url):
+    """Write REF as safetensors files plus JSON for non-tensor leaves, or as a DCP directory."""
+    if fmt == "dcp":
+        from .convert import export_dcp
 
-    files = export_version(_open(repo_url), ref, directory, allow_pickle=allow_pickle)
+        files = export_dcp(_open(repo_url), ref, directory, allow_pickle=allow_pickle)
+    else:
+        from .export import export_version
+
+        files = export_version(_open(repo_url), ref, directory, allow_pickle=allow_pickle)
     for f in files:
         click.echo(f)
+
+
+@cli.command("import")
+@click.argument("source")
+@click.option("--format", "fmt", type=click.Choice(["auto", "dcp", "torch", "safetensors"]), default="auto",
+              show_default=True, help="DCP directory, torch.save file, or safetensors file/directory")
+@click.option("--branch", default="main", show_default=True)
+@click.option("--step", type=int, default=None)
+@click.option("-m", "--message", default="")
+@click.option("--allow-pickle", is_flag=True, help="load pickled objects in the source (trusted sources only)")
+@repo_option
+def import_(source, fmt, branch, step, message, allow_pickle, repo_url):
+    """Save the checkpoint at SOURCE as a new version on BRANCH."""
+    from .convert import import_source
+
+    version, skipped = import_source(_open(repo_url), source, fmt, branch, step, message, allow_pickle)
+    click.echo(f"{version.id} on {branch} (step {version.step})")
+    if skipped:
+        click.echo(f"left out {len(skipped)} pickled entries (use --allow-pickle to import them): "
+                   + ", ".join(skipped[:10]))
 
 
 @cli.command()

@@ -1,0 +1,112 @@
+"""Conversions between forkpoint versions and other checkpoint formats: a PyTorch DCP
+directory (export and import), a torch.save file and safetensors files (import)."""
+
+import os
+
+import numpy as np
+
+from ..repo import Repo
+from ..state.leaves import is_torch_tensor
+
+
+def _torch_values(tree):
+    """The tree with numpy arrays as tensors (so that DCP stores them as tensors, not pickles)."""
+    import torch
+
+    if isinstance(tree, dict):
+        return {k: _torch_values(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_torch_values(v) for v in tree)
+    if isinstance(tree, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(tree))
+    return tree
+
+
+def export_dcp(repo: Repo, ref: str, directory: str, allow_pickle: bool = False) -> list[str]:
+    """Write `ref` as a plain DCP checkpoint directory that stock `dcp.load` reads."""
+    import torch.distributed.checkpoint as dcp
+
+    tree = _torch_values(repo.load(ref, allow_pickle=allow_pickle))
+    os.makedirs(directory, exist_ok=True)
+    dcp.save(tree, checkpoint_id=directory, no_dist=True)
+    return sorted(os.path.join(directory, f) for f in os.listdir(directory))
+
+
+def detect_format(source: str) -> str:
+    """"dcp" for a directory with .metadata, "safetensors" for .safetensors files, else "torch"."""
+    if os.path.isdir(source):
+        if os.path.exists(os.path.join(source, ".metadata")):
+            return "dcp"
+        if any(f.endswith(".safetensors") for f in os.listdir(source)):
+            return "safetensors"
+        raise ValueError(f"{source} is neither a DCP checkpoint (no .metadata) nor holds .safetensors files")
+    return "safetensors" if source.endswith(".safetensors") else "torch"
+
+
+def read_dcp(directory: str, allow_pickle: bool = False) -> dict:
+    """The state of a DCP directory as a nested tree of full tensors. Non-tensor entries are
+    pickles inside DCP; they are loaded only with allow_pickle, else left out."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    metadata = dcp.FileSystemReader(directory).read_metadata()
+    flat, skipped = {}, []
+    for fqn, md in metadata.state_dict_metadata.items():
+        if isinstance(md, BytesStorageMetadata):
+            if allow_pickle:
+                flat[fqn] = None
+            else:
+                skipped.append(fqn)
+        else:
+            flat[fqn] = torch.empty(tuple(md.size), dtype=md.properties.dtype)
+    dcp.load(flat, checkpoint_id=directory, no_dist=True)
+    paths = metadata.planner_data if isinstance(metadata.planner_data, dict) else {}
+    tree: dict = {}
+    for fqn, value in flat.items():
+        keys = list(paths.get(fqn, (fqn,)))
+        cur = tree
+        for k in keys[:-1]:
+            cur = cur.setdefault(k, {})
+        cur[keys[-1]] = value
+    return tree, skipped
+
+
+def read_source(source: str, fmt: str = "auto", allow_pickle: bool = False) -> tuple[dict, list[str]]:
+    """(state tree, entries left out) of a DCP directory, torch.save file or safetensors file(s)."""
+    fmt = detect_format(source) if fmt == "auto" else fmt
+    if fmt == "dcp":
+        return read_dcp(source, allow_pickle)
+    if fmt == "safetensors":
+        from safetensors.torch import load_file
+
+        files = [source] if os.path.isfile(source) else sorted(
+            os.path.join(source, f) for f in os.listdir(source) if f.endswith(".safetensors"))
+        state = {}
+        for f in files:
+            state.update(load_file(f))
+        return state, []
+    if fmt == "torch":
+        import torch
+
+        try:
+            state = torch.load(source, map_location="cpu", weights_only=not allow_pickle)
+        except Exception as e:
+            if allow_pickle:
+                raise
+            raise ValueError(f"{source} holds objects beyond tensors and plain containers "
+                             f"({type(e).__name__}); import it with --allow-pickle only if you trust it") from None
+        return (state if isinstance(state, dict) else {"state": state}), []
+    raise ValueError(f"unknown format {fmt!r}: use dcp, torch or safetensors")
+
+
+def import_source(repo: Repo, source: str, fmt: str = "auto", branch: str = "main", step: int | None = None,
+                  message: str = "", allow_pickle: bool = False):
+    """Save the checkpoint at `source` as a new version; return (Version, entries left out)."""
+    state, skipped = read_source(source, fmt, allow_pickle)
+    meta = {"imported_from": os.path.abspath(source), "format": fmt if fmt != "auto" else detect_format(source)}
+    if skipped:
+        meta["left_out"] = skipped
+    version = repo.save(state, branch=branch, step=step, message=message or f"imported {source}", meta=meta,
+                        allow_pickle=allow_pickle and any(not is_torch_tensor(v) for v in state.values()))
+    return version, skipped

@@ -1,0 +1,1 @@
+"""Adapters for the frameworks people train with; each imports its framework only when used."""

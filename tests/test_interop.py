@@ -1,0 +1,111 @@
+"""Interoperability: forkpoint.dcp Writer/Reader with the real torch.distributed.checkpoint
+(single process), `forkpoint export --format dcp` read by stock dcp.load, and `forkpoint
+import` of DCP directories, torch.save files and safetensors files."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.distributed.checkpoint as dcp  # noqa: E402
+from click.testing import CliRunner  # noqa: E402
+
+import forkpoint as fp  # noqa: E402
+import forkpoint.dcp  # noqa: E402
+from forkpoint.cli.main import cli  # noqa: E402
+
+
+class Custom:
+    """A class a weights-only load refuses."""
+
+
+def trained(seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(600, 600), torch.nn.Linear(600, 3))
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(2, 600)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+def same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_dcp_save_and_load_through_forkpoint(tmp_path):
+    repo = fp.Repo(str(tmp_path / "repo"), create=True)
+    model, opt = trained()
+    writer = forkpoint.dcp.Writer(repo, branch="main", step=7, message="via dcp")
+    dcp.save({"model": model.state_dict(), "optim": opt.state_dict(), "epoch": 3}, storage_writer=writer,
+             no_dist=True)
+    v = repo.version("main")
+    assert writer.version.id == v.id and v.step == 7 and v.stored_bytes > 1_400_000
+    tree = repo.load("main")
+    assert same(tree["model"], model.state_dict()), "a DCP-written version loads natively, nested"
+    other, other_opt = trained(seed=1)
+    target = {"model": other.state_dict(), "optim": other_opt.state_dict(), "epoch": 0}
+    dcp.load(target, storage_reader=forkpoint.dcp.Reader(repo, "main"), no_dist=True)
+    assert same(target["model"], model.state_dict()) and target["epoch"] == 3
+    assert torch.equal(target["optim"]["state"][1]["exp_avg_sq"], opt.state_dict()["state"][1]["exp_avg_sq"])
+    again = forkpoint.dcp.Writer(repo, branch="main", step=8)
+    dcp.save({"model": model.state_dict(), "optim": opt.state_dict(), "epoch": 3}, storage_writer=again,
+             no_dist=True)
+    assert again.version.stored_bytes < 10_000, "unchanged tensors are deduplicated"
+    assert again.version.parents == [v.id]
+
+
+def test_native_version_read_by_dcp_load(tmp_path):
+    repo = fp.Repo(str(tmp_path / "repo"), create=True)
+    model, opt = trained()
+    version = repo.save({"model": model, "optim": opt, "step": 9, "tag": "x"}, step=9)
+    other, other_opt = trained(seed=1)
+    target = {"model": other.state_dict(), "optim": other_opt.state_dict(), "step": 0, "tag": ""}
+    dcp.load(target, storage_reader=forkpoint.dcp.Reader(repo, version.id), no_dist=True)
+    assert same(target["model"], model.state_dict()) and target["step"] == 9 and target["tag"] == "x"
+    assert target["optim"]["param_groups"][0]["betas"] == (0.9, 0.999)
+
+
+def test_export_dcp_read_by_stock_dcp_and_import_back(tmp_path):
+    url = str(tmp_path / "repo")
+    repo = fp.Repo(url, create=True)
+    model, opt = trained()
+    repo.save({"model": model, "optim": opt, "step": 5}, step=5)
+    out = tmp_path / "dcp-out"
+    result = CliRunner().invoke(cli, ["export", "main", str(out), "--format", "dcp", "--repo", url])
+    assert result.exit_code == 0, result.output
+    other, other_opt = trained(seed=1)
+    target = {"model": other.state_dict(), "optim": other_opt.state_dict(), "step": 0}
+    dcp.load(target, checkpoint_id=str(out), no_dist=True)
+    assert same(target["model"], model.state_dict()) and target["step"] == 5
+    result = CliRunner().invoke(cli, ["import", str(out), "--branch", "imported", "--step", "5", "--repo", url])
+    assert result.exit_code == 0, result.output
+    assert "left out" in result.output, "DCP's pickled non-tensor entries need --allow-pickle"
+    tree = fp.Repo(url).load("imported")
+    assert same(tree["model"], model.state_dict())
+    assert torch.equal(tree["optim"]["state"]["0"]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
+    result = CliRunner().invoke(cli, ["import", str(out), "--branch", "imported2", "--allow-pickle", "--repo", url])
+    assert result.exit_code == 0, result.output
+    assert fp.Repo(url).load("imported2")["step"] == 5
+
+
+def test_import_torch_save_and_safetensors(tmp_path):
+    from safetensors.torch import save_file
+
+    url = str(tmp_path / "repo")
+    fp.Repo(url, create=True)
+    model, _ = trained()
+    torch.save({"model": model.state_dict(), "epoch": 4}, tmp_path / "ckpt.pt")
+    result = CliRunner().invoke(cli, ["import", str(tmp_path / "ckpt.pt"), "--repo", url])
+    assert result.exit_code == 0, result.output
+    tree = fp.Repo(url).load("main")
+    assert same(tree["model"], model.state_dict()) and tree["epoch"] == 4
+    (tmp_path / "st").mkdir()
+    sd = model.state_dict()
+    save_file({k: v for k, v in sd.items() if k.startswith("0.")}, tmp_path / "st" / "model-00001.safetensors")
+    save_file({k: v for k, v in sd.items() if k.startswith("1.")}, tmp_path / "st" / "model-00002.safetensors")
+    result = CliRunner().invoke(cli, ["import", str(tmp_path / "st"), "--branch", "hf", "--repo", url])
+    assert result.exit_code == 0, result.output
+    assert same(fp.Repo(url).load("hf"), sd)
+
+    torch.save({"obj": Custom()}, tmp_path / "unsafe.pt")
+    result = CliRunner().invoke(cli, ["import", str(tmp_path / "unsafe.pt"), "--repo", url])
+    assert result.exit_code != 0 and "--allow-pickle" in str(result.exception or result.output)
