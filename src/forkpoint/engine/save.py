@@ -209,8 +209,9 @@ def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf
     """Queue the capture and write tasks of one save.
 
     Each chunk is copied (captured) into a page-aligned staging buffer, then hashed and
-    written from there (with direct I/O where the store supports it); the live tensors may
-    change once their captures are done. `staging` names the budget resource the buffers
+    written from there with direct I/O where the store supports it; the live tensors may
+    change once their captures are done. An asynchronous save's capture only copies, so the
+    training loop waits for nothing more; a synchronous one hashes each block while in cache. `staging` names the budget resource the buffers
     count against ("staging" for asynchronous saves, "window" for synchronous ones).
     """
     plan = ScheduledSave(flat, ObjectWriter(store, opts.codec, guard))
@@ -274,6 +275,14 @@ def staging_sizes(flat: list[FlatLeaf], opts: SaveOptions, select=None) -> list[
     return sizes
 
 
+def hash_with_table(data: np.ndarray) -> tuple[str, bytes]:
+    """(content hash, block digest table) of bytes already in memory."""
+    if data.nbytes <= BLOCK_BYTES:
+        return content_hash(data), b""
+    table = block_digests(memoryview(data))
+    return block_root(table, data.nbytes), table
+
+
 def _copy_and_hash(src: np.ndarray, dst: np.ndarray) -> tuple[str, bytes]:
     """Copy `src` into `dst` block by block, hashing each block while it is in cache; return
     (content hash, block digest table)."""
@@ -306,6 +315,9 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
 
     def capture():
         buf = pool.get(n)
+        if staging == "staging":
+            np.copyto(buf[:n], piece)
+            return buf, None, None
         return (buf, *_copy_and_hash(piece, buf))
 
     cap = sched.submit("capture", capture, priority=Priority.CAPTURE,
@@ -314,6 +326,8 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
 
     def write_staged() -> Chunk:
         buf, digest, table = cap.result()
+        if digest is None:
+            digest, table = hash_with_table(buf[:n])
         try:
             codec = plan.writer.put(digest, buf[:n], itemsize, floating, policy, table)
             return Chunk(*box, digest, digest, 0, n, codec)

@@ -6,9 +6,11 @@ budget; it gives back `frees` when it ends (default: what it took), so a resourc
 staging memory can be held from a capture until the write that empties it.
 """
 
+import bisect
 import threading
 import time
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Callable
@@ -89,6 +91,7 @@ class Scheduler:
         self.tiers: dict[str, dict[str, int]] = {}
         self.cond = threading.Condition()
         self.seq = 0
+        self.batching = 0
         self.closed = False
         self.threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
                         for i in range(threads)]
@@ -119,12 +122,26 @@ class Scheduler:
             task = Task(stage, int(priority), fn, needs, needs if frees is None else dict(frees),
                         [d for d in deps if d is not None], [a for a in after if a is not None],
                         nbytes, tier, self.seq)
-            self.queue.append(task)
-            self.queue.sort(key=lambda t: (t.priority, t.seq))
+            bisect.insort(self.queue, task, key=lambda t: (t.priority, t.seq))
             st = self.stages.setdefault(stage, StageStats())
             st.queued += 1
-            self.cond.notify_all()
+            if not self.batching:
+                self.cond.notify_all()
         return task
+
+    @contextmanager
+    def batch(self):
+        """Submit several tasks and wake the workers once, when the batch ends (submitting many
+        tasks one wake-up at a time makes every worker contend for the queue lock)."""
+        with self.cond:
+            self.batching += 1
+        try:
+            yield self
+        finally:
+            with self.cond:
+                self.batching -= 1
+                if not self.batching:
+                    self.cond.notify_all()
 
     def release(self, resources: dict) -> None:
         """Give back resources held beyond a task (e.g. staging after a failed write)."""

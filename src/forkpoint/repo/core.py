@@ -137,16 +137,17 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
                 f"state path {sharded!r} is a sharded DTensor: this process holds only part of it; "
                 "save sharded state from every rank with fp.dist.Repo")
         record = Version("", [], branch, step, 0.0, message, metrics, meta, env=_environment())
-        plan = schedule_save(self._sched, self.store, self._tier, flat, self._known_chunks(branch),
-                             self.options, self._staging, "window" if sync else "staging",
-                             guard=self._evict_lock)
-        self._writers.add(plan.writer)
-        commit = self._sched.submit(
-            "commit", lambda: self._finish_save(plan, skeleton, record, allow_pickle),
-            priority=Priority.COMMIT, needs={f"io:{self._tier}": 1}, deps=plan.writes,
-            after=[self._last_commit])
-        self._sched.submit("cleanup", lambda: self._forget_writer(plan.writer),
-                           priority=Priority.COMMIT, after=[commit])
+        known = self._known_chunks(branch)
+        with self._sched.batch():
+            plan = schedule_save(self._sched, self.store, self._tier, flat, known, self.options,
+                                 self._staging, "window" if sync else "staging", guard=self._evict_lock)
+            self._writers.add(plan.writer)
+            commit = self._sched.submit(
+                "commit", lambda: self._finish_save(plan, skeleton, record, allow_pickle),
+                priority=Priority.COMMIT, needs={f"io:{self._tier}": 1}, deps=plan.writes,
+                after=[self._last_commit])
+            self._sched.submit("cleanup", lambda: self._forget_writer(plan.writer),
+                               priority=Priority.COMMIT, after=[commit])
         self._last_commit = commit
         if sync:
             return commit.result()

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import FormatError, UnsupportedTypeError
 from ..format.paths import child_path
-from .leaves import LeafData, dtensor_layout, is_torch_tensor, numpy_leaf, torch_leaf
+from .leaves import LeafData, is_dtensor, is_torch_tensor, numpy_leaf, torch_leaf
 
 INLINE_BYTES_MAX = 4096
 
@@ -43,10 +43,10 @@ def _float_node(x: float) -> dict:
 
 
 def _tensor_identity(t):
-    layout = dtensor_layout(t)
-    if layout is not None:
-        inner = _tensor_identity(layout[0]) if layout[0].numel() else None
-        return None if inner is None else ("dtensor", tuple(layout[1])) + inner
+    if is_dtensor(t):
+        local = t.to_local()
+        inner = _tensor_identity(local) if local.numel() else None
+        return None if inner is None else ("dtensor", tuple(t.shape)) + inner
     if t.layout != sys.modules["torch"].strided or t.is_quantized:
         return None
     return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()),

@@ -55,9 +55,15 @@ class CaptureGuard:
         self.pending()
 
     def install(self, objects) -> None:
-        """Hook optimizers (wait for all captures before step) and buffer-owning modules."""
+        """Hook optimizers (wait for all captures before step) and buffer-owning modules, also
+        those held by a provider such as fp.dist.TrainState (one attribute level down)."""
         import torch
 
+        objects = list(objects)
+        for obj in list(objects):
+            if not isinstance(obj, torch.optim.Optimizer) and not is_module(obj) and hasattr(obj, "__dict__"):
+                objects.extend(v for v in vars(obj).values()
+                               if isinstance(v, torch.optim.Optimizer) or is_module(v))
         for obj in objects:
             if isinstance(obj, torch.optim.Optimizer):
                 self._handles.append(obj.register_step_pre_hook(lambda *_: self.wait()))

@@ -52,13 +52,18 @@ class LeafData:
         return list(self.box[0]) if self.box is not None else [0] * len(self.shape)
 
 
+def is_dtensor(t) -> bool:
+    """True for a torch.distributed DTensor (without importing torch.distributed)."""
+    cls = type(t)
+    return cls.__name__ == "DTensor" and cls.__module__.startswith("torch.distributed")
+
+
 def dtensor_layout(t):
     """(local tensor, global shape, box or None, owner) of a DTensor; None for other tensors.
 
     `box` is None when the local tensor is the whole (replicated) tensor; `owner` is False
     when another rank of a replicated mesh dimension holds the same shard."""
-    cls = type(t)
-    if cls.__name__ != "DTensor" or not cls.__module__.startswith("torch.distributed"):
+    if not is_dtensor(t):
         return None
     placements = t.placements
     if any(p.is_partial() for p in placements):
