@@ -10,7 +10,9 @@ checkpoints every 5 steps (forkpoint's asynchronous Checkpointer, or dcp.async_s
 the same loop without checkpoints. Every method starts from the live model and optimizer: DCP's times include
 get_state_dict, as forkpoint's include fp.dist.TrainState's (which calls it). Times are the slowest rank's. Then 2 ranks restore the newest forkpoint version and
 the newest DCP checkpoint into a freshly initialised model and optimizer (page cache
-dropped before each when possible). Last, sync saves of a tiny state on 1, 2, 4, 8 and 16
+dropped before each when possible), measured whole (from a fresh model: get_state_dict,
+whose optimizer initialisation runs one optimizer step, the read, set_state_dict) and as
+the read alone (into state dicts already initialised). Last, sync saves of a tiny state on 1, 2, 4, 8 and 16
 ranks measure the cost of coordination and commit.
 
     python benchmarks/dist_save.py --repeats 3 --dir /work/bench-dist
@@ -214,9 +216,24 @@ def restore_phase(rank, world, args, out):
     import forkpoint as fp
 
     last = args.repeats - 1
-    results = {"fp_restore": [], "dcp_load": []}
+    results = {"fp_restore": [], "dcp_load": [], "fp_read": [], "dcp_read": []}
     for r in range(args.repeats):
-        for name in (("fp", "dcp") if r % 2 == 0 else ("dcp", "fp")):
+        for name in (("fp", "dcp", "fp_read", "dcp_read") if r % 2 == 0 else ("dcp_read", "fp_read", "dcp", "fp")):
+            if name.endswith("_read"):
+                model, opt = build(1)
+                msd, osd = get_state_dict(model, opt)
+                if rank == 0:
+                    drop_caches()
+                dist.barrier()
+                if name == "fp_read":
+                    repo = fp.dist.Repo(os.path.join(args.dir, "fp-repo"))
+                    results[name].append(timed(lambda: repo.restore({"train": {"model": msd, "optim": osd}},
+                                                                    "main"))[0])
+                    repo.close()
+                else:
+                    path = os.path.join(args.dir, f"dcp-dcp-{last}")
+                    results[name].append(timed(lambda: dcp.load({"model": msd, "optim": osd}, checkpoint_id=path))[0])
+                continue
             model, opt = build(1)
             if rank == 0:
                 drop_caches()
@@ -315,6 +332,8 @@ def main():
         print(f"  async total       forkpoint {s['fp_async_total']:.3f} s   dcp.async_save {s['dcp_async_total']:.3f} s")
         print(f"  restore 4->2      forkpoint {r['fp_restore']:.3f} s   dcp.load {r['dcp_load']:.3f} s   "
               f"ratio {r['fp_restore'] / r['dcp_load']:.2f}")
+        print(f"  read 4->2 into initialised state dicts: forkpoint {r['fp_read']:.3f} s   dcp.load "
+              f"{r['dcp_read']:.3f} s   ratio {r['fp_read'] / r['dcp_read']:.2f}")
     report["commit"] = {}
     print("commit latency (sync save of a tiny state: writes + coordination + commit)")
     for world in (1, 2, 4, 8, 16):

@@ -66,6 +66,8 @@ def _key_in(container, key):
 
 def merge(live, loaded):
     """Merge `loaded` into `live`: containers in place, tensors/arrays copied into live memory."""
+    if loaded is live:
+        return live
     if isinstance(live, dict) and isinstance(loaded, dict):
         for k, v in loaded.items():
             key = _key_in(live, k)
