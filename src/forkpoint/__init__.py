@@ -13,3 +13,14 @@ from .tiers import Tier, tier  # noqa: E402
 __all__ = ["PREEMPTED_EXIT_CODE", "Auto", "Preemption", "Checkpointer", "Divergence", "EverySteps", "GcReport", "Keep", "LeafDiff",
            "PendingSave", "RankLocal", "Repo", "ResumableSampler", "RNGState", "Seconds", "Tier", "Version",
            "VerifyReport", "adjoint", "dist", "errors", "tier", "__version__"]
+
+
+def __getattr__(name: str):
+    """fp.lightning, fp.transformers, fp.deepspeed, fp.dcp: framework plug-ins, imported on first use."""
+    import importlib
+
+    if name in ("lightning", "transformers", "deepspeed"):
+        return importlib.import_module(f".integrations.{name}", __name__)
+    if name == "dcp":
+        return importlib.import_module(".dcp", __name__)
+    raise AttributeError(f"module 'forkpoint' has no attribute {name!r}")

@@ -1,0 +1,77 @@
+"""A tiny Lightning run for the plug-in tests: trains, checkpoints through forkpoint, and
+writes its final parameters to --out."""
+
+import argparse
+import warnings
+
+import torch
+
+warnings.filterwarnings("ignore")
+
+import lightning.pytorch as pl  # noqa: E402
+from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+
+import forkpoint as fp  # noqa: E402
+
+
+class Tiny(pl.LightningModule):
+    def __init__(self, width: int = 16, custom: bool = False):
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = torch.nn.Sequential(torch.nn.Linear(width, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+
+    def training_step(self, batch, _):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        self.log("train_loss", loss, on_epoch=True, on_step=False)
+        return loss
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=1e-2)
+        return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.9)}
+
+    def on_train_start(self):
+        self.start_step = self.trainer.global_step
+
+    def on_save_checkpoint(self, checkpoint):
+        if self.hparams.custom:
+            checkpoint["custom"] = object()
+
+
+def data():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 16, generator=g)
+    y = x.sum(dim=1, keepdim=True).sin()
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16, shuffle=False)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--repo", required=True)
+    p.add_argument("--dir", required=True)
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--ckpt-path", default=None)
+    p.add_argument("--top-k", type=int, default=2)
+    p.add_argument("--hpc", action="store_true", help="save an hpc_ckpt as SLURM's requeue handler does")
+    p.add_argument("--custom", action="store_true")
+    p.add_argument("--async", dest="sync", action="store_false")
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    torch.manual_seed(0)
+    repo = fp.Repo(a.repo, create=True)
+    ckpt = ModelCheckpoint(dirpath=a.dir, monitor="train_loss", save_top_k=a.top_k, save_last=True, every_n_epochs=1)
+    trainer = pl.Trainer(max_epochs=a.epochs, plugins=[fp.lightning.CheckpointIO(repo, sync=a.sync)],
+                         callbacks=[ckpt], logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=a.dir, accelerator="cpu", devices=1)
+    model = Tiny(custom=a.custom)
+    trainer.fit(model, data(), ckpt_path=a.ckpt_path)
+    if a.hpc:
+        trainer.save_checkpoint(f"{a.dir}/hpc_ckpt_1.ckpt")
+    torch.save({"params": {k: v.clone() for k, v in model.state_dict().items()},
+                "best": ckpt.best_model_path, "global_step": trainer.global_step,
+                "start_step": model.start_step}, a.out)
+    repo.close()
+
+
+if __name__ == "__main__":
+    main()

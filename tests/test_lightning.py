@@ -1,0 +1,74 @@
+"""The Lightning plug-in against the real Lightning: ModelCheckpoint (top-k, last) through
+forkpoint versions, exact resume in a new process, ckpt_path as a ref, SLURM's hpc path,
+retention on remove, and the no-pickle rule."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("lightning")
+
+import forkpoint as fp  # noqa: E402
+
+RUN = os.path.join(os.path.dirname(__file__), "frameworks", "lightning_run.py")
+
+
+def run(*args, ok=True):
+    out = subprocess.run([sys.executable, RUN, *args], capture_output=True, text=True, timeout=300)
+    if ok:
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    return out
+
+
+def same(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_resume_in_a_new_process_is_exact(tmp_path, mode):
+    extra = ["--async"] if mode == "async" else []
+    run("--repo", str(tmp_path / "ref-repo"), "--dir", str(tmp_path / "ref"), "--epochs", "4",
+        "--out", str(tmp_path / "ref.pt"))
+    repo_url, d = str(tmp_path / "repo"), str(tmp_path / "ckpts")
+    run("--repo", repo_url, "--dir", d, "--epochs", "2", "--out", str(tmp_path / "half.pt"), *extra)
+    pointer = json.load(open(os.path.join(d, "last.ckpt")))
+    assert pointer["format"] == "forkpoint.pointer"
+    repo = fp.Repo(repo_url)
+    version = repo.version(pointer["version"])
+    assert version.step == 8 and "train_loss" in version.metrics
+    run("--repo", repo_url, "--dir", d, "--epochs", "4", "--ckpt-path", os.path.join(d, "last.ckpt"),
+        "--out", str(tmp_path / "resumed.pt"), *extra)
+    ref, resumed = torch.load(tmp_path / "ref.pt"), torch.load(tmp_path / "resumed.pt")
+    assert resumed["global_step"] == ref["global_step"] == 16 and resumed["start_step"] == 8
+    assert same(ref["params"], resumed["params"]), "resumed training is bit-identical on CPU"
+
+
+def test_top_k_removal_maps_to_retention_and_refs_resume(tmp_path):
+    repo_url, d = str(tmp_path / "repo"), str(tmp_path / "ckpts")
+    run("--repo", repo_url, "--dir", d, "--epochs", "3", "--top-k", "1", "--out", str(tmp_path / "a.pt"), "--hpc")
+    files = sorted(f for f in os.listdir(d) if f.endswith(".ckpt"))
+    assert len([f for f in files if f.startswith("epoch")]) == 1, files
+    repo = fp.Repo(repo_url)
+    tags = repo.tags()
+    assert "last" in tags and "hpc_ckpt_1" in tags
+    assert len([t for t in tags if t.startswith("epoch")]) == 1, "removed checkpoints lose their tag"
+    repo.drain()
+    best = torch.load(tmp_path / "a.pt")["best"]
+    assert os.path.basename(best) in files
+    run("--repo", repo_url, "--dir", d, "--epochs", "4", "--ckpt-path", "hpc", "--out", str(tmp_path / "b.pt"))
+    b = torch.load(tmp_path / "b.pt")
+    assert (b["start_step"], b["global_step"]) == (12, 16), "SLURM's hpc checkpoint resumes"
+    run("--repo", repo_url, "--dir", str(tmp_path / "other"), "--epochs", "5", "--ckpt-path", "hpc_ckpt_1",
+        "--out", str(tmp_path / "c.pt"))
+    c = torch.load(tmp_path / "c.pt")
+    assert (c["start_step"], c["global_step"]) == (12, 20), "a tag works as ckpt_path"
+
+
+def test_objects_beyond_plain_data_need_pickle(tmp_path):
+    out = run("--repo", str(tmp_path / "repo"), "--dir", str(tmp_path / "d"), "--epochs", "1", "--custom",
+              "--out", str(tmp_path / "x.pt"), ok=False)
+    assert out.returncode != 0 and "custom" in out.stderr and "allow_pickle" in out.stderr
