@@ -1,0 +1,47 @@
+"""The DeepSpeed plug-in against real DeepSpeed (ZeRO-1 on CPU): save_checkpoint makes a
+version at commit, a new process resumes from the branch head or a ref, bit-identical."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("deepspeed")
+
+import forkpoint as fp  # noqa: E402
+
+RUN = os.path.join(os.path.dirname(__file__), "frameworks", "ds_run.py")
+
+
+def run(*args):
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
+        env.pop(var, None)
+    out = subprocess.run([sys.executable, RUN, *args], capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+
+
+def same(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_save_checkpoint_to_versions_and_resume(tmp_path):
+    url, d = str(tmp_path / "repo"), str(tmp_path / "ckpt")
+    run("--dir", str(tmp_path / "plain"), "--steps", "8", "--out", str(tmp_path / "ref.pt"))
+    run("--repo", url, "--dir", d, "--steps", "8", "--out", str(tmp_path / "a.pt"))
+    a, ref = torch.load(tmp_path / "a.pt"), torch.load(tmp_path / "ref.pt")
+    assert same(a["params"], ref["params"]), "checkpointing through forkpoint does not change training"
+    repo = fp.Repo(url)
+    log = repo.log("main")
+    assert [v.meta["deepspeed_tag"] for v in log] == ["global_step8", "global_step4"]
+    assert [v.step for v in log] == [8, 4]
+    files = repo.load("main")["files"]
+    assert "mp_rank_00_model_states.pt" in files and any(f.endswith("optim_states.pt") for f in files)
+    assert set(repo.tags()) >= {"global_step4", "global_step8"}
+    run("--repo", url, "--dir", d, "--steps", "8", "--resume", "--tag", "main~1", "--out", str(tmp_path / "b.pt"))
+    b = torch.load(tmp_path / "b.pt")
+    assert b["ran"] == 4 and same(b["params"], ref["params"]), "resumed from step 4: bit-identical"
+    run("--repo", url, "--dir", d, "--steps", "12", "--resume", "--out", str(tmp_path / "c.pt"))
+    assert torch.load(tmp_path / "c.pt")["ran"] == 4, "no tag: the branch head (step 8)"
