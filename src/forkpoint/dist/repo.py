@@ -1,0 +1,299 @@
+"""A repository shared by the ranks of a torch.distributed process group.
+
+Every rank writes its own pieces in parallel: the shards of DTensors it holds (one writer
+per shard when a mesh dimension replicates them), its share of the replicated tensors
+(spread over ranks by size), and its rank-local state. Rank 0 gathers the parts, checks
+them, and commits one manifest; the version exists only once every rank's data is durable.
+"""
+
+import json
+import os
+import socket
+import uuid
+from dataclasses import asdict
+
+import blake3
+
+from ..engine.save import row_split, schedule_save, staging_sizes
+from ..engine.scheduler import Priority
+from ..errors import ForkpointError
+from ..format.manifest import Chunk, Leaf, Manifest, Version
+from ..format.refs import check_name
+from ..repo import Repo as BaseRepo
+from ..repo.core import _json_safe
+from ..repo.records import PendingSave, _environment
+from ..state import RankSlot, capture, flatten
+from ..state.stateful import get_at
+from .coordinator import Coordinator, DistSaveError
+
+
+class Repo(BaseRepo):
+    """`fp.Repo` for a process group: call `save` and `restore` on every rank, in the same
+    order (they are collective). `timeout` bounds how long a save waits for slow or dead
+    ranks before failing with DistSaveError; tier 0 must be storage every rank can reach."""
+
+    collective = True
+
+    def __init__(self, url=None, *, group=None, timeout: float = 300.0, kv_store=None,
+                 create: bool = False, **kwargs):
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError("fp.dist.Repo needs an initialised process group: call "
+                               "torch.distributed.init_process_group (or fp.dist.init_from_env()) first")
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
+        status, error = [None], None
+        if rank == 0:
+            try:
+                super().__init__(url, create=create, **kwargs)
+                status = [uuid.uuid4().hex[:12]]
+            except Exception as e:  # tell the other ranks, then raise here
+                error, status = e, [f"error: {type(e).__name__}: {e}"]
+        src = dist.get_global_rank(group, 0) if group is not None else 0
+        dist.broadcast_object_list(status, src=src, group=group)
+        hosts = [None] * world
+        dist.all_gather_object(hosts, socket.gethostname(), group=group)
+        if error is not None:
+            raise error
+        if status[0].startswith("error: "):
+            raise ForkpointError(f"rank 0 could not open the repository: {status[0][7:]}")
+        if rank != 0:
+            super().__init__(url, create=False, **kwargs)
+        base = kv_store if kv_store is not None else dist.distributed_c10d._get_default_store()
+        self.coordinator = Coordinator(dist.PrefixStore(f"forkpoint/{status[0]}/", base), rank, world, timeout)
+        self.rank, self.world = rank, world
+        self.local_world = hosts.count(socket.gethostname())
+        self._sched.capacity["cpu"] = max(1, min(self._sched.capacity["cpu"],
+                                                 (os.cpu_count() or 1) // self.local_world))
+        self._saves = 0
+
+    def _rank_world(self) -> tuple[int, int]:
+        return self.rank, self.world
+
+    def save(self, state, branch: str = "main", step: int | None = None, message: str = "",
+             metrics: dict | None = None, meta: dict | None = None, sync: bool = True,
+             allow_pickle: bool = False):
+        """Collective save: every rank calls it with its part of the same state. Returns the
+        Version on every rank (sync) or a PendingSave; DistSaveError if any rank failed."""
+        if self._closed:
+            raise RuntimeError(f"repository {self.url} is closed")
+        check_name(branch, "branch")
+        metrics = _json_safe(metrics or {}, "metrics")
+        meta = _json_safe(meta or {}, "meta")
+        sid = f"save-{self._saves}"
+        self._saves += 1
+        skeleton, shared, local_skeleton, local, select = self._flat_parts(state, allow_pickle)
+        n_shared = len(shared)
+        known = self._known_chunks(branch)
+        with self._sched.batch():
+            plan = schedule_save(self._sched, self.store, self._tier, shared + local, known,
+                                 self.options, self._staging, "window" if sync else "staging",
+                                 guard=self._evict_lock, select=select)
+            self._writers.add(plan.writer)
+            fingerprint = layout_fingerprint(shared)
+            part = self._sched.submit(
+                "part", lambda: self._publish_part(sid, plan, n_shared, local_skeleton, fingerprint),
+                priority=Priority.COMMIT, after=plan.writes)
+            if self.rank == 0:
+                record = Version("", [], branch, step, 0.0, message, metrics, meta,
+                                 env={**_environment(), "world_size": self.world})
+                finish = self._sched.submit(
+                    "commit", lambda: self._coordinate(sid, part, skeleton, record, n_shared, allow_pickle),
+                    priority=Priority.COMMIT, needs={f"io:{self._tier}": 1}, after=[part, self._last_commit])
+            else:
+                finish = self._sched.submit("commit", lambda: self._await_outcome(sid, part),
+                                            priority=Priority.COMMIT, after=[part, self._last_commit])
+            self._sched.submit("cleanup", lambda: self._forget_writer(plan.writer),
+                               priority=Priority.COMMIT, after=[finish])
+        self._last_commit = finish
+        if sync:
+            return finish.result()
+        flat = shared + local
+        by_ptr = {fl.data.data.__array_interface__["data"][0]: plan.captures[i]
+                  for i, fl in enumerate(flat) if fl.data is not None and i in plan.captures and fl.data.data.size}
+        return PendingSave(finish, plan.capture_tasks(), by_ptr)
+
+    def _flat_parts(self, state, allow_pickle: bool):
+        """(skeleton, shared leaves, rank-local skeleton, rank-local leaves, select) of `state`:
+        `select(leaf index, box)` is True for the pieces this rank writes."""
+        tree, objects = capture(state)
+        tree, local_trees = split_rank_local(tree, objects)
+        skeleton, shared = flatten(tree, allow_pickle=allow_pickle, copy=False)
+        local_skeleton, local = flatten(local_trees, allow_pickle=allow_pickle, copy=False)
+        n_shared = len(shared)
+        for fl in local:
+            if fl.alias_of is not None:
+                fl.alias_of += n_shared
+        owners = assign_replicated(shared, self.options, self.world)
+
+        def select(i: int, box) -> bool:
+            if i >= n_shared:
+                return True
+            d = shared[i].data
+            if d.box is not None:
+                return d.owner
+            return owners.get((i, box[0][0] if box[0] else 0)) == self.rank
+
+        return skeleton, shared, local_skeleton, local, select
+
+    def warm_staging(self, state, allow_pickle: bool = False) -> int:
+        """Fault in the staging buffers this rank's asynchronous saves of `state` will use."""
+        _, shared, _, local, select = self._flat_parts(state, allow_pickle)
+        sizes = staging_sizes(shared + local, self.options, select)
+        return self._staging.warm(sizes if sum(sizes) <= self.options.staging_bytes else [])
+
+    def _publish_part(self, sid: str, plan, n_shared: int, local_skeleton: dict, fingerprint: str):
+        """Make this rank's written chunks durable and hand them to the coordinator."""
+        try:
+            failed = next((t.future.exception() for t in plan.writes if t.future.exception()), None)
+            if failed is not None:
+                raise failed
+            stored = plan.assemble()
+            self.store.barrier(stored.written_keys)
+            locals_ = []
+            for leaf in stored.leaves[n_shared:]:
+                d = leaf.to_json()
+                if leaf.alias_of is not None:
+                    d["alias_of"] = leaf.alias_of - n_shared
+                locals_.append(d)
+            self.coordinator.publish(sid, {
+                "chunks": {str(i): [asdict(c) for c in leaf.chunks]
+                           for i, leaf in enumerate(stored.leaves[:n_shared]) if leaf.chunks},
+                "local_tree": local_skeleton, "local_leaves": locals_,
+                "stored_bytes": stored.stored_bytes, "layout": fingerprint})
+            return stored
+        except Exception as e:
+            self.coordinator.publish(sid, {"error": f"{type(e).__name__}: {e}"})
+            raise
+
+    def _coordinate(self, sid, part, skeleton, record: Version, n_shared: int, allow_pickle: bool) -> Version:
+        """(Rank 0) gather every part, assemble one manifest, commit it and announce the outcome."""
+        try:
+            parts = self.coordinator.gather(sid)
+            own = part.result()
+            manifest = assemble_manifest(record, skeleton, own.leaves[:n_shared], parts, allow_pickle)
+            version = self._commit(manifest)
+        except Exception as e:
+            self.coordinator.announce(sid, {"error": f"{type(e).__name__}: {e}"})
+            if isinstance(e, DistSaveError):
+                raise
+            raise DistSaveError(f"save {sid} did not commit: {type(e).__name__}: {e}") from e
+        self.coordinator.announce(sid, {"id": version.id})
+        return version
+
+    def _await_outcome(self, sid: str, part) -> Version:
+        """(Other ranks) wait for rank 0's outcome; return the committed Version."""
+        outcome = self.coordinator.outcome(sid)
+        if "error" in outcome:
+            raise DistSaveError(f"save {sid} did not commit (reported by rank 0): {outcome['error']}")
+        part.result()
+        return self._manifest_by_id(outcome["id"]).version
+
+
+def split_rank_local(tree, objects) -> tuple[object, list]:
+    """Replace each outermost rank-local object's subtree of a captured tree by a RankSlot;
+    return (tree, [the subtrees in slot order])."""
+    marked = sorted((keys for keys, obj in objects if getattr(obj, "rank_local", False)), key=len)
+    taken, subtrees = [], []
+    for keys in marked:
+        if any(keys[:len(t)] == t for t in taken):
+            continue
+        if not keys:
+            raise ValueError("the whole state is rank-local: save it with fp.Repo on each rank instead")
+        parent = get_at(tree, keys[:-1])
+        subtrees.append(parent[keys[-1]])
+        parent[keys[-1]] = RankSlot(len(taken))
+        taken.append(keys)
+    return tree, subtrees
+
+
+def assign_replicated(flat, opts, world: int) -> dict[tuple[int, int], int]:
+    """Give each piece of a replicated leaf ({(leaf index, first row): rank}) to one rank,
+    largest first to the least-loaded rank; every rank computes the same answer."""
+    units = []
+    for i, fl in enumerate(flat):
+        d = fl.data
+        if d is None or d.box is not None:
+            continue
+        n = int(d.data.nbytes)
+        if n < opts.small_leaf_bytes or not d.shape:
+            units.append((n, i, 0))
+            continue
+        row = n // d.shape[0] if d.shape[0] else 0
+        units.extend((count * row, i, first) for first, count in row_split(d.shape, n, opts.chunk_bytes))
+    load, owner = [0] * world, {}
+    for n, i, first in sorted(units, key=lambda u: (-u[0], u[1], u[2])):
+        rank = min(range(world), key=lambda r: (load[r], r))
+        owner[(i, first)] = rank
+        load[rank] += n
+    return owner
+
+
+def layout_fingerprint(flat) -> str:
+    """A digest of the shared leaves' paths, kinds, dtypes and global shapes (equal on every rank)."""
+    desc = [(fl.path, fl.alias_of) if fl.data is None else
+            (fl.path, fl.data.kind, fl.data.dtype, list(fl.data.shape)) for fl in flat]
+    return blake3.blake3(json.dumps(desc).encode()).hexdigest()[:32]
+
+
+def assemble_manifest(record: Version, skeleton, leaves: list[Leaf], parts: list[dict],
+                      allow_pickle: bool) -> Manifest:
+    """One manifest from rank 0's shared leaf table and every rank's part."""
+    if len({p["layout"] for p in parts}) != 1:
+        raise DistSaveError("ranks saved differently structured states (paths, dtypes or shapes differ); "
+                            "every rank must pass the same state tree")
+    leaves = [Leaf.from_json(leaf.to_json()) for leaf in leaves]
+    for leaf in leaves:
+        leaf.chunks = []
+    for part in parts:
+        for i, chunks in part["chunks"].items():
+            leaves[int(i)].chunks.extend(Chunk(**c) for c in chunks)
+    for leaf in leaves:
+        leaf.chunks.sort(key=lambda c: c.offsets)
+        if leaf.alias_of is None:
+            covered = sum(_count(c.lengths) for c in leaf.chunks)
+            if covered != _count(leaf.shape):
+                raise DistSaveError(f"leaf {leaf.path!r}: the ranks' shards cover {covered} of "
+                                    f"{_count(leaf.shape)} elements; shards overlap or are missing")
+    slots = []
+    for part in parts:
+        base = len(leaves)
+        for d in part["local_leaves"]:
+            leaf = Leaf.from_json(d)
+            if leaf.alias_of is not None:
+                leaf.alias_of += base
+            leaves.append(leaf)
+        slots.append([_renumber(node, base) for node in part["local_tree"]["v"]])
+    tree = _fill_slots(skeleton, slots)
+    record.logical_bytes = sum(leaf.nbytes for leaf in leaves if leaf.alias_of is None)
+    record.stored_bytes = sum(p["stored_bytes"] for p in parts)
+    has_pickle = any(leaf.kind == "pickle" for leaf in leaves)
+    return Manifest(record, tree, leaves, pickle=allow_pickle and has_pickle)
+
+
+def _count(shape) -> int:
+    n = 1
+    for x in shape:
+        n *= int(x)
+    return n
+
+
+def _renumber(node, base: int):
+    if isinstance(node, dict):
+        out = {k: _renumber(v, base) for k, v in node.items()}
+        if node.get("t") == "leaf":
+            out["i"] = node["i"] + base
+        return out
+    if isinstance(node, list):
+        return [_renumber(v, base) for v in node]
+    return node
+
+
+def _fill_slots(node, slots: list[list]):
+    if isinstance(node, dict):
+        if node.get("t") == "ranks" and "slot" in node:
+            return {"t": "ranks", "v": [rank_slots[node["slot"]] for rank_slots in slots]}
+        return {k: _fill_slots(v, slots) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_fill_slots(v, slots) for v in node]
+    return node
