@@ -53,9 +53,20 @@ class Coordinator:
         return parts
 
     def announce(self, sid: str, outcome: dict) -> None:
-        """(Coordinator) tell every rank how save `sid` ended."""
-        if self.world > 1:
-            self.store.set(f"{sid}/outcome", json.dumps(outcome))
+        """(Coordinator) tell every rank how save `sid` ended; after a commit, wait (up to the
+        timeout) until every rank has read it, so that the store, which rank 0 may host,
+        outlives their reads; then remove the save's keys."""
+        if self.world == 1:
+            return
+        self.store.set(f"{sid}/outcome", json.dumps(outcome))
+        if "error" in outcome:
+            return
+        try:
+            self.store.wait([f"{sid}/done"], timedelta(seconds=self.timeout))
+            for key in ("outcome", "read", "done"):
+                self.store.delete_key(f"{sid}/{key}")
+        except Exception:
+            pass
 
     def outcome(self, sid: str) -> dict:
         """(Other ranks) wait for the outcome of save `sid`: the coordinator needs up to the
@@ -69,9 +80,11 @@ class Coordinator:
                 f"save {sid}: no outcome from the coordinator (rank 0) within {2 * self.timeout:.0f} s "
                 f"({type(e).__name__}: {e}); it may have died. No version is known to have been committed"
             ) from None
-        if self.store.add(f"{sid}/read", 1) == self.world - 1:
-            self.store.delete_key(key)
-            self.store.delete_key(f"{sid}/read")
+        try:
+            if self.store.add(f"{sid}/read", 1) == self.world - 1:
+                self.store.set(f"{sid}/done", "1")
+        except Exception:
+            pass
         return outcome
 
     def _has(self, key: str) -> bool:
