@@ -125,7 +125,8 @@ def run_deepspeed(mode, steps, every, d):
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}}}
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     if mode.startswith("forkpoint"):
-        fp.deepspeed.install(engine, fp.Repo(os.path.join(d, "repo"), create=True), sync=mode == "forkpoint-sync")
+        fp.deepspeed.install(engine, fp.Repo(os.path.join(d, "repo"), create=True), sync=mode == "forkpoint-sync",
+                             decoupled=mode == "forkpoint-decoupled")
     data = batches(steps)
     start = time.perf_counter()
     for step in range(steps):
@@ -134,14 +135,15 @@ def run_deepspeed(mode, steps, every, d):
         engine.step()
         if mode != "none" and (step + 1) % every == 0:
             engine.save_checkpoint(os.path.join(d, "ckpt"))
-    engine.checkpoint_engine.repo.drain() if mode.startswith("forkpoint") else None
+    if mode.startswith("forkpoint"):
+        engine.checkpoint_engine.cleanup()
     os.sync()
     return time.perf_counter() - start
 
 
 MODES = {"lightning": ["none", "default", "forkpoint-sync", "forkpoint-async"],
          "transformers": ["none", "default", "forkpoint-sync"],
-         "deepspeed": ["none", "default", "forkpoint-sync", "forkpoint-async"]}
+         "deepspeed": ["none", "default", "forkpoint-sync", "forkpoint-async", "forkpoint-decoupled"]}
 
 
 def child(framework, mode, steps, every, d):

@@ -45,3 +45,17 @@ def test_save_checkpoint_to_versions_and_resume(tmp_path):
     assert b["ran"] == 4 and same(b["params"], ref["params"]), "resumed from step 4: bit-identical"
     run("--repo", url, "--dir", d, "--steps", "12", "--resume", "--out", str(tmp_path / "c.pt"))
     assert torch.load(tmp_path / "c.pt")["ran"] == 4, "no tag: the branch head (step 8)"
+
+
+def test_decoupled_protocol(tmp_path):
+    url, d = str(tmp_path / "repo"), str(tmp_path / "ckpt")
+    run("--dir", str(tmp_path / "plain"), "--steps", "8", "--out", str(tmp_path / "ref.pt"))
+    run("--repo", url, "--dir", d, "--steps", "8", "--decoupled", "--out", str(tmp_path / "a.pt"))
+    ref = torch.load(tmp_path / "ref.pt")
+    assert same(torch.load(tmp_path / "a.pt")["params"], ref["params"]), "the copy finished before the state changed"
+    repo = fp.Repo(url)
+    assert [v.step for v in repo.log("main")] == [8, 4]
+    assert repo.verify().ok
+    run("--repo", url, "--dir", d, "--steps", "8", "--resume", "--tag", "global_step4", "--out", str(tmp_path / "b.pt"))
+    b = torch.load(tmp_path / "b.pt")
+    assert b["ran"] == 4 and same(b["params"], ref["params"])

@@ -17,8 +17,8 @@ import forkpoint as fp  # noqa: E402
 RUN = os.path.join(os.path.dirname(__file__), "frameworks", "lightning_run.py")
 
 
-def run(*args, ok=True):
-    out = subprocess.run([sys.executable, RUN, *args], capture_output=True, text=True, timeout=300)
+def run(*args, ok=True, env=None):
+    out = subprocess.run([sys.executable, RUN, *args], capture_output=True, text=True, timeout=300, env=env)
     if ok:
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     return out
@@ -72,3 +72,22 @@ def test_objects_beyond_plain_data_need_pickle(tmp_path):
     out = run("--repo", str(tmp_path / "repo"), "--dir", str(tmp_path / "d"), "--epochs", "1", "--custom",
               "--out", str(tmp_path / "x.pt"), ok=False)
     assert out.returncode != 0 and "custom" in out.stderr and "allow_pickle" in out.stderr
+
+
+def test_slurm_requeue_signal_saves_and_the_requeued_job_resumes(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'scontrol.log'}\n")
+    scontrol.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "1",
+           "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_JOB_NAME": "train"}
+    repo_url, d = str(tmp_path / "repo"), str(tmp_path / "ckpts")
+    run("--repo", repo_url, "--dir", d, "--epochs", "4", "--slurm-signal-at", "6", "--out", str(tmp_path / "x.pt"),
+        env=env)
+    assert not (tmp_path / "x.pt").exists(), "the job was killed after the signal"
+    assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
+    assert fp.Repo(repo_url).version("hpc_ckpt_1").step == 6
+    run("--repo", repo_url, "--dir", d, "--epochs", "4", "--out", str(tmp_path / "y.pt"), env=env)
+    y = torch.load(tmp_path / "y.pt")
+    assert (y["start_step"], y["global_step"]) == (6, 16), "the requeued job resumed from the hpc version"

@@ -26,6 +26,7 @@ def main():
     p.add_argument("--save-every", type=int, default=4)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--tag", default=None)
+    p.add_argument("--decoupled", action="store_true")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
@@ -44,7 +45,7 @@ def main():
               "zero_optimization": {"stage": 1}, "steps_per_print": 10 ** 9}
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     if a.repo:
-        fp.deepspeed.install(engine, fp.Repo(a.repo, create=True))
+        fp.deepspeed.install(engine, fp.Repo(a.repo, create=True), decoupled=a.decoupled)
     start = 0
     if a.resume:
         _, client = engine.load_checkpoint(a.dir, tag=a.tag)
@@ -60,6 +61,8 @@ def main():
         ran += 1
         if (step + 1) % a.save_every == 0:
             engine.save_checkpoint(a.dir, client_state={"next_step": step + 1})
+    if a.repo:
+        engine.checkpoint_engine.cleanup()
     torch.save({"params": {k: v.detach().clone() for k, v in engine.module.state_dict().items()},
                 "ran": ran}, a.out)
 

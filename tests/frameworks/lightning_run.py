@@ -2,6 +2,8 @@
 writes its final parameters to --out."""
 
 import argparse
+import os
+import signal
 import warnings
 
 import torch
@@ -9,7 +11,8 @@ import torch
 warnings.filterwarnings("ignore")
 
 import lightning.pytorch as pl  # noqa: E402
-from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint  # noqa: E402
+from lightning.pytorch.plugins.environments import SLURMEnvironment  # noqa: E402
 
 import forkpoint as fp  # noqa: E402
 
@@ -38,6 +41,18 @@ class Tiny(pl.LightningModule):
             checkpoint["custom"] = object()
 
 
+class Preempt(Callback):
+    """Sends SLURM's requeue signal to this process at a step, then dies as a killed job does."""
+
+    def __init__(self, at: int):
+        self.at = at
+
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step == self.at:
+            os.kill(os.getpid(), signal.SIGUSR1)
+            os._exit(0)
+
+
 def data():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 16, generator=g)
@@ -55,13 +70,20 @@ def main():
     p.add_argument("--hpc", action="store_true", help="save an hpc_ckpt as SLURM's requeue handler does")
     p.add_argument("--custom", action="store_true")
     p.add_argument("--async", dest="sync", action="store_false")
+    p.add_argument("--slurm-signal-at", type=int, default=None)
     p.add_argument("--out", required=True)
     a = p.parse_args()
     torch.manual_seed(0)
     repo = fp.Repo(a.repo, create=True)
     ckpt = ModelCheckpoint(dirpath=a.dir, monitor="train_loss", save_top_k=a.top_k, save_last=True, every_n_epochs=1)
-    trainer = pl.Trainer(max_epochs=a.epochs, plugins=[fp.lightning.CheckpointIO(repo, sync=a.sync)],
-                         callbacks=[ckpt], logger=False, enable_progress_bar=False, enable_model_summary=False,
+    plugins = [fp.lightning.CheckpointIO(repo, sync=a.sync)]
+    callbacks = [ckpt]
+    if "SLURM_JOB_ID" in os.environ:
+        plugins.append(SLURMEnvironment(auto_requeue=True))
+    if a.slurm_signal_at is not None:
+        callbacks.append(Preempt(a.slurm_signal_at))
+    trainer = pl.Trainer(max_epochs=a.epochs, plugins=plugins,
+                         callbacks=callbacks, logger=False, enable_progress_bar=False, enable_model_summary=False,
                          default_root_dir=a.dir, accelerator="cpu", devices=1)
     model = Tiny(custom=a.custom)
     trainer.fit(model, data(), ckpt_path=a.ckpt_path)

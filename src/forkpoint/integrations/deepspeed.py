@@ -15,8 +15,11 @@ allowlist plus their fields) and rebuilt on load, so no pickle is needed; any ot
 is refused unless `allow_pickle=True`.
 
 With `sync=False`, `commit` returns once the state is copied; writing and publishing go on
-in the background (the decoupled engine's semantics: the checkpoint becomes visible later,
-and a crash before then loses only that checkpoint). In a process group, pass an
+in the background. With `decoupled=True` the engine follows DeepSpeed's decoupled protocol
+(`is_decoupled()`): `save_checkpoint` returns at once and the copy runs during the next
+forward and backward; DeepSpeed calls `commit` at the next optimizer step, which waits only
+for the copy to finish (the state is about to change); the version appears once written.
+A crash before then loses only that checkpoint. In a process group, pass an
 `fp.dist.Repo`: each rank's files are rank-local state of one coordinated version.
 """
 
@@ -73,13 +76,24 @@ class ForkpointCheckpointEngine(CheckpointEngine):
     """Collects the files of one DeepSpeed checkpoint tag and commits them as one version."""
 
     def __init__(self, repo, branch: str = "main", sync: bool = True, allow_pickle: bool = False,
-                 config_params=None):
+                 decoupled: bool = False, config_params=None):
         super().__init__(config_params)
         self.name = "forkpoint"
         self.repo, self.branch, self.sync, self.allow_pickle = repo, branch, sync, allow_pickle
+        self.decoupled = decoupled
         self.files: dict[str, dict] = {}
         self.info = None
+        self.pending = None
         self._cache: tuple[str, dict] | None = None
+
+    def is_decoupled(self) -> bool:
+        return self.decoupled
+
+    def get_commit_info(self):
+        return self.info if self.decoupled else None
+
+    def cleanup(self) -> None:
+        self.repo.drain()
 
     def create(self, info) -> None:
         self.files, self.info = {}, info
@@ -92,6 +106,20 @@ class ForkpointCheckpointEngine(CheckpointEngine):
         self._dir = os.path.dirname(path)
 
     def commit(self, info) -> bool:
+        if self.decoupled:
+            if self.pending is not None:
+                self.pending.wait_capture()
+            self.pending, self.info = None, None
+            return True
+        self._store(info, sync=self.sync)
+        return True
+
+    def start(self) -> None:
+        """(Decoupled) begin storing the files of the current tag; commit waits for the copy."""
+        if self.info is not None and self.files:
+            self.pending = self._store(self.info, sync=False)
+
+    def _store(self, info, sync: bool):
         files, self.files = self.files, {}
         directory = getattr(self, "_dir", os.path.join(info.save_dir, info.tag))
         collective = getattr(self.repo, "collective", False)
@@ -101,13 +129,14 @@ class ForkpointCheckpointEngine(CheckpointEngine):
         args = dict(branch=self.branch, step=step, message=f"deepspeed {info.tag}",
                     meta={"deepspeed_tag": info.tag, "deepspeed_dir": info.save_dir},
                     allow_pickle=self.allow_pickle)
-        if self.sync:
+        if sync:
             self._publish(self.repo.save(state, **args), info.tag, directory, files)
-        else:
-            pending = self.repo.save(state, sync=False, **args)
+            return None
+        pending = self.repo.save(state, sync=False, **args)
+        if not self.decoupled:
             pending.wait_capture()
-            self.repo.background(lambda: self._publish(pending.wait(), info.tag, directory, files))
-        return True
+        self.repo.background(lambda: self._publish(pending.wait(), info.tag, directory, files))
+        return pending
 
     def _publish(self, version, tag: str, directory: str, files: dict) -> None:
         if getattr(self.repo, "rank", 0) == 0:
@@ -136,12 +165,20 @@ class ForkpointCheckpointEngine(CheckpointEngine):
         return True
 
 
-def install(engine, repo, branch: str = "main", sync: bool = True,
-            allow_pickle: bool = False) -> ForkpointCheckpointEngine:
+def install(engine, repo, branch: str = "main", sync: bool = True, allow_pickle: bool = False,
+            decoupled: bool = False) -> ForkpointCheckpointEngine:
     """Make `engine.save_checkpoint`/`load_checkpoint` write and read forkpoint versions."""
-    ckpt = ForkpointCheckpointEngine(repo, branch, sync, allow_pickle)
+    ckpt = ForkpointCheckpointEngine(repo, branch, sync, allow_pickle, decoupled)
     engine.checkpoint_engine = ckpt
-    original_load = engine.load_checkpoint
+    original_load, original_save = engine.load_checkpoint, engine.save_checkpoint
+
+    def save_checkpoint(*args, **kwargs):
+        result = original_save(*args, **kwargs)
+        if decoupled:
+            ckpt.start()
+        return result
+
+    engine.save_checkpoint = save_checkpoint
 
     def load_checkpoint(load_dir, tag=None, *args, **kwargs):
         repo.drain()
