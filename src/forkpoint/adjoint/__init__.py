@@ -2,6 +2,7 @@
 
 from .check import InvalidSchedule, check
 from .executor import RunStats, run
+from .multilevel import Level, makespan, multilevel
 from .schedule import Action, Schedule, optimal_advances, revolve, two_level
 
 
@@ -12,4 +13,4 @@ def checkpoint_sequential(functions, input, snapshots: int):
     return run(functions, input, snapshots)
 
 
-__all__ = ["checkpoint_sequential", "RunStats", "run", "two_level", "Action", "InvalidSchedule", "Schedule", "check", "optimal_advances", "revolve"]
+__all__ = ["Level", "makespan", "multilevel", "checkpoint_sequential", "RunStats", "run", "two_level", "Action", "InvalidSchedule", "Schedule", "check", "optimal_advances", "revolve"]

@@ -31,6 +31,7 @@ class Schedule:
     n_steps: int
     snapshots: list[int]
     actions: list[Action] = field(default_factory=list)
+    makespan: float | None = None
 
     def __iter__(self):
         return iter(self.actions)
