@@ -45,6 +45,55 @@ def schedules_section():
               f"{fp.adjoint.optimal_advances(l, s)} |")
 
 
+def _their_makespan(actions, uf, ub, wd, rd) -> tuple[float, int, int, int]:
+    """(makespan, advances without taping steps, disk writes, disk reads) of a
+    checkpoint_schedules schedule, costed as forkpoint's multilevel costs it (the taping
+    step of each adjoint inside the backward cost)."""
+    import checkpoint_schedules as cs
+
+    advances = taping = writes = reads = steps = 0
+    for act in actions:
+        if isinstance(act, cs.Forward):
+            n = act.n1 - act.n0
+            if act.write_adj_deps:
+                taping += 1
+                n -= 1
+            advances += n
+            if act.write_ics and act.storage == cs.StorageType.DISK:
+                writes += 1
+        elif isinstance(act, (cs.Copy, cs.Move)) and act.from_storage == cs.StorageType.DISK:
+            reads += 1
+        elif isinstance(act, cs.Reverse):
+            steps += act.n1 - act.n0
+        elif isinstance(act, cs.EndReverse):
+            break
+    return advances * uf + steps * (ub + uf) + writes * wd + reads * rd, advances, writes, reads
+
+
+def multilevel_section():
+    import checkpoint_schedules as cs
+
+    from forkpoint.adjoint import Level, multilevel
+
+    print("\n### Two-level makespans (memory free, disk write wd / read rd; uf = ub = 1)\n")
+    print("| l | memory slots | disk slots | wd | rd | forkpoint multilevel | checkpoint_schedules | "
+          "forkpoint advances / disk writes / reads | theirs |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for l, ram, disk, wd, rd in [(20, 2, 2, 2, 2), (50, 3, 3, 5, 3), (100, 4, 5, 2, 2), (200, 3, 10, 10, 5),
+                                 (500, 5, 5, 3, 3), (100, 3, None, 2, 2), (400, 4, None, 5, 2)]:
+        uf = ub = 1
+        if disk is None:
+            theirs = cs.DiskRevolve(l, ram, uf=uf, ub=ub, wd=wd, rd=rd)
+        else:
+            theirs = cs.HRevolve(l, ram, disk, uf=uf, ub=ub, wd=wd, rd=rd)
+        t = _their_makespan(theirs, uf, ub, wd, rd)
+        ours = multilevel(l, [Level(ram, 0, 0), Level(disk, wd, rd)], forward_cost=uf, backward_cost=ub + uf)
+        st = ours.stats()
+        print(f"| {l} | {ram} | {disk if disk is not None else 'unlimited'} | {wd} | {rd} | {ours.makespan:g} | "
+              f"{t[0]:g} | {st['advances']} / {st['writes'].get(1, 0)} / {st['reads'].get(1, 0)} | "
+              f"{t[1]} / {t[2]} / {t[3]} |")
+
+
 def _one_backprop(method: str, layers: int, width: int, batch: int) -> None:
     """Run one method in this (fresh) process; print time, peak extra RSS and a gradient digest."""
     import resource
@@ -127,10 +176,14 @@ def main():
     ap.add_argument("--heat-steps", type=int, default=2000)
     ap.add_argument("--heat-points", type=int, default=200_000)
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--schedules-only", action="store_true", help="only the schedule tables (seconds)")
     args = ap.parse_args()
     if args.one:
         return _one_backprop(args.one, args.layers, args.width, args.batch)
     schedules_section()
+    multilevel_section()
+    if args.schedules_only:
+        return
     backprop_section(args.layers, args.width, args.batch, args.repeats)
     prefetch_section(args.heat_steps, args.heat_points)
 
