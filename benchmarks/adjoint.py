@@ -94,6 +94,22 @@ def multilevel_section():
               f"{t[1]} / {t[2]} / {t[3]} |")
 
 
+def online_section():
+    from math import comb
+
+    print("\n### Online schedule (length unknown during the forward pass): advances vs offline Revolve\n")
+    print("| s | l | online | offline t(l, s) | ratio |")
+    print("|---|---|---|---|---|")
+    for s, l in [(2, 6), (3, 10), (5, 21), (10, 66), (2, 40), (3, 100), (5, 500), (10, 5000), (20, 10000)]:
+        sched = fp.adjoint.online(s)
+        for _ in range(l - 1):
+            sched.advance()
+        ours = sched.finish().advances
+        best = fp.adjoint.optimal_advances(l, s)
+        note = " (end of the repetition-2 range)" if l == comb(s + 2, 2) else ""
+        print(f"| {s} | {l}{note} | {ours} | {best} | {ours / best:.3f} |")
+
+
 def _one_backprop(method: str, layers: int, width: int, batch: int) -> None:
     """Run one method in this (fresh) process; print time, peak extra RSS and a gradient digest."""
     import resource
@@ -182,6 +198,7 @@ def main():
         return _one_backprop(args.one, args.layers, args.width, args.batch)
     schedules_section()
     multilevel_section()
+    online_section()
     if args.schedules_only:
         return
     backprop_section(args.layers, args.width, args.batch, args.repeats)

@@ -3,6 +3,7 @@
 from .check import InvalidSchedule, check
 from .executor import RunStats, run
 from .multilevel import Level, makespan, multilevel
+from .online import OnlineSchedule, online
 from .schedule import Action, Schedule, optimal_advances, revolve, two_level
 
 
@@ -13,4 +14,4 @@ def checkpoint_sequential(functions, input, snapshots: int):
     return run(functions, input, snapshots)
 
 
-__all__ = ["Level", "makespan", "multilevel", "checkpoint_sequential", "RunStats", "run", "two_level", "Action", "InvalidSchedule", "Schedule", "check", "optimal_advances", "revolve"]
+__all__ = ["OnlineSchedule", "online", "Level", "makespan", "multilevel", "checkpoint_sequential", "RunStats", "run", "two_level", "Action", "InvalidSchedule", "Schedule", "check", "optimal_advances", "revolve"]
