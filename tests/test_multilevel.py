@@ -100,3 +100,26 @@ def test_refuses_bad_levels():
         multilevel(5, [])
     with pytest.raises(ValueError):
         multilevel(5, [Level(0)])
+
+
+def test_executor_runs_a_three_level_schedule_over_two_repositories(tmp_path):
+    import numpy as np
+
+    def forward(i, x):
+        return np.sin(x) + 0.01 * i
+
+    def adjoint(i, x, lam):
+        lam = np.ones_like(x) if lam is None else lam
+        return lam * np.cos(x)
+
+    x0 = np.linspace(0, 1, 5)
+    n = 40
+    plain, _ = fp.adjoint.run(forward, adjoint, x0, n, fp.adjoint.revolve(n, n))
+    levels = [Level(2, 0, 0), Level(2, 1, 1), Level(None, 4, 4)]
+    sched = multilevel(n, levels)
+    check(sched)
+    assert sched.stats()["writes"].get(1, 0) > 0 and sched.stats()["writes"].get(2, 0) > 0
+    repos = {1: fp.Repo(str(tmp_path / "local"), create=True), 2: fp.Repo(str(tmp_path / "pfs"), create=True)}
+    lam, stats = fp.adjoint.run(forward, adjoint, x0, n, sched, repo=repos)
+    assert np.array_equal(lam, plain)
+    assert stats.adjoints == n and stats.stored == sum(sched.stats()["writes"].get(k, 0) for k in (1, 2))

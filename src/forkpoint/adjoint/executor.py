@@ -29,11 +29,18 @@ class RunStats:
 
 def run(forward, adjoint, state0, n_steps: int, schedule: Schedule, repo=None,
         branch: str | None = None, prefetch_depth: int = 2):
-    """Execute `schedule`; return (adjoint of the initial state, RunStats)."""
+    """Execute `schedule`; return (adjoint of the initial state, RunStats). `repo` holds the
+    states of levels >= 1: one Repo for all, or {level: Repo} (e.g. node-local disk for
+    level 1 and the parallel file system for level 2, as fp.adjoint.multilevel plans)."""
     if schedule.n_steps != n_steps:
         raise ValueError(f"schedule is for {schedule.n_steps} steps, not {n_steps}")
-    deep = any(a.kind == TAKE and a.level > 0 for a in schedule)
-    if deep and repo is None:
+    levels = sorted({a.level for a in schedule if a.kind == TAKE and a.level > 0})
+    if isinstance(repo, dict):
+        missing = [lv for lv in levels if lv not in repo]
+        if missing:
+            raise ValueError(f"no repository for level(s) {missing}: pass repo={{level: fp.Repo(...)}}")
+        return _run_levels(forward, adjoint, state0, schedule, repo, branch)
+    if levels and repo is None:
         raise ValueError("this schedule stores states at level >= 1: pass repo=fp.Repo(...)")
     branch = branch or f"adjoint-{uuid.uuid4().hex[:8]}"
     stats = RunStats()
@@ -70,6 +77,41 @@ def run(forward, adjoint, state0, n_steps: int, schedule: Schedule, repo=None,
                 repo.prefetch(upcoming[:prefetch_depth], order=upcoming)
         elif act.kind == FREE and act.level == 0:
             memory.pop(act.a, None)
+        elif act.kind == ADJOINT:
+            lam = adjoint(act.a, state, lam)
+            stats.adjoints += 1
+    return lam, stats
+
+
+def _run_levels(forward, adjoint, state0, schedule: Schedule, repos: dict, branch: str | None):
+    """run() with one repository per level >= 1 (no prefetch across them)."""
+    branch = branch or f"adjoint-{uuid.uuid4().hex[:8]}"
+    stats = RunStats()
+    held: dict[tuple[int, int], object] = {}
+    state, lam, computed = state0, None, set()
+    for act in schedule:
+        if act.kind == ADVANCE:
+            for i in range(act.a, act.b):
+                state = forward(i, state)
+                stats.recomputations += i in computed
+                computed.add(i)
+            stats.advances += act.b - act.a
+        elif act.kind == TAKE:
+            if act.level == 0:
+                held[(0, act.a)] = state
+            else:
+                held[(act.level, act.a)] = repos[act.level].save({"x": state}, branch=branch, step=act.a).id
+                stats.stored += 1
+        elif act.kind == RESTORE:
+            if act.level == 0:
+                state = held[(0, act.a)]
+            else:
+                start = time.perf_counter()
+                state = repos[act.level].load(held[(act.level, act.a)])["x"]
+                stats.io_wait_seconds += time.perf_counter() - start
+                stats.restored += 1
+        elif act.kind == FREE:
+            held.pop((act.level, act.a), None)
         elif act.kind == ADJOINT:
             lam = adjoint(act.a, state, lam)
             stats.adjoints += 1
