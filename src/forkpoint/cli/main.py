@@ -100,7 +100,8 @@ def show(ref, repo_url, as_json):
     leaves = [{"path": leaf.path, "kind": leaf.kind, "dtype": leaf.dtype, "shape": leaf.shape,
                "nbytes": leaf.nbytes, "chunks": len(leaf.chunks),
                "codecs": sorted({c.codec for c in leaf.chunks}),
-               "alias_of": None if leaf.alias_of is None else m.leaves[leaf.alias_of].path}
+               "alias_of": None if leaf.alias_of is None else m.leaves[leaf.alias_of].path,
+               "lossy": leaf.lossy}
               for leaf in m.leaves]
     if as_json:
         return _emit({**v.summary(), "leaves": leaves})
@@ -116,6 +117,13 @@ def show(ref, repo_url, as_json):
                       f"= {leaf['alias_of']}" if leaf["alias_of"] else str(leaf["chunks"]),
                       ",".join(leaf["codecs"]))
     console.print(table)
+    lossy = [leaf for leaf in leaves if leaf["lossy"]]
+    if lossy:
+        table = Table("LOSSY leaf", "mode", "significand bits kept", "max relative error (measured)")
+        for leaf in lossy:
+            info = leaf["lossy"]
+            table.add_row(leaf["path"], info["mode"], str(info["keep_bits"]), f"{info['max_rel_error']:.3g}")
+        console.print(table)
 
 
 @cli.command()

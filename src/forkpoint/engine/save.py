@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..format.codecs import POLICIES, codec_by_id, codec_by_name, codec_for
+from ..format.lossy import Lossy, round_significand, supports
 from ..format.manifest import Chunk, Leaf
 from ..format.objects import (BLOCK_BYTES, DIGEST_BYTES, OBJECT_HEADER_SIZE, block_digests, block_root, content_hash, object_key,
                               pack_header, table_header_size, unpack_header)
@@ -60,8 +61,9 @@ def codec_rules(codec) -> list[tuple[str, str]]:
     rules = []
     for pattern, policy in items:
         policy = "raw" if policy == "none" else policy
-        if policy not in POLICIES:
-            raise ValueError(f"codec must be one of {POLICIES + ('none',)}, got {policy!r} for {pattern!r}")
+        if not isinstance(policy, Lossy) and policy not in POLICIES:
+            raise ValueError(f"codec must be one of {POLICIES + ('none',)} or fp.Lossy(...), "
+                             f"got {policy!r} for {pattern!r}")
         rules.append((pattern, policy))
     rules.sort(key=lambda r: r[0] == "*")
     if rules[-1][0] != "*":
@@ -118,7 +120,8 @@ class ObjectWriter:
             if present:
                 codec_name = stored_codec(self.store, key)
             else:
-                codec = codec_for(policy or self.policy, itemsize, floating)
+                policy = policy or self.policy
+                codec = codec_for("lossless" if isinstance(policy, Lossy) else policy, itemsize, floating)
                 codec_name = self._write(key, data, codec, itemsize, table)
             self.codecs[digest] = codec_name
             return codec_name
@@ -313,24 +316,32 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
     itemsize, floating = element_kind(plan.flat[index].data)
     policy = plan.writer.policy_for(plan.flat[index].path)
 
+    lossy = policy if isinstance(policy, Lossy) and supports(itemsize, floating) else None
+
     def capture():
         buf = pool.get(n)
+        if lossy is not None:
+            np.copyto(buf[:n], piece)
+            keep = lossy.keep_bits(itemsize)
+            error = round_significand(buf[:n], itemsize, keep)
+            info = {"mode": lossy.describe(), "keep_bits": keep, "max_rel_error": error}
+            return (buf, *hash_with_table(buf[:n]), info)
         if staging == "staging":
             np.copyto(buf[:n], piece)
-            return buf, None, None
-        return (buf, *_copy_and_hash(piece, buf))
+            return buf, None, None, None
+        return (buf, *_copy_and_hash(piece, buf), None)
 
     cap = sched.submit("capture", capture, priority=Priority.CAPTURE,
                        needs={staging: n, "cpu": 1}, frees={"cpu": 1}, nbytes=n)
     plan.captures.setdefault(index, []).append(cap)
 
     def write_staged() -> Chunk:
-        buf, digest, table = cap.result()
+        buf, digest, table, info = cap.result()
         if digest is None:
             digest, table = hash_with_table(buf[:n])
         try:
             codec = plan.writer.put(digest, buf[:n], itemsize, floating, policy, table)
-            return Chunk(*box, digest, digest, 0, n, codec)
+            return Chunk(*box, digest, digest, 0, n, codec, info)
         finally:
             pool.give(buf)
 

@@ -41,6 +41,7 @@ class Chunk:
     start: int
     size: int
     codec: str = "raw"
+    lossy: dict | None = None
 
 
 @dataclass
@@ -70,7 +71,19 @@ class Leaf:
         d = asdict(self)
         if self.alias_of is None:
             del d["alias_of"]
+        for chunk in d["chunks"]:
+            if chunk.get("lossy") is None:
+                chunk.pop("lossy", None)
         return d
+
+    @property
+    def lossy(self) -> dict | None:
+        """How this leaf was stored lossily (mode, significand bits kept, the largest relative
+        error measured at save time), or None when it is stored exactly."""
+        infos = [c.lossy for c in self.chunks if c.lossy]
+        if not infos:
+            return None
+        return {**infos[0], "max_rel_error": max(i["max_rel_error"] for i in infos)}
 
 
 @dataclass

@@ -1,0 +1,69 @@
+"""Opt-in lossy modes: value-relative error bounds (never range-relative), narrower-type
+precision, per-path choice, recorded and shown, never the default."""
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import forkpoint as fp
+from forkpoint.cli.main import cli
+
+torch = pytest.importorskip("torch")
+
+
+def adam_like(n=1 << 19, seed=0):
+    rng = np.random.default_rng(seed)
+    weights = rng.standard_normal(n).astype(np.float32)
+    second = (rng.standard_normal(n).astype(np.float32) ** 2) * np.float32(1e-8) + np.float32(1e-12)
+    second[:3] = [0.0, np.float32(3e-39), np.float32(1e-30)]
+    weights[:3] = [np.inf, np.nan, -0.0]
+    return weights, second
+
+
+def rel_err(a, b):
+    ok = np.isfinite(a) & (a != 0)
+    return float(np.max(np.abs(b[ok].astype(np.float64) - a[ok]) / np.abs(a[ok])))
+
+
+def test_value_relative_bound_keeps_small_moments(tmp_path):
+    weights, second = adam_like()
+    repo = fp.Repo(str(tmp_path / "r"), create=True, codec={"optim/*": fp.Lossy(rel_error=1e-3), "*": "raw"})
+    v = repo.save({"model": {"w": weights}, "optim": {"exp_avg_sq": second}})
+    back = repo.load(v.id)
+    assert np.array_equal(back["model"]["w"], weights, equal_nan=True), "other paths stay exact"
+    got = back["optim"]["exp_avg_sq"]
+    assert rel_err(second, got) <= 1e-3
+    assert (got[second != 0] != 0).all(), "no small value became zero"
+    assert got[1] == second[1] and got[0] == 0.0, "subnormals and zeros are kept exactly"
+    leaf = next(lf for lf in repo.manifest(v.id).leaves if lf.path == "optim/exp_avg_sq")
+    assert leaf.lossy["mode"] == "rel_error=0.001" and 0 < leaf.lossy["max_rel_error"] <= 1e-3
+    assert leaf.lossy["max_rel_error"] == pytest.approx(rel_err(second, got))
+    assert v.stored_bytes < weights.nbytes + 0.6 * second.nbytes
+    assert repo.verify(v.id).ok
+    out = CliRunner().invoke(cli, ["show", v.id, "--repo", str(tmp_path / "r")])
+    assert out.exit_code == 0 and "LOSSY" in out.output and "optim/exp_avg_sq" in out.output
+
+
+def test_bfloat16_precision_equals_a_cast_round_trip(tmp_path):
+    weights, _ = adam_like(seed=1)
+    weights[:3] = 1.0
+    repo = fp.Repo(str(tmp_path / "r"), create=True, codec=fp.Lossy(dtype="bfloat16"))
+    v = repo.save({"w": torch.from_numpy(weights.copy())})
+    got = repo.load(v.id)["w"]
+    assert got.dtype == torch.float32
+    assert torch.equal(got, torch.from_numpy(weights).to(torch.bfloat16).float())
+    assert repo.version(v.id).stored_bytes < 0.6 * weights.nbytes
+
+
+def test_default_is_exact_and_bad_policies_are_refused(tmp_path):
+    weights, _ = adam_like(seed=2)
+    repo = fp.Repo(str(tmp_path / "r"), create=True)
+    v = repo.save({"w": weights})
+    assert np.array_equal(repo.load(v.id)["w"], weights, equal_nan=True)
+    assert all(lf.lossy is None for lf in repo.manifest(v.id).leaves)
+    with pytest.raises(ValueError):
+        fp.Lossy()
+    with pytest.raises(ValueError):
+        fp.Lossy(rel_error=2.0)
+    with pytest.raises(ValueError):
+        fp.Lossy(dtype="int8")
