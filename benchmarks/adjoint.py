@@ -32,8 +32,8 @@ def schedules_section():
     import checkpoint_schedules as cs
 
     print("### Revolve forward advances (taping steps not counted)\n")
-    print("| l | s | forkpoint revolve | checkpoint_schedules.Revolve | closed form |")
-    print("|---|---|---|---|---|")
+    print("| l | s | forkpoint revolve | checkpoint_schedules.Revolve | pyrevolve CRevolve | closed form |")
+    print("|---|---|---|---|---|---|")
     for l, s in [(10, 2), (20, 3), (50, 5), (100, 10), (250, 4), (1000, 3), (1000, 10), (5000, 8)]:
         theirs = 0
         for act in cs.Revolve(l, s):
@@ -41,8 +41,23 @@ def schedules_section():
                 theirs += act.n1 - act.n0
             if isinstance(act, cs.EndReverse):
                 break
-        print(f"| {l} | {s} | {fp.adjoint.revolve(l, s).advances} | {theirs - l} | "
+        print(f"| {l} | {s} | {fp.adjoint.revolve(l, s).advances} | {theirs - l} | {_pyrevolve_advances(l, s)} | "
               f"{fp.adjoint.optimal_advances(l, s)} |")
+
+
+def _pyrevolve_advances(l: int, s: int):
+    """Forward advances of pyrevolve's C Revolve scheduler (its advance actions summed)."""
+    try:
+        from pyrevolve.schedulers import CRevolve
+    except ImportError:
+        return "not installed"
+    sched, total = CRevolve(s, l), 0
+    while True:
+        act = sched.next()
+        if act.type == 0:
+            total += act.capo - act.old_capo
+        if act.type == 6:
+            return total
 
 
 def _their_makespan(actions, uf, ub, wd, rd) -> tuple[float, int, int, int]:
