@@ -92,8 +92,8 @@ def multilevel_section():
 
     print("\n### Two-level makespans (memory free, disk write wd / read rd; uf = ub = 1)\n")
     print("| l | memory slots | disk slots | wd | rd | forkpoint multilevel | checkpoint_schedules | "
-          "forkpoint advances / disk writes / reads | theirs |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "pyrevolve HRevolve (uf = ub = 1) | forkpoint advances / disk writes / reads | checkpoint_schedules' |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for l, ram, disk, wd, rd in [(20, 2, 2, 2, 2), (50, 3, 3, 5, 3), (100, 4, 5, 2, 2), (200, 3, 10, 10, 5),
                                  (500, 5, 5, 3, 3), (100, 3, None, 2, 2), (400, 4, None, 5, 2)]:
         uf = ub = 1
@@ -104,9 +104,29 @@ def multilevel_section():
         t = _their_makespan(theirs, uf, ub, wd, rd)
         ours = multilevel(l, [Level(ram, 0, 0), Level(disk, wd, rd)], forward_cost=uf, backward_cost=ub + uf)
         st = ours.stats()
+        pyrev = _pyrevolve_makespan(l, ram, disk, wd, rd)
+        ours_pyrev = multilevel(l, [Level(ram, 0, 0), Level(disk, wd, rd)]).makespan
+        pyrev_cell = "—" if pyrev is None else f"{pyrev:g} (forkpoint: {ours_pyrev:g})"
         print(f"| {l} | {ram} | {disk if disk is not None else 'unlimited'} | {wd} | {rd} | {ours.makespan:g} | "
-              f"{t[0]:g} | {st['advances']} / {st['writes'].get(1, 0)} / {st['reads'].get(1, 0)} | "
+              f"{t[0]:g} | {pyrev_cell} | {st['advances']} / {st['writes'].get(1, 0)} / {st['reads'].get(1, 0)} | "
               f"{t[1]} / {t[2]} / {t[3]} |")
+
+
+def _pyrevolve_makespan(l, ram, disk, wd, rd):
+    """pyrevolve's H-Revolve makespan (uf = ub = 1) for l adjoint steps: its `n_timesteps`
+    counts backward steps 0..n, so l steps are n = l - 1. None without pyrevolve or for an
+    unlimited disk (its HRevolve needs a slot count)."""
+    if disk is None:
+        return None
+    try:
+        from types import SimpleNamespace
+
+        from pyrevolve.schedulers.base import Architecture
+        from pyrevolve.schedulers.hrevolve import HRevolve
+    except ImportError:
+        return None
+    arch = Architecture([SimpleNamespace(wd=0, rd=0, nckp=ram), SimpleNamespace(wd=wd, rd=rd, nckp=disk)])
+    return HRevolve(l - 1, l - 1, arch, uf=1, ub=1).makespan
 
 
 def online_section():
