@@ -50,11 +50,7 @@ def run(forward, adjoint, state0, n_steps: int, schedule: Schedule, repo=None,
     state, lam, computed = state0, None, set()
     for act in schedule:
         if act.kind == ADVANCE:
-            for i in range(act.a, act.b):
-                state = forward(i, state)
-                stats.recomputations += i in computed
-                computed.add(i)
-            stats.advances += act.b - act.a
+            state = _advance(forward, state, act, computed, stats)
         elif act.kind == TAKE and act.level == 0:
             memory[act.a] = state
         elif act.kind == TAKE:
@@ -91,11 +87,7 @@ def _run_levels(forward, adjoint, state0, schedule: Schedule, repos: dict, branc
     state, lam, computed = state0, None, set()
     for act in schedule:
         if act.kind == ADVANCE:
-            for i in range(act.a, act.b):
-                state = forward(i, state)
-                stats.recomputations += i in computed
-                computed.add(i)
-            stats.advances += act.b - act.a
+            state = _advance(forward, state, act, computed, stats)
         elif act.kind == TAKE:
             if act.level == 0:
                 held[(0, act.a)] = state
@@ -116,3 +108,13 @@ def _run_levels(forward, adjoint, state0, schedule: Schedule, repos: dict, branc
             lam = adjoint(act.a, state, lam)
             stats.adjoints += 1
     return lam, stats
+
+
+def _advance(forward, state, act, computed: set, stats: RunStats):
+    """Run forward steps act.a .. act.b - 1 from `state`, counting recomputed steps."""
+    for i in range(act.a, act.b):
+        state = forward(i, state)
+        stats.recomputations += i in computed
+        computed.add(i)
+    stats.advances += act.b - act.a
+    return state
