@@ -209,3 +209,30 @@ def read_leaves(store: Store, requests: list[ReadRequest], version_id: str,
 
 def _bind(fn, *args):
     return lambda: fn(*args)
+
+
+def mapped_leaf(store: Store, leaf: Leaf, version_id: str) -> np.ndarray | None:
+    """The bytes of a leaf stored as one raw standalone chunk, memory-mapped from `store`
+    (copy-on-write) and verified; None when the leaf or the store does not allow it."""
+    if len(leaf.chunks) != 1 or leaf.alias_of is not None:
+        return None
+    chunk = leaf.chunks[0]
+    if chunk.object != chunk.hash or chunk.start != 0 or chunk.codec != "raw" or chunk.size != leaf.nbytes:
+        return None
+    reader = _Reader(store, version_id)
+    key = object_key(chunk.object)
+    header = bytearray(OBJECT_HEADER_SIZE)
+    try:
+        got = store.read_into(key, 0, memoryview(header))
+    except FileNotFoundError:
+        raise MissingObjectError(f"{reader.where(leaf, key)} is missing") from None
+    codec_id, length, header_size = unpack_header(bytes(header[:got]), reader.where(leaf, key))
+    if codec_id != 0 or length != chunk.size:
+        return None
+    view = store.map(key, header_size, chunk.size)
+    if view is None:
+        return None
+    data = np.frombuffer(view, dtype=np.uint8)
+    if content_hash(data) != chunk.hash:
+        raise CorruptObjectError(f"{reader.where(leaf, key)} does not match its hash: corrupted")
+    return data

@@ -1,12 +1,12 @@
 """Load and in-place restore, with strict checks and tier fallback."""
 
-from ..engine.restore import ReadRequest, read_leaves
+from ..engine.restore import ReadRequest, mapped_leaf, read_leaves
 from ..errors import (CorruptObjectError, MissingObjectError, PrunedVersionError, RefNotFoundError,
                       StateMismatchError, UnsupportedTypeError)
 from ..format.manifest import Manifest, Version
 from ..format.paths import child_path, has_prefix, join_path
 from ..state import capture, is_module, merge, restore_objects, unflatten, walk_skeleton
-from ..state.leaves import empty_leaf, finish_leaf, is_torch_tensor, live_buffer
+from ..state.leaves import empty_leaf, finish_leaf, is_torch_tensor, leaf_over, live_buffer
 from ..state.skeleton import rename as rename_skeleton
 from ..state.skeleton import select as select_skeleton
 
@@ -26,8 +26,9 @@ class ReadingMixin:
         return m
 
     def _read_values(self, m: Manifest, indices: list[int], targets: dict, map_location,
-                     allow_pickle: bool, devices: dict | None = None) -> dict[int, object]:
-        """Read leaves `indices` of `m`; `targets[i]` is a live uint8 buffer to fill in place."""
+                     allow_pickle: bool, devices: dict | None = None, mmap: bool = False) -> dict[int, object]:
+        """Read leaves `indices` of `m`; `targets[i]` is a live uint8 buffer to fill in place.
+        With mmap, leaves that allow it are mapped from storage instead of read."""
         if any(m.leaves[i].kind == "pickle" for i in indices) and not allow_pickle:
             leaf = next(m.leaves[i] for i in indices if m.leaves[i].kind == "pickle")
             raise _pickle_refused(leaf.path, m.version.id)
@@ -39,6 +40,8 @@ class ReadingMixin:
             if i in targets:
                 requests.append(ReadRequest(leaf, targets[i][1], targets[i][2]))
                 values[i] = targets[i][0]
+            elif mmap and (mapped := self._mapped(leaf, m.version.id)) is not None:
+                fresh[i] = mapped
             else:
                 obj, buf = empty_leaf(leaf.kind, leaf.dtype, leaf.shape, leaf.device, leaf.path)
                 requests.append(ReadRequest(leaf, buf))
@@ -66,9 +69,17 @@ class ReadingMixin:
                 if i == len(holders) - 1:
                     raise
 
+    def _mapped(self, leaf, vid: str):
+        """A leaf memory-mapped from the fastest tier holding the version, or None."""
+        store = next((st for st in self.stores if st.exists(f"versions/{vid}.json")), self.store)
+        data = mapped_leaf(store, leaf, vid)
+        return None if data is None else leaf_over(leaf.kind, leaf.dtype, leaf.shape, data, leaf.path)
+
     def load(self, ref: str = "main", paths: list[str] | None = None, map_location=None,
-             allow_pickle: bool = False):
-        """Return the state tree of `ref` (tensors on `map_location`, default CPU)."""
+             allow_pickle: bool = False, mmap: bool = False):
+        """Return the state tree of `ref` (tensors on `map_location`, default CPU). With
+        mmap=True, large leaves on a local or /dev/shm tier are memory-mapped (copy-on-write,
+        still verified) instead of copied into fresh memory."""
         m = self._readable(ref)
         paths = [paths] if isinstance(paths, str) else paths
         skeleton = select_skeleton(m.tree, paths)
@@ -76,7 +87,7 @@ class ReadingMixin:
             raise RefNotFoundError(f"version {m.version.id} has nothing under {paths}")
         skeleton = self._resolve_ranks(skeleton, m, [], [])
         indices = [n["i"] for _, _, n in walk_skeleton(skeleton) if n.get("t") == "leaf"]
-        values = self._read_values(m, indices, {}, map_location, allow_pickle)
+        values = self._read_values(m, indices, {}, map_location, allow_pickle, mmap=mmap)
         return unflatten(skeleton, values, f"version {m.version.id}")
 
     def restore(self, state, ref: str = "main", strict: bool = True, paths: list[str] | None = None,

@@ -158,6 +158,21 @@ def empty_leaf(kind: str, dtype: str, shape, device: str, path: str):
     raise UnsupportedTypeError(f"leaf {path!r} has kind {kind!r}, unknown to this forkpoint")
 
 
+def leaf_over(kind: str, dtype: str, shape, data: np.ndarray, path: str):
+    """A tensor or array of `kind` that uses the bytes `data` in place (no copy), or None for
+    kinds that cannot."""
+    if kind == "torch":
+        import torch
+
+        dt = torch_dtype(dtype, path)
+        if not data.size:
+            return torch.empty(tuple(shape), dtype=dt)
+        return torch.frombuffer(data, dtype=torch.uint8).view(dt).reshape(tuple(shape))
+    if kind == "numpy":
+        return data.view(np.dtype(dtype)).reshape(tuple(shape))
+    return None
+
+
 def finish_leaf(kind: str, obj, device: str, map_location, allow_pickle: bool, path: str):
     """Turn a filled buffer into the user-facing value (device move, scalar, bytes, unpickle)."""
     if kind == "torch":
