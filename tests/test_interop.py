@@ -108,4 +108,21 @@ def test_import_torch_save_and_safetensors(tmp_path):
 
     torch.save({"obj": Custom()}, tmp_path / "unsafe.pt")
     result = CliRunner().invoke(cli, ["import", str(tmp_path / "unsafe.pt"), "--repo", url])
-    assert result.exit_code != 0 and "--allow-pickle" in str(result.exception or result.output)
+    assert result.exit_code != 0 and "--allow-pickle" in result.output
+
+
+def test_bad_input_to_the_adapters(tmp_path):
+    url = str(tmp_path / "repo")
+    repo = fp.Repo(url, create=True)
+    result = CliRunner().invoke(cli, ["import", str(tmp_path / "missing.pt"), "--repo", url])
+    assert result.exit_code != 0 and "no such file" in result.output
+    (tmp_path / "junk").mkdir()
+    result = CliRunner().invoke(cli, ["import", str(tmp_path / "junk"), "--repo", url])
+    assert result.exit_code != 0 and "neither a DCP checkpoint" in result.output
+    with pytest.raises(Exception, match="no branch, tag or version 'nope'"):
+        dcp.load({"x": torch.zeros(2)}, storage_reader=forkpoint.dcp.Reader(repo, "nope"), no_dist=True)
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        fp.dist.Repo(url)
+    sampler = fp.dist.DistributedResumableSampler(10, rank=0, world=1)
+    with pytest.raises(ValueError, match="saved over 12 items"):
+        sampler.load_state_dict({"epoch": 0, "consumed": 0, "seed": 0, "length": 12, "shuffle": True})

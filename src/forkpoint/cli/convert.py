@@ -34,6 +34,8 @@ def export_dcp(repo: Repo, ref: str, directory: str, allow_pickle: bool = False)
 
 def detect_format(source: str) -> str:
     """"dcp" for a directory with .metadata, "safetensors" for .safetensors files, else "torch"."""
+    if not os.path.exists(source):
+        raise FileNotFoundError(f"nothing to import at {source}: no such file or directory")
     if os.path.isdir(source):
         if os.path.exists(os.path.join(source, ".metadata")):
             return "dcp"

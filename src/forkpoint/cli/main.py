@@ -304,7 +304,10 @@ def import_(source, fmt, branch, step, message, allow_pickle, repo_url):
     """Save the checkpoint at SOURCE as a new version on BRANCH."""
     from .convert import import_source
 
-    version, skipped = import_source(_open(repo_url), source, fmt, branch, step, message, allow_pickle)
+    try:
+        version, skipped = import_source(_open(repo_url), source, fmt, branch, step, message, allow_pickle)
+    except (FileNotFoundError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
     click.echo(f"{version.id} on {branch} (step {version.step})")
     if skipped:
         click.echo(f"left out {len(skipped)} pickled entries (use --allow-pickle to import them): "
