@@ -42,7 +42,7 @@ def main():
     print("|---|---|---|---|---|---|")
     for dtype in (torch.float32, torch.bfloat16):
         state = trained_state(dtype)
-        policies = {"raw": "raw", "zstd": "zstd", "lossless": "lossless"}
+        policies = {"raw": "raw", "zstd": "zstd", "lossless": "lossless", "auto": "auto"}
         if dtype == torch.float32:
             policies.update({
                 "Lossy(rel_error=1e-3) on optim/*, lossless elsewhere":

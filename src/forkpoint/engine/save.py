@@ -7,6 +7,7 @@ budget: a state larger than it streams through.
 
 import fnmatch
 import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -72,6 +73,8 @@ def codec_rules(codec) -> list[tuple[str, str]]:
 
 
 DIRECT_MIN_BYTES = 1 << 20
+AUTO_SAMPLE_BYTES = 256 << 10
+AUTO_MIN_RATIO = 1.05
 
 
 
@@ -88,6 +91,7 @@ class ObjectWriter:
         self.claimed: dict[str, threading.Event] = {}
         self.codecs: dict[str, str] = {}
         self.stored_bytes = 0
+        self.write_bandwidth: float | None = getattr(store, "measured_bandwidth", None)
         self.written: list[str] = []
         self.pinned: set[str] = set()
 
@@ -122,12 +126,30 @@ class ObjectWriter:
             else:
                 policy = policy or self.policy
                 codec = codec_for("lossless" if isinstance(policy, Lossy) else policy, itemsize, floating)
+                if policy == "auto" and not self.worth_encoding(data, codec, itemsize):
+                    codec = codec_by_name("raw")
                 codec_name = self._write(key, data, codec, itemsize, table)
             self.codecs[digest] = codec_name
             return codec_name
         finally:
             self.codecs.setdefault(digest, "raw")
             event.set()
+
+    def worth_encoding(self, data: np.ndarray, codec, itemsize: int) -> bool:
+        """(codec="auto") True when encoding is expected to make this write no slower: a
+        sample's ratio r and encode speed E against the store's write bandwidth W (its hint,
+        or measured on this writer's raw writes) must satisfy 1/E + 1/(r W) < 1/W."""
+        sample = memoryview(data).cast("B")[:AUTO_SAMPLE_BYTES]
+        if sample.nbytes < 4096:
+            return False
+        start = time.perf_counter()
+        encoded = codec.encode(sample, itemsize)
+        seconds = max(time.perf_counter() - start, 1e-9)
+        ratio = sample.nbytes / max(1, len(encoded))
+        bandwidth = self.store.bandwidth_hint or self.write_bandwidth
+        if ratio < AUTO_MIN_RATIO or bandwidth is None:
+            return False
+        return seconds / sample.nbytes + 1 / (ratio * bandwidth) < 1 / bandwidth
 
     def _write(self, key: str, data: np.ndarray, codec, itemsize: int, table: bytes | None) -> str:
         view = memoryview(data).cast("B")
@@ -144,10 +166,16 @@ class ObjectWriter:
             blocks = -(-view.nbytes // BLOCK_BYTES)
             if blocks > 1 and OBJECT_HEADER_SIZE + blocks * DIGEST_BYTES <= header_size:
                 table = table or block_digests(view)
+        start = time.perf_counter()
         self.store.write(key, [pack_header(codec.id, view.nbytes, header_size, table), payload])
+        seconds = time.perf_counter() - start
         with self.lock:
             self.stored_bytes += header_size + memoryview(payload).nbytes
             self.written.append(key)
+            if codec.id == 0 and view.nbytes >= AUTO_SAMPLE_BYTES and seconds > 0:
+                rate = view.nbytes / seconds
+                self.write_bandwidth = rate if self.write_bandwidth is None else 0.7 * self.write_bandwidth + 0.3 * rate
+                self.store.measured_bandwidth = self.write_bandwidth
         return codec.name
 
 

@@ -58,12 +58,13 @@ CODECS = {
         Codec(2, "planes+zstd", _planes_encode, _planes_decode),
     )
 }
-POLICIES = ("raw", "zstd", "lossless")
+POLICIES = ("raw", "zstd", "lossless", "auto")
 
 
 def codec_for(policy: str, itemsize: int, floating: bool) -> Codec:
-    """The codec a policy picks for one chunk: 'lossless' splits floats into byte planes."""
-    if policy == "lossless":
+    """The codec a policy picks for one chunk: 'lossless' (and the candidate of 'auto') splits
+    floats into byte planes."""
+    if policy in ("lossless", "auto"):
         return CODECS[2] if floating and itemsize > 1 else CODECS[1]
     return codec_by_name(policy)
 

@@ -13,6 +13,11 @@ class Store(ABC):
 
     url: str
 
+    bandwidth_hint: float | None = None
+    """Expected write bandwidth in bytes/s when known in advance (remote stores); None: measure."""
+    measured_bandwidth: float | None = None
+    """Write bandwidth of raw writes seen so far (kept by the engine, used by codec="auto")."""
+
     @abstractmethod
     def read(self, key: str) -> bytes:
         """Return the whole object; raise FileNotFoundError when absent."""

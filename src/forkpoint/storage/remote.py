@@ -17,6 +17,8 @@ from .base import Store
 class FsspecStore(Store):
     """A store on any fsspec file system; keys are joined under the URL's path."""
 
+    bandwidth_hint = 200e6
+
     def __init__(self, url: str, **storage_options):
         self.url = url.rstrip("/")
         self.fs, root = fsspec.core.url_to_fs(self.url, **storage_options)
