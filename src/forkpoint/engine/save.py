@@ -138,18 +138,21 @@ class ObjectWriter:
     def worth_encoding(self, data: np.ndarray, codec, itemsize: int) -> bool:
         """(codec="auto") True when encoding is expected to make this write no slower: a
         sample's ratio r and encode speed E against the store's write bandwidth W (its hint,
-        or measured on this writer's raw writes) must satisfy 1/E + 1/(r W) < 1/W."""
+        or measured on this writer's raw writes) must satisfy 1/E + 1/(r W) < 1/W. A codec
+        last seen encoding slower than W is not sampled again (it cannot win)."""
         sample = memoryview(data).cast("B")[:AUTO_SAMPLE_BYTES]
-        if sample.nbytes < 4096:
+        bandwidth = self.store.bandwidth_hint or self.write_bandwidth
+        if sample.nbytes < 4096 or bandwidth is None:
+            return False
+        speeds = self.store.encode_speeds
+        if speeds.get(codec.name, float("inf")) < bandwidth:
             return False
         start = time.perf_counter()
         encoded = codec.encode(sample, itemsize)
         seconds = max(time.perf_counter() - start, 1e-9)
+        speeds[codec.name] = sample.nbytes / seconds
         ratio = sample.nbytes / max(1, len(encoded))
-        bandwidth = self.store.bandwidth_hint or self.write_bandwidth
-        if ratio < AUTO_MIN_RATIO or bandwidth is None:
-            return False
-        return seconds / sample.nbytes + 1 / (ratio * bandwidth) < 1 / bandwidth
+        return ratio >= AUTO_MIN_RATIO and seconds / sample.nbytes + 1 / (ratio * bandwidth) < 1 / bandwidth
 
     def _write(self, key: str, data: np.ndarray, codec, itemsize: int, table: bytes | None) -> str:
         view = memoryview(data).cast("B")

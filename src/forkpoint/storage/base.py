@@ -18,6 +18,13 @@ class Store(ABC):
     measured_bandwidth: float | None = None
     """Write bandwidth of raw writes seen so far (kept by the engine, used by codec="auto")."""
 
+    @property
+    def encode_speeds(self) -> dict:
+        """Encode speed per codec last seen by codec="auto" for this store (bytes/s)."""
+        if "_encode_speeds" not in self.__dict__:
+            self.__dict__["_encode_speeds"] = {}
+        return self.__dict__["_encode_speeds"]
+
     @abstractmethod
     def read(self, key: str) -> bytes:
         """Return the whole object; raise FileNotFoundError when absent."""
