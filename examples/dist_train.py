@@ -67,6 +67,8 @@ def main():
         print(f"done at step {args.steps - 1}; newest version {repo.head('main')}", flush=True)
     repo.close()
     if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        del model, opt, ck
         torch.distributed.destroy_process_group()
 
 

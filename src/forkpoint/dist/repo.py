@@ -70,6 +70,11 @@ class Repo(BaseRepo):
     def _rank_world(self) -> tuple[int, int]:
         return self.rank, self.world
 
+    def close(self) -> None:
+        """Wait for saves in flight, then release threads and the process group's store."""
+        super().close()
+        self.coordinator.store = None
+
     def save(self, state, branch: str = "main", step: int | None = None, message: str = "",
              metrics: dict | None = None, meta: dict | None = None, sync: bool = True,
              allow_pickle: bool = False):
