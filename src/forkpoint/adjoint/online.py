@@ -14,18 +14,12 @@ of Stumm and Walther's online algorithms.
 from functools import lru_cache
 
 from .schedule import (ADJOINT, ADVANCE, END_FORWARD, END_REVERSE, FREE, RESTORE, TAKE, Action, Schedule,
-                       optimal_advances, revolve)
+                       _cost, revolve)
 
 HORIZON_MAX = 256
 
 
-@lru_cache(maxsize=1 << 16)
-def _t(length: int, snaps: int) -> float:
-    if length <= 1:
-        return 0
-    if snaps < 1:
-        return float("inf")
-    return optimal_advances(length, snaps)
+_t = lru_cache(maxsize=1 << 16)(_cost)
 
 
 class OnlineSchedule:

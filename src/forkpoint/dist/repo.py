@@ -20,8 +20,8 @@ from ..errors import ForkpointError
 from ..format.manifest import Chunk, Leaf, Manifest, Version
 from ..format.refs import check_name
 from ..repo import Repo as BaseRepo
-from ..repo.core import _json_safe
-from ..repo.records import PendingSave, _environment
+from ..repo.core import _json_safe, pending_save
+from ..repo.records import _environment
 from ..state import RankSlot, capture, flatten
 from ..state.stateful import get_at
 from .coordinator import Coordinator, DistSaveError
@@ -113,10 +113,7 @@ class Repo(BaseRepo):
         self._last_commit = finish
         if sync:
             return finish.result()
-        flat = shared + local
-        by_ptr = {fl.data.data.__array_interface__["data"][0]: plan.captures[i]
-                  for i, fl in enumerate(flat) if fl.data is not None and i in plan.captures and fl.data.data.size}
-        return PendingSave(finish, plan.capture_tasks(), by_ptr)
+        return pending_save(finish, plan, shared + local)
 
     def _flat_parts(self, state, allow_pickle: bool):
         """(skeleton, shared leaves, rank-local skeleton, rank-local leaves, select) of `state`:

@@ -271,17 +271,14 @@ def make_reader_class():
                 tmp = torch.empty(lengths, dtype=dtype)
                 flat = tmp.reshape(-1).view(torch.uint8) if tmp.numel() else torch.empty(0, dtype=torch.uint8)
                 single = Leaf(leaf.path, leaf.kind, leaf.dtype, leaf.shape, leaf.nbytes, [chunk], leaf.device)
-                read_leaves(self._store_for(vid), [ReadRequest(single, flat.numpy(), (offsets, lengths))], vid,
-                            self.repo._submit_read)
+                read_leaves(self.repo._holders(vid)[0], [ReadRequest(single, flat.numpy(), (offsets, lengths))],
+                            vid, self.repo._submit_read)
                 target = planner.resolve_tensor(req).detach()
                 target.copy_(tmp)
                 planner.commit_tensor(req, target)
             fut = Future()
             fut.set_result(None)
             return fut
-
-        def _store_for(self, vid: str):
-            return next((st for st in self.repo.stores if st.exists(f"versions/{vid}.json")), self.repo.store)
 
     return Reader
 

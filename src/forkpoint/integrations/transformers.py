@@ -15,7 +15,6 @@ metrics in the next version.
 import dataclasses
 import json
 import os
-import random
 import shutil
 import tempfile
 
@@ -43,14 +42,13 @@ class Callback(TrainerCallback):
 
 
 def _rng_state() -> dict:
+    """The generators the Trainer saves (python, numpy, cpu, this process's cuda), as plain data."""
     import torch
 
-    version, internal, gauss = random.getstate()
-    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    out = {"python": {"version": version, "state": np.asarray(internal, dtype=np.uint64), "gauss": gauss},
-           "numpy": {"name": name, "keys": keys.copy(), "pos": int(pos), "has_gauss": int(has_gauss),
-                     "cached_gaussian": float(cached)},
-           "cpu": torch.random.get_rng_state()}
+    from ..state.providers import RNGState
+
+    sd = RNGState().state_dict()
+    out = {"python": sd["python"], "numpy": sd["numpy"], "cpu": sd["torch"]}
     if torch.cuda.is_available():
         out["cuda"] = torch.cuda.random.get_rng_state()
     return out

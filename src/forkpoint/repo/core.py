@@ -151,9 +151,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         self._last_commit = commit
         if sync:
             return commit.result()
-        by_ptr = {fl.data.data.__array_interface__["data"][0]: plan.captures[i]
-                  for i, fl in enumerate(flat) if fl.data is not None and i in plan.captures and fl.data.data.size}
-        return PendingSave(commit, plan.capture_tasks(), by_ptr)
+        return pending_save(commit, plan, flat)
 
     def warm_staging(self, state, allow_pickle: bool = False) -> int:
         """Allocate and fault in the staging buffers an asynchronous save of `state` will use,
@@ -233,6 +231,14 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
                     "repo.tag(name, ...) before gc removes it")
             self.store.delete(key)
         raise ConflictError(f"branch {record.branch!r}: gave up after repeated concurrent updates")
+
+
+def pending_save(commit: Task, plan, flat) -> PendingSave:
+    """The PendingSave of an asynchronous save: its commit, and its captures by the address of
+    the live memory each one copies (what the capture hooks wait for)."""
+    by_ptr = {fl.data.data.__array_interface__["data"][0]: plan.captures[i]
+              for i, fl in enumerate(flat) if fl.data is not None and i in plan.captures and fl.data.data.size}
+    return PendingSave(commit, plan.capture_tasks(), by_ptr)
 
 
 def _json_safe(d: dict, what: str) -> dict:

@@ -59,9 +59,13 @@ class ReadingMixin:
                 values[i] = values[base]
         return values
 
+    def _holders(self, vid: str) -> list:
+        """The stores holding version `vid`, fastest first (tier 0 when none says so)."""
+        return [st for st in self.stores if st.exists(f"versions/{vid}.json")] or [self.store]
+
     def _read_with_fallback(self, requests, vid: str) -> None:
         """Read from the fastest tier holding the version; on a missing or corrupt object, the next."""
-        holders = [st for st in self.stores if st.exists(f"versions/{vid}.json")] or [self.store]
+        holders = self._holders(vid)
         for i, store in enumerate(holders):
             try:
                 return read_leaves(store, requests, vid, self._submit_read)
@@ -71,8 +75,7 @@ class ReadingMixin:
 
     def _mapped(self, leaf, vid: str):
         """A leaf memory-mapped from the fastest tier holding the version, or None."""
-        store = next((st for st in self.stores if st.exists(f"versions/{vid}.json")), self.store)
-        data = mapped_leaf(store, leaf, vid)
+        data = mapped_leaf(self._holders(vid)[0], leaf, vid)
         return None if data is None else leaf_over(leaf.kind, leaf.dtype, leaf.shape, data, leaf.path)
 
     def load(self, ref: str = "main", paths: list[str] | None = None, map_location=None,
