@@ -4,6 +4,7 @@ __version__ = "0.1.0"
 
 from . import adjoint, dist, errors  # noqa: E402
 from .checkpointer import Checkpointer  # noqa: E402
+from .format.delta import Delta  # noqa: E402
 from .format.lossy import Lossy  # noqa: E402
 from .format.manifest import Version  # noqa: E402
 from .policy import PREEMPTED_EXIT_CODE, Auto, EverySteps, Keep, Preemption, Seconds  # noqa: E402
@@ -11,7 +12,7 @@ from .repo import Divergence, GcReport, LeafDiff, PendingSave, Repo, VerifyRepor
 from .state import RankLocal, ResumableSampler, RNGState  # noqa: E402
 from .tiers import Tier, tier  # noqa: E402
 
-__all__ = ["PREEMPTED_EXIT_CODE", "Auto", "Preemption", "Checkpointer", "Divergence", "EverySteps", "GcReport", "Keep", "LeafDiff", "Lossy",
+__all__ = ["PREEMPTED_EXIT_CODE", "Auto", "Preemption", "Checkpointer", "Delta", "Divergence", "EverySteps", "GcReport", "Keep", "LeafDiff", "Lossy",
            "PendingSave", "RankLocal", "Repo", "ResumableSampler", "RNGState", "Seconds", "Tier", "Version",
            "VerifyReport", "adjoint", "dist", "errors", "tier", "__version__"]
 

@@ -99,7 +99,7 @@ def show(ref, repo_url, as_json):
     v = m.version
     leaves = [{"path": leaf.path, "kind": leaf.kind, "dtype": leaf.dtype, "shape": leaf.shape,
                "nbytes": leaf.nbytes, "chunks": len(leaf.chunks),
-               "codecs": sorted({c.codec for c in leaf.chunks}),
+               "codecs": sorted({("delta:" if c.delta else "") + c.codec for c in leaf.chunks}),
                "alias_of": None if leaf.alias_of is None else m.leaves[leaf.alias_of].path,
                "lossy": leaf.lossy}
               for leaf in m.leaves]

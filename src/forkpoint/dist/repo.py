@@ -93,7 +93,7 @@ class Repo(BaseRepo):
         with self._sched.batch():
             plan = schedule_save(self._sched, self.store, self._tier, shared + local, known,
                                  self.options, self._staging, "window" if sync else "staging",
-                                 guard=self._evict_lock, select=select)
+                                 guard=self._evict_lock, select=select, deltas=self._delta_plan(branch))
             self._writers.add(plan.writer)
             fingerprint = layout_fingerprint(shared)
             part = self._sched.submit(
@@ -103,10 +103,11 @@ class Repo(BaseRepo):
                 record = Version("", [], branch, step, 0.0, message, metrics, meta,
                                  env={**_environment(), "world_size": self.world})
                 finish = self._sched.submit(
-                    "commit", lambda: self._coordinate(sid, part, skeleton, record, n_shared, allow_pickle),
+                    "commit", lambda: self._adopt_deltas(
+                        plan, self._coordinate(sid, part, skeleton, record, n_shared, allow_pickle)),
                     priority=Priority.COMMIT, needs={f"io:{self._tier}": 1}, after=[part, self._last_commit])
             else:
-                finish = self._sched.submit("commit", lambda: self._await_outcome(sid, part),
+                finish = self._sched.submit("commit", lambda: self._adopt_deltas(plan, self._await_outcome(sid, part)),
                                             priority=Priority.COMMIT, after=[part, self._last_commit])
             self._sched.submit("cleanup", lambda: self._forget_writer(plan.writer),
                                priority=Priority.COMMIT, after=[finish])

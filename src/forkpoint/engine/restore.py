@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import CorruptObjectError, MissingObjectError
 from ..format.codecs import codec_by_id
+from ..format.delta import OPS, apply_delta
 from ..format.manifest import Chunk, Leaf
 from ..format.objects import (ALIGNED_HEADER_SIZE, BLOCK_BYTES, DIGEST_BYTES, OBJECT_HEADER_SIZE,
                               block_table, content_hash, unpack_header)
@@ -86,8 +87,12 @@ class _Reader:
         except FileNotFoundError:
             raise MissingObjectError(f"{self.where(leaf, key)} is missing") from None
         codec_id, length, header_size = unpack_header(blob[:OBJECT_HEADER_SIZE], self.where(leaf, key))
-        data = codec_by_id(codec_id, self.where(leaf, key)).decode(
-            memoryview(blob)[header_size:], length)
+        codec = codec_by_id(codec_id, self.where(leaf, key))
+        try:
+            data = codec.decode(memoryview(blob)[header_size:], length)
+        except Exception as e:  # any decoder failure means the stored bytes are damaged
+            raise CorruptObjectError(
+                f"{self.where(leaf, key)} cannot be decoded as {codec.name} ({e}): corrupted") from None
         if len(data) != length or content_hash(data) != digest:
             raise CorruptObjectError(f"{self.where(leaf, key)} does not match its hash: corrupted")
         return data
@@ -110,13 +115,35 @@ class _Reader:
             raise CorruptObjectError(f"{self.where(leaf, key)} does not match its hash: corrupted")
 
     def chunk_bytes(self, leaf: Leaf, chunk: Chunk, data=None) -> np.ndarray:
-        """The verified decoded bytes of a chunk, out of its (possibly packed or encoded) object."""
+        """The verified decoded bytes of a chunk, out of its (possibly packed, encoded or delta)
+        object; `data` is that object's decoded bytes when the caller has read them."""
         data = self.read_object(chunk.object, leaf) if data is None else data
         piece = np.frombuffer(data, dtype=np.uint8, count=chunk.size, offset=chunk.start)
+        if chunk.delta is not None:
+            piece = self.undelta(leaf, chunk, piece)
         if content_hash(piece) != chunk.hash:
             raise CorruptObjectError(
                 f"{self.where(leaf, object_key(chunk.object))}: chunk {chunk.hash} does not match its hash")
         return piece
+
+    def undelta(self, leaf: Leaf, chunk: Chunk, last: np.ndarray) -> np.ndarray:
+        """The value of a delta chunk: its chain's base combined with each delta, then `last`."""
+        op, chain = chunk.delta.get("op"), chunk.delta.get("chain") or []
+        if op not in OPS or not chain:
+            raise CorruptObjectError(f"{self.where(leaf, object_key(chunk.object))}: invalid delta record {chunk.delta}")
+        item = _itemsize(leaf)
+        acc = None
+        for digest in chain:
+            part = np.frombuffer(self.read_object(digest, leaf), dtype=np.uint8)
+            if part.nbytes != chunk.size:
+                raise CorruptObjectError(
+                    f"{self.where(leaf, object_key(digest))} holds {part.nbytes} bytes, its delta chain needs {chunk.size}")
+            if acc is None:
+                acc = part.copy()
+            else:
+                apply_delta(op, acc, part, item)
+        apply_delta(op, acc, last, item)
+        return acc
 
     def copy_from_object(self, leaf: Leaf, chunk: Chunk, dest, data=None) -> None:
         """Copy a whole chunk out of its object into `dest`."""
@@ -126,7 +153,7 @@ class _Reader:
         """Bytes [lo, hi) of a chunk, reading only the blocks that cover them when the object
         is raw and carries a block table; every block read is verified."""
         key = object_key(chunk.object)
-        if chunk.object != chunk.hash or chunk.start != 0 or chunk.codec != "raw":
+        if not chunk.standalone or chunk.codec != "raw":
             return self.chunk_bytes(leaf, chunk)[lo:hi]
         header = np.empty(ALIGNED_HEADER_SIZE, dtype=np.uint8)
         try:
@@ -182,7 +209,7 @@ def read_leaves(store: Store, requests: list[ReadRequest], version_id: str,
             region = _region(req, chunk)
             if region is None:
                 continue
-            standalone = chunk.object == chunk.hash and chunk.start == 0 and chunk.codec == "raw"
+            standalone = chunk.standalone and chunk.codec == "raw"
             if standalone and region.whole_flat is not None:
                 direct.append(submit(_bind(reader.read_direct, req.leaf, chunk, region.whole_flat), chunk.size))
             elif standalone:
@@ -207,6 +234,11 @@ def read_leaves(store: Store, requests: list[ReadRequest], version_id: str,
         raise errors[0]
 
 
+def chunk_value(store: Store, leaf: Leaf, chunk: Chunk, version_id: str) -> np.ndarray:
+    """The verified bytes of one chunk of `leaf` read from `store`, in this thread."""
+    return _Reader(store, version_id).chunk_bytes(leaf, chunk)
+
+
 def _bind(fn, *args):
     return lambda: fn(*args)
 
@@ -217,7 +249,7 @@ def mapped_leaf(store: Store, leaf: Leaf, version_id: str) -> np.ndarray | None:
     if len(leaf.chunks) != 1 or leaf.alias_of is not None:
         return None
     chunk = leaf.chunks[0]
-    if chunk.object != chunk.hash or chunk.start != 0 or chunk.codec != "raw" or chunk.size != leaf.nbytes:
+    if not chunk.standalone or chunk.codec != "raw" or chunk.size != leaf.nbytes:
         return None
     reader = _Reader(store, version_id)
     key = object_key(chunk.object)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..format.codecs import POLICIES, codec_by_id, codec_by_name, codec_for
+from ..format.delta import Delta
 from ..format.lossy import Lossy, round_significand, supports
 from ..format.manifest import Chunk, Leaf
 from ..format.objects import (BLOCK_BYTES, DIGEST_BYTES, OBJECT_HEADER_SIZE, block_digests, block_root, content_hash, object_key,
@@ -34,6 +35,7 @@ class SaveOptions:
     workers: int = 4
     staging_bytes: int = 4 << 30
     window_bytes: int = 256 << 20
+    delta: Delta | None = None
 
 
 @dataclass
@@ -201,9 +203,10 @@ def row_split(shape: tuple, nbytes: int, chunk_bytes: int) -> list[tuple[int, in
 class ScheduledSave:
     """The tasks of one save: captures per leaf, writes, and the assembly of the leaf table."""
 
-    def __init__(self, flat: list[FlatLeaf], writer: ObjectWriter):
+    def __init__(self, flat: list[FlatLeaf], writer: ObjectWriter, deltas=None):
         self.flat = flat
         self.writer = writer
+        self.deltas = deltas
         self.captures: dict[int, list[Task]] = {}
         self.writes: list[Task] = []
         self.large: dict[int, list[Task]] = {}
@@ -239,7 +242,7 @@ class ScheduledSave:
 
 def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf],
                   known: dict[str, KnownChunk], opts: SaveOptions, pool: StagingPool,
-                  staging: str = "staging", guard=None, select=None) -> ScheduledSave:
+                  staging: str = "staging", guard=None, select=None, deltas=None) -> ScheduledSave:
     """Queue the capture and write tasks of one save.
 
     Each chunk is copied (captured) into a page-aligned staging buffer, then hashed and
@@ -247,9 +250,12 @@ def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf
     change once their captures are done. An asynchronous save's capture only copies, so the
     training loop waits for nothing more; a synchronous one hashes each block while in cache. `staging` names the budget resource the buffers
     count against ("staging" for asynchronous saves, "window" for synchronous ones).
+    `deltas` (an engine.delta.DeltaPlan) stores chunks against the parent's where smaller.
     """
-    plan = ScheduledSave(flat, ObjectWriter(store, opts.codec, guard))
+    plan = ScheduledSave(flat, ObjectWriter(store, opts.codec, guard), deltas)
     plan.writer.pinned.update(k.object for k in known.values())
+    if deltas is not None:
+        plan.writer.pinned.update(deltas.pinned())
     io = {f"io:{tier}": 1}
     for kind, item in layout(flat, opts, select):
         if kind == "pack":
@@ -348,6 +354,8 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
     policy = plan.writer.policy_for(plan.flat[index].path)
 
     lossy = policy if isinstance(policy, Lossy) and supports(itemsize, floating) else None
+    d = plan.flat[index].data
+    deltas = plan.deltas if plan.deltas is not None and policy != "raw" and d.kind in ("torch", "numpy") else None
 
     def capture():
         buf = pool.get(n)
@@ -371,6 +379,11 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
         if digest is None:
             digest, table = hash_with_table(buf[:n])
         try:
+            if deltas is not None:
+                chunk = deltas.store(plan.writer, plan.flat[index].path, d.dtype, box, digest, buf[:n],
+                                     itemsize, floating, policy, info)
+                if chunk is not None:
+                    return chunk
             codec = plan.writer.put(digest, buf[:n], itemsize, floating, policy, table)
             return Chunk(*box, digest, digest, 0, n, codec, info)
         finally:

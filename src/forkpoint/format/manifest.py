@@ -12,7 +12,7 @@ import blake3
 
 from ..errors import FormatError
 
-FORMAT_VERSION = (1, 0)
+FORMAT_VERSION = (1, 1)
 MANIFEST_KIND = "forkpoint.version"
 
 
@@ -42,6 +42,17 @@ class Chunk:
     size: int
     codec: str = "raw"
     lossy: dict | None = None
+    delta: dict | None = None
+
+    @property
+    def objects(self) -> list[str]:
+        """Every object this chunk's bytes come from: a delta chunk's chain, then its own."""
+        return [*self.delta["chain"], self.object] if self.delta else [self.object]
+
+    @property
+    def standalone(self) -> bool:
+        """True when the chunk is a whole object by itself (not packed, not a delta)."""
+        return self.object == self.hash and self.start == 0 and self.delta is None
 
 
 @dataclass
@@ -72,8 +83,9 @@ class Leaf:
         if self.alias_of is None:
             del d["alias_of"]
         for chunk in d["chunks"]:
-            if chunk.get("lossy") is None:
-                chunk.pop("lossy", None)
+            for optional in ("lossy", "delta"):
+                if chunk.get(optional) is None:
+                    chunk.pop(optional, None)
         return d
 
     @property

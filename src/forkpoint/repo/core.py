@@ -12,10 +12,13 @@ import time
 import uuid
 
 
+from ..engine.delta import DeltaPlan, parent_chunks
+from ..engine.restore import chunk_value
 from ..engine.save import KnownChunk, SaveOptions, codec_rules, object_key, schedule_save, staging_sizes
 from ..engine.scheduler import Budget, Priority, Scheduler, Task
 from ..engine.staging import StagingPool
 from ..errors import ConflictError, FormatError, RefNotFoundError, RepoNotFoundError, UnsupportedTypeError
+from ..format.delta import Delta
 from ..format.manifest import FORMAT_VERSION, Manifest, Version, check_format
 from ..format.refs import check_name
 from ..state import capture, flatten
@@ -39,7 +42,8 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
 
     def __init__(self, url: str | Store | None = None, create: bool = False, codec: str | dict = "raw",
                  on_conflict: str = "retry", workers: int = 4, options: SaveOptions | None = None,
-                 storage_options: dict | None = None, tiers: list | None = None):
+                 storage_options: dict | None = None, tiers: list | None = None,
+                 delta: "Delta | bool | None" = None):
         if tiers is not None:
             if url is not None:
                 raise ValueError("give either url or tiers, not both")
@@ -55,6 +59,9 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
             raise ValueError(f"on_conflict must be 'retry' or 'error', got {on_conflict!r}")
         self.on_conflict = on_conflict
         self.options = options or SaveOptions(codec=codec, workers=workers)
+        if delta:
+            self.options.delta = delta if isinstance(delta, Delta) else Delta()
+        self._delta_values: dict = {}
         codec_rules(self.options.codec)
         self.writer_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._open_or_create(create)
@@ -140,7 +147,8 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         known = self._known_chunks(branch)
         with self._sched.batch():
             plan = schedule_save(self._sched, self.store, self._tier, flat, known, self.options,
-                                 self._staging, "window" if sync else "staging", guard=self._evict_lock)
+                                 self._staging, "window" if sync else "staging", guard=self._evict_lock,
+                                 deltas=self._delta_plan(branch))
             self._writers.add(plan.writer)
             commit = self._sched.submit(
                 "commit", lambda: self._finish_save(plan, skeleton, record, allow_pickle),
@@ -190,7 +198,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
             return known
         for leaf in m.leaves:
             for c in leaf.chunks:
-                if c.object != c.hash:
+                if c.object != c.hash and c.delta is None:
                     known[c.hash] = KnownChunk(c.object, c.start, c.size, c.codec)
         for obj in {k.object for k in known.values()}:
             try:
@@ -199,6 +207,29 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
                 known = {h: k for h, k in known.items() if k.object != obj}
         return known
 
+    def _delta_plan(self, branch: str) -> DeltaPlan | None:
+        """The delta plan of a save on `branch` (None unless the repository stores deltas)."""
+        if self.options.delta is None:
+            return None
+        head = self._ref_state("heads", branch)[1]
+        try:
+            m = self._manifest_by_id(head) if head else None
+        except (RefNotFoundError, FormatError):
+            m = None
+        if m is not None and m.version.pruned:
+            m = None
+
+        def read_base(leaf, chunk):
+            holders = self._holders(head)
+            for i, store in enumerate(holders):
+                try:
+                    return chunk_value(store, leaf, chunk, head)
+                except Exception:
+                    if i == len(holders) - 1:
+                        raise
+
+        return DeltaPlan(self.options.delta, parent_chunks(m), self._delta_values, read_base)
+
     def _finish_save(self, plan, skeleton, record: Version, allow_pickle: bool) -> Version:
         stored = plan.assemble()
         self.store.barrier(stored.written_keys)
@@ -206,7 +237,13 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         record.stored_bytes = stored.stored_bytes
         has_pickle = any(leaf.kind == "pickle" for leaf in stored.leaves)
         manifest = Manifest(record, skeleton, stored.leaves, pickle=allow_pickle and has_pickle)
-        return self._commit(manifest)
+        return self._adopt_deltas(plan, self._commit(manifest))
+
+    def _adopt_deltas(self, plan, version):
+        """After a committed save: its chunk values become the bases of the next save's deltas."""
+        if plan.deltas is not None:
+            self._delta_values = plan.deltas.next_values
+        return version
 
     def _commit(self, manifest: Manifest) -> Version:
         record = manifest.version

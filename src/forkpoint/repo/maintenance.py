@@ -130,7 +130,7 @@ class MaintenanceMixin:
                     self._manifests.pop(vid, None)
                 continue
             if vid not in pruned:
-                live_objects.update(c.object for leaf in m.leaves for c in leaf.chunks)
+                live_objects.update(o for leaf in m.leaves for c in leaf.chunks for o in c.objects)
         for key in store.list("objects"):
             if key.rsplit("/", 1)[-1] in live_objects:
                 continue
@@ -182,7 +182,9 @@ class MaintenanceMixin:
             for leaf in self._manifest_by_id(vid).leaves:
                 for c in leaf.chunks:
                     size = objects.get(c.object, (c.codec, 0))[1]
-                    objects[c.object] = (c.codec, max(size, c.start + c.size))
+                    objects[c.object] = ("delta+" + c.codec if c.delta else c.codec, max(size, c.start + c.size))
+                    for base in (c.delta or {}).get("chain", []):
+                        objects.setdefault(base, ("delta chain (pruned version)", c.size))
         codecs: dict[str, dict] = {}
         for digest, (codec, decoded) in objects.items():
             try:

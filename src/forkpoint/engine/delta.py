@@ -1,0 +1,132 @@
+"""Delta planning for one save: which chunks are stored against the parent version's chunk,
+and the chunk values kept in memory for the next save to diff against.
+
+A chunk is stored as a delta only when the parent has a chunk with the same path, box and
+dtype, the chain stays within `Delta.max_chain`, and a sample of the delta encodes smaller
+than the same sample of the value. An unchanged chunk reuses the parent's chunk record.
+"""
+
+import threading
+from dataclasses import replace
+from typing import Callable
+
+import numpy as np
+
+from ..format.codecs import codec_for
+from ..format.delta import Delta, make_delta, op_for
+from ..format.lossy import Lossy
+from ..format.manifest import Chunk, Leaf, Manifest
+from .save import ObjectWriter, hash_with_table
+
+SAMPLE_PIECES = 4
+SAMPLE_PIECE_BYTES = 64 << 10
+MIN_GAIN = 0.95
+
+ChunkKey = tuple[str, tuple, tuple]
+
+
+def parent_chunks(m: Manifest | None) -> dict[ChunkKey, tuple[Leaf, Chunk]]:
+    """The whole-object chunks of a version (a delta's possible bases) by (path, offsets, lengths)."""
+    if m is None:
+        return {}
+    return {(leaf.path, tuple(c.offsets), tuple(c.lengths)): (leaf, c)
+            for leaf in m.leaves if leaf.kind in ("torch", "numpy") and leaf.alias_of is None
+            for c in leaf.chunks if c.start == 0 and (c.delta is not None or c.object == c.hash)}
+
+
+class DeltaPlan:
+    """Chooses delta or full storage for the chunks of one save and collects the values the
+    next save will diff against (`next_values`, bounded by `Delta.cache_bytes`)."""
+
+    def __init__(self, options: Delta, parents: dict[ChunkKey, tuple[Leaf, Chunk]],
+                 cache: dict[str, np.ndarray], read_base: Callable[[Leaf, Chunk], np.ndarray]):
+        self.options = options
+        self.parents = parents
+        self.cache = cache
+        self.read_base = read_base
+        self.next_values: dict[str, np.ndarray] = {}
+        self.next_bytes = 0
+        self.lock = threading.Lock()
+        self.delta_chunks = 0
+
+    def pinned(self) -> set[str]:
+        """Objects of the parent's chunks (a delta or a reused record may refer to them)."""
+        return {o for _, c in self.parents.values() for o in c.objects}
+
+    def store(self, writer: ObjectWriter, path: str, dtype: str, box, digest: str, value: np.ndarray,
+              itemsize: int, floating: bool, policy, lossy: dict | None) -> Chunk | None:
+        """The chunk record for `value` (hash `digest`) when it reuses or deltas against the
+        parent's chunk, writing the delta object; None when it should be stored in full."""
+        found = self.parents.get((path, tuple(box[0]), tuple(box[1])))
+        if found is None or found[0].dtype != dtype or found[1].size != value.nbytes:
+            self._remember(digest, value)
+            return None
+        pleaf, pchunk = found
+        if pchunk.hash == digest:
+            self._carry(digest)
+            return replace(pchunk, offsets=list(box[0]), lengths=list(box[1]), lossy=lossy)
+        self._remember(digest, value)
+        op = op_for(dtype)
+        chain = [*pchunk.delta["chain"], pchunk.object] if pchunk.delta else [pchunk.object]
+        if len(chain) >= self.options.max_chain or (pchunk.delta and pchunk.delta.get("op") != op):
+            return None
+        base = self._base(pleaf, pchunk)
+        if base is None or base.nbytes != value.nbytes:
+            return None
+        delta = make_delta(op, value, base, itemsize)
+        codec = codec_for("lossless" if isinstance(policy, Lossy) else policy, itemsize, floating)
+        if codec.id == 0 or not _smaller(codec, delta, value, itemsize):
+            return None
+        delta_digest, table = hash_with_table(delta)
+        if delta_digest == digest:
+            return None
+        stored = writer.put(delta_digest, delta, itemsize, floating, policy, table)
+        if stored == "raw":
+            return None
+        with self.lock:
+            self.delta_chunks += 1
+        return Chunk(list(box[0]), list(box[1]), digest, delta_digest, 0, value.nbytes, stored, lossy,
+                     {"op": op, "chain": chain})
+
+    def _base(self, leaf: Leaf, chunk: Chunk) -> np.ndarray | None:
+        cached = self.cache.get(chunk.hash)
+        if cached is not None:
+            return cached
+        try:
+            return self.read_base(leaf, chunk)
+        except Exception:  # an unreadable base only means this chunk is stored in full
+            return None
+
+    def _remember(self, digest: str, value: np.ndarray) -> None:
+        with self.lock:
+            if digest in self.next_values or self.next_bytes + value.nbytes > self.options.cache_bytes:
+                return
+            self.next_bytes += value.nbytes
+        copy = value.copy()
+        with self.lock:
+            self.next_values[digest] = copy
+
+    def _carry(self, digest: str) -> None:
+        value = self.cache.get(digest)
+        if value is None:
+            return
+        with self.lock:
+            if digest not in self.next_values and self.next_bytes + value.nbytes <= self.options.cache_bytes:
+                self.next_bytes += value.nbytes
+                self.next_values[digest] = value
+
+
+def _sample(data: np.ndarray, itemsize: int) -> np.ndarray:
+    """Up to SAMPLE_PIECES evenly spaced pieces of `data`, element-aligned."""
+    if data.nbytes <= SAMPLE_PIECES * SAMPLE_PIECE_BYTES:
+        return data
+    step = (data.nbytes - SAMPLE_PIECE_BYTES) // (SAMPLE_PIECES - 1)
+    step -= step % max(itemsize, 1)
+    return np.concatenate([data[i * step:i * step + SAMPLE_PIECE_BYTES] for i in range(SAMPLE_PIECES)])
+
+
+def _smaller(codec, delta: np.ndarray, value: np.ndarray, itemsize: int) -> bool:
+    """True when a sample of the delta encodes clearly smaller than the same sample of the value."""
+    d = len(codec.encode(memoryview(_sample(delta, itemsize)), itemsize))
+    v = len(codec.encode(memoryview(_sample(value, itemsize)), itemsize))
+    return d < MIN_GAIN * v

@@ -1,0 +1,136 @@
+"""Deltas against the parent version: chosen only where smaller, bounded chains, bit-exact
+restores of every version, gc keeping the bases a kept version needs, corruption caught."""
+
+import shutil
+
+import numpy as np
+import pytest
+
+import forkpoint as fp
+from forkpoint.errors import CorruptObjectError
+
+torch = pytest.importorskip("torch")
+
+
+def chains(repo, vid):
+    """{path: [(codec, op, chain length)]} of a version's chunks."""
+    return {leaf.path: [(c.codec, (c.delta or {}).get("op"), len((c.delta or {}).get("chain", [])))
+                        for c in leaf.chunks] for leaf in repo.manifest(vid).leaves}
+
+
+def train_like(steps, seed=0):
+    """States of a slowly changing float32 weight, a bf16 copy, an int64 counter table and a frozen part."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(512, 1024, generator=g)
+    counts = torch.arange(400_000, dtype=torch.int64)
+    frozen = torch.randn(256, 1024, generator=g)
+    for _ in range(steps):
+        w.add_(torch.randn(w.shape, generator=g) * 1e-4)
+        counts.add_(torch.randint(0, 3, counts.shape, generator=g))
+        yield {"w": w.clone(), "w16": w.to(torch.bfloat16), "counts": counts.clone(), "frozen": frozen}
+
+
+def same(a, b):
+    return all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("reopen", [False, True], ids=["cached-base", "base-read-back"])
+def test_chain_round_trips_and_is_bounded(tmp_path, reopen):
+    url = str(tmp_path / "r")
+    repo = fp.Repo(url, create=True, codec="lossless", delta=fp.Delta(max_chain=3))
+    states, ids = [], []
+    for i, state in enumerate(train_like(7)):
+        if reopen:
+            repo.close()
+            repo = fp.Repo(url, codec="lossless", delta=fp.Delta(max_chain=3))
+        ids.append(repo.save(state, step=i, sync=i % 2 == 0) if i % 2 == 0 else repo.save(state, step=i, sync=False).wait())
+        states.append(state)
+    ids = [v.id for v in ids]
+    expected_chain = [0, 1, 2, 0, 1, 2, 0]
+    for i, vid in enumerate(ids):
+        got = chains(repo, vid)
+        assert [n for _, _, n in got["w"]] == [expected_chain[i]], (i, got["w"])
+        assert got["counts"][0][1] == ("sub" if expected_chain[i] else None), "integers use subtraction"
+        assert got["frozen"] == chains(repo, ids[0])["frozen"], "an unchanged chunk reuses its record"
+    m0, m1 = repo.manifest(ids[0]), repo.manifest(ids[1])
+    assert m1.version.stored_bytes < 0.75 * m0.version.stored_bytes
+    fresh = fp.Repo(url)
+    for vid, state in zip(ids, states):
+        assert same(fresh.load(vid), state), vid
+    assert fresh.verify().problems == []
+
+
+def test_delta_only_where_smaller(tmp_path):
+    repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless", delta=True)
+    g = torch.Generator().manual_seed(1)
+    repo.save({"w": torch.randn(512, 1024, generator=g)})
+    v = repo.save({"w": torch.randn(512, 1024, generator=g)})
+    assert chains(repo, v.id)["w"] == [("planes+zstd", None, 0)], "unrelated values are stored in full"
+    raw = fp.Repo(str(tmp_path / "raw"), create=True, codec="raw", delta=True)
+    w = torch.randn(512, 1024, generator=g)
+    raw.save({"w": w})
+    w[0, 0] += 1
+    v = raw.save({"w": w})
+    assert chains(raw, v.id)["w"] == [("raw", None, 0)], "no delta without a codec that can shrink it"
+    assert torch.equal(raw.load(v.id)["w"], w)
+
+
+def test_gc_keeps_the_bases_of_kept_versions(tmp_path):
+    url = str(tmp_path / "r")
+    repo = fp.Repo(url, create=True, codec="lossless", delta=fp.Delta(max_chain=4))
+    states = list(train_like(6))
+    for i, state in enumerate(states):
+        repo.save(state, step=i)
+    head = repo.log()[0]
+    assert [n for _, _, n in chains(repo, head.id)["w"]] == [1], "the head is a delta on step 4's full chunk"
+    report = repo.gc(keep=fp.Keep(last=1), grace=0)
+    assert report.deleted_objects > 0, "versions 0-3 and their objects were released"
+    assert same(fp.Repo(url).load(head.id), states[-1])
+    assert fp.Repo(url).verify().problems == []
+
+
+def test_corrupt_base_is_caught_and_named(tmp_path):
+    url = str(tmp_path / "r")
+    repo = fp.Repo(url, create=True, codec="lossless", delta=True)
+    states = list(train_like(3))
+    for state in states:
+        repo.save(state)
+    leaf = next(lf for lf in repo.manifest("main").leaves if lf.path == "w")
+    base = leaf.chunks[0].delta["chain"][0]
+    path = tmp_path / "r" / "objects" / base[:2] / base
+    data = bytearray(path.read_bytes())
+    data[-100] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptObjectError, match=base):
+        fp.Repo(url).load("main")
+    assert any(base in p for p in fp.Repo(url).verify("main").problems)
+
+
+def test_flushed_tier_holds_the_whole_chain(tmp_path):
+    fast, slow = tmp_path / "fast", tmp_path / "slow"
+    repo = fp.Repo(tiers=[str(fast), str(slow)], create=True, codec="lossless", delta=True)
+    states = list(train_like(4))
+    for state in states:
+        repo.save(state)
+    repo.drain()
+    repo.close()
+    shutil.rmtree(fast)
+    again = fp.Repo(tiers=[str(fast), str(slow)], create=True)
+    for v, state in zip(again.log()[::-1], states):
+        assert same(again.load(v.id), state)
+
+
+def test_values_are_unchanged_by_chain_arithmetic():
+    from forkpoint.format.delta import apply_delta, make_delta
+
+    rng = np.random.default_rng(0)
+    for dtype, op in [(np.int64, "sub"), (np.uint8, "sub"), (np.float32, "xor"), (np.float16, "xor")]:
+        if np.issubdtype(dtype, np.integer):
+            info = np.iinfo(dtype)
+            a, b = (rng.integers(info.min, info.max, 1001, dtype=dtype, endpoint=True).view(np.uint8) for _ in "ab")
+        else:
+            a, b = (rng.standard_normal(1001).astype(dtype).view(np.uint8) for _ in "ab")
+        d = make_delta(op, a, b, np.dtype(dtype).itemsize)
+        acc = b.copy()
+        apply_delta(op, acc, d, np.dtype(dtype).itemsize)
+        assert np.array_equal(acc, a)
