@@ -167,8 +167,54 @@ def main() -> None:
                        "MBps_1": one, "MBps_2": two}
                 results["rows"].append(row)
                 print(f"| {part} | {kind} | {name} | {ratio:.3f} | {one:.0f} | {two:.0f} |", flush=True)
+    for dtype in args.dtypes.split(","):
+        repo_rows(results, cache, dtype, load_or_train(cache, dtype, args.steps, args.batch), args.steps)
+    summarize(results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+def repo_rows(results: dict, cache: Path, dtype: str, snaps: dict, steps: int) -> None:
+    """Save the snapshots in step order to a repository with codec="lossless" and deltas on;
+    report each version's stored bytes against its logical bytes."""
+    import shutil
+
+    import torch
+
+    import forkpoint as fp
+
+    path = cache / f"repo-{dtype}"
+    shutil.rmtree(path, ignore_errors=True)
+    repo = fp.Repo(str(path), create=True, codec="lossless", delta=fp.Delta(max_chain=10))
+    print(f"\n{dtype}: repository with codec='lossless', delta=fp.Delta()")
+    print("| step | stored as | logical MB | stored MB | ratio |")
+    print("|---|---|---|---|---|")
+    for step in sorted(snaps):
+        state = {p: torch.from_numpy(a).view(getattr(torch, dtype)) for p, a in snaps[step].items()}
+        v = repo.save(state, step=step)
+        kinds = {"delta" if c.delta else "full" for leaf in repo.manifest(v.id).leaves for c in leaf.chunks}
+        ratio = v.logical_bytes / v.stored_bytes
+        results.setdefault("repo", []).append({"dtype": dtype, "step": step, "logical": v.logical_bytes,
+                                               "stored": v.stored_bytes, "kinds": sorted(kinds)})
+        print(f"| {step} | {'+'.join(sorted(kinds))} | {v.logical_bytes / 1e6:.1f} | {v.stored_bytes / 1e6:.1f} | {ratio:.2f} |")
+    for step in sorted(snaps):
+        got = repo.load(f"main~{len(snaps) - 1 - sorted(snaps).index(step)}")
+        assert all(np.array_equal(got[p].view(torch.uint8).reshape(-1).numpy(), snaps[step][p]) for p in PARTS)
+    repo.close()
+
+
+def summarize(results: dict) -> None:
+    """Print, per dtype and part, forkpoint's ratio against the best other method, and its
+    two-thread encode speed against the disk."""
+    print("\n| dtype | part | forkpoint ratio | best other | ratio / best other | forkpoint MB/s (2 threads) / disk |")
+    print("|---|---|---|---|---|---|")
+    keys = sorted({(r["dtype"], r["part"], r["data"]) for r in results["rows"]})
+    for dtype, part, data in keys:
+        rows = [r for r in results["rows"] if (r["dtype"], r["part"], r["data"]) == (dtype, part, data)]
+        mine = next(r for r in rows if r["method"] == "forkpoint")
+        other = max((r for r in rows if r["method"] != "forkpoint"), key=lambda r: r["ratio"])
+        print(f"| {dtype} | {part} {data} | {mine['ratio']:.3f} | {other['method']} {other['ratio']:.3f} | "
+              f"{mine['ratio'] / other['ratio']:.3f} | {mine['MBps_2'] / 1e3 / results['disk_GBps']:.2f} |")
 
 
 if __name__ == "__main__":

@@ -38,5 +38,5 @@ def test_auto_round_trips_and_uses_the_store_hint(tmp_path):
     back = repo.load(v.id)
     assert np.array_equal(back["w"], state["w"]) and np.array_equal(back["noise"], state["noise"])
     codecs = {lf.path: {c.codec for c in lf.chunks} for lf in repo.manifest(v.id).leaves}
-    assert codecs["w"] == {"planes+zstd"} and codecs["noise"] == {"raw"}
+    assert codecs["w"] == {"float-planes"} and codecs["noise"] == {"raw"}
     assert repo.verify(v.id).ok

@@ -54,9 +54,9 @@ def test_incompressible_chunks_are_stored_raw(tmp_path):
 def test_codec_policy_errors_and_registry():
     with pytest.raises(ValueError, match="codec must be one of"):
         fp.Repo("mem://bad-codec", create=True, codec="lzma")
-    assert codec_for("lossless", 4, True).name == "planes+zstd"
+    assert codec_for("lossless", 4, True).name == "float-planes"
     assert codec_for("lossless", 8, False).name == "zstd"
-    assert {c.name for c in CODECS.values()} >= {"raw", "zstd", "planes+zstd"}
+    assert {c.name for c in CODECS.values()} >= {"raw", "zstd", "planes+zstd", "float-planes"}
 
 
 def test_du_reports_ratio_by_codec(tmp_path):
@@ -71,12 +71,12 @@ def test_du_reports_ratio_by_codec(tmp_path):
     out = subprocess.run([sys.executable, "-m", "forkpoint.cli.main", "du", "-r", url, "--json"],
                          capture_output=True, text=True, check=True)
     codecs = json.loads(out.stdout)["codecs"]
-    assert set(codecs) == {"planes+zstd", "zstd"}
-    planes = codecs["planes+zstd"]
+    assert set(codecs) == {"float-planes", "zstd"}
+    planes = codecs["float-planes"]
     assert planes["decoded_bytes"] == 2_000_000 and planes["stored_bytes"] < planes["decoded_bytes"]
     human = subprocess.run([sys.executable, "-m", "forkpoint.cli.main", "du", "-r", url],
                            capture_output=True, text=True, check=True).stdout
-    assert "planes+zstd" in human and "ratio" in human
+    assert "float-planes" in human and "ratio" in human
 
 
 def test_codec_per_path_pattern(tmp_path):
@@ -88,9 +88,71 @@ def test_codec_per_path_pattern(tmp_path):
     repo.save({"model": model, "optim": opt})
     codecs = {leaf.path: {c.codec for c in leaf.chunks} for leaf in repo.manifest().leaves}
     assert codecs["model/weight"] == {"raw"}
-    assert codecs["optim/state/0/exp_avg_sq"] == {"planes+zstd"}
+    assert codecs["optim/state/0/exp_avg_sq"] == {"float-planes"}
     out = repo.load()
     assert torch.equal(out["optim"]["state"][0]["exp_avg_sq"], opt.state_dict()["state"][0]["exp_avg_sq"])
     with pytest.raises(ValueError, match="for 'model/\\*'"):
         fp.Repo(str(tmp_path / "r2"), create=True, codec={"model/*": "fast"})
     repo.close()
+
+
+def _weights_and_moments(n=400_000, seed=0):
+    """Weights-like values (random signs and exponents around 2^-6) and moments with zero runs."""
+    rng = np.random.default_rng(seed)
+    weights = (rng.standard_normal(n) * 0.02).astype(np.float32)
+    moments = (rng.standard_normal(n) * 1e-4).astype(np.float32)
+    moments.reshape(-1, 1000)[::2] = 0.0
+    return weights, moments
+
+
+def test_float_codec_chooses_layout_and_coder_per_plane():
+    from forkpoint.format import floatcodec
+
+    weights, moments = _weights_and_moments()
+    rotated, coders, _ = floatcodec.choose(weights.view(np.uint8), 4)
+    assert rotated and coders[-1] == floatcodec.HUFFMAN and coders[:2] == [floatcodec.RAW] * 2, \
+        "a weight's exponent is isolated and Huffman-coded, its low mantissa bytes stay raw"
+    _, coders, _ = floatcodec.choose(moments.view(np.uint8), 4)
+    assert coders[-1] == floatcodec.ZSTD, "runs of zeros are coded by zstd"
+    import zstandard
+    for data in (weights, moments):
+        raw = data.view(np.uint8)
+        coded = floatcodec.encode(raw, 4)
+        assert len(coded) < len(zstandard.ZstdCompressor(level=3).compress(raw.tobytes()))
+        assert bytes(floatcodec.decode(coded, raw.nbytes)) == raw.tobytes()
+
+
+@pytest.mark.parametrize("itemsize", [1, 2, 4, 8])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_float_codec_round_trips_every_bit_pattern(itemsize, threads):
+    from forkpoint.format import floatcodec
+
+    rng = np.random.default_rng(itemsize)
+    raw = rng.integers(0, 256, 3 * floatcodec.SEGMENT_BYTES + 5 * itemsize, dtype=np.uint8)
+    raw[: raw.nbytes // 2] = 0
+    specials = np.array([np.inf, -np.inf, np.nan, -0.0, 1e-45, -3e38], np.float32).view(np.uint8)
+    raw[1000:1000 + specials.nbytes] = specials
+    for data in (raw, raw[:7 * itemsize + 3], raw[:0]):
+        coded = floatcodec.encode(data, itemsize, threads)
+        assert bytes(floatcodec.decode(coded, data.nbytes, threads)) == data.tobytes()
+
+
+def test_damaged_float_payload_is_refused(tmp_path):
+    from forkpoint.errors import CorruptObjectError
+
+    weights, _ = _weights_and_moments()
+    repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless")
+    repo.save({"w": torch.from_numpy(weights)})
+    chunk = repo.manifest().leaves[0].chunks[0]
+    path = tmp_path / "r" / "objects" / chunk.object[:2] / chunk.object
+    data = bytearray(path.read_bytes())
+    data[40] ^= 0x55
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptObjectError, match=chunk.object):
+        fp.Repo(str(tmp_path / "r")).load()
+
+
+def test_objects_of_the_previous_float_codec_still_read():
+    planes = CODECS[2]
+    data = np.arange(10_000, dtype=np.float32).view(np.uint8)
+    assert bytes(planes.decode(planes.encode(memoryview(data), 4), data.nbytes)) == data.tobytes()

@@ -65,7 +65,7 @@ def test_delta_only_where_smaller(tmp_path):
     g = torch.Generator().manual_seed(1)
     repo.save({"w": torch.randn(512, 1024, generator=g)})
     v = repo.save({"w": torch.randn(512, 1024, generator=g)})
-    assert chains(repo, v.id)["w"] == [("planes+zstd", None, 0)], "unrelated values are stored in full"
+    assert chains(repo, v.id)["w"] == [("float-planes", None, 0)], "unrelated values are stored in full"
     raw = fp.Repo(str(tmp_path / "raw"), create=True, codec="raw", delta=True)
     w = torch.randn(512, 1024, generator=g)
     raw.save({"w": w})

@@ -10,19 +10,21 @@ import numpy as np
 import zstandard
 
 from ..errors import FormatError
+from . import floatcodec
 
 
 @dataclass(frozen=True)
 class Codec:
-    """A lossless transform of an object's bytes, known by id and name."""
+    """A lossless transform of an object's bytes, known by id and name: encode(data, itemsize,
+    threads=None) and decode(payload, decoded length)."""
 
     id: int
     name: str
-    encode: Callable[[memoryview, int], bytes | memoryview]
+    encode: Callable[..., bytes | memoryview]
     decode: Callable[[bytes | memoryview, int], bytes | memoryview]
 
 
-def _zstd_encode(data: memoryview, itemsize: int = 1) -> bytes:
+def _zstd_encode(data: memoryview, itemsize: int = 1, threads: int | None = None) -> bytes:
     return zstandard.ZstdCompressor(level=3, threads=-1).compress(data)
 
 
@@ -30,7 +32,7 @@ def _zstd_decode(payload, decoded_length: int) -> bytes:
     return zstandard.ZstdDecompressor().decompress(payload, max_output_size=decoded_length)
 
 
-def _planes_encode(data: memoryview, itemsize: int = 1) -> bytes:
+def _planes_encode(data: memoryview, itemsize: int = 1, threads: int | None = None) -> bytes:
     """Byte planes: all first bytes of the elements, then all second bytes, ..., each plane
     zstd-compressed together. Payload: itemsize (u8), then one zstd frame."""
     if itemsize <= 1 or len(data) % itemsize or itemsize > 255:
@@ -53,19 +55,20 @@ def _planes_decode(payload, decoded_length: int) -> bytes:
 CODECS = {
     c.id: c
     for c in (
-        Codec(0, "raw", lambda b, itemsize=1: b, lambda p, n: p),
+        Codec(0, "raw", lambda b, itemsize=1, threads=None: b, lambda p, n: p),
         Codec(1, "zstd", _zstd_encode, _zstd_decode),
         Codec(2, "planes+zstd", _planes_encode, _planes_decode),
+        Codec(3, "float-planes", floatcodec.encode, floatcodec.decode),
     )
 }
 POLICIES = ("raw", "zstd", "lossless", "auto")
 
 
 def codec_for(policy: str, itemsize: int, floating: bool) -> Codec:
-    """The codec a policy picks for one chunk: 'lossless' (and the candidate of 'auto') splits
-    floats into byte planes."""
+    """The codec a policy picks for one chunk: 'lossless' (and the candidate of 'auto') codes
+    floats as byte planes (format.floatcodec), other data with zstd."""
     if policy in ("lossless", "auto"):
-        return CODECS[2] if floating and itemsize > 1 else CODECS[1]
+        return CODECS[3] if floating and itemsize > 1 else CODECS[1]
     return codec_by_name(policy)
 
 

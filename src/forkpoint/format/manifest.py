@@ -75,8 +75,9 @@ class Leaf:
 
     @staticmethod
     def from_json(d: dict) -> "Leaf":
-        chunks = [Chunk(**c) for c in d.get("chunks", [])]
-        return Leaf(**{**d, "chunks": chunks})
+        """Parse a leaf record, ignoring fields a later minor format version may add."""
+        chunks = [Chunk(**_known(Chunk, c)) for c in d.get("chunks", [])]
+        return Leaf(**{**_known(Leaf, d), "chunks": chunks})
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -96,6 +97,10 @@ class Leaf:
         if not infos:
             return None
         return {**infos[0], "max_rel_error": max(i["max_rel_error"] for i in infos)}
+
+
+def _known(cls, record: dict) -> dict:
+    return {k: v for k, v in record.items() if k in cls.__dataclass_fields__}
 
 
 @dataclass

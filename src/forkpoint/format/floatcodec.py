@@ -1,0 +1,185 @@
+"""The float-aware lossless codec: byte planes, each entropy-coded by the coder that suits it.
+
+Elements are split into byte planes, the top two optionally rotated left by one bit as one
+16-bit word (the sign moves below the exponent, so the top plane of a float32 or bfloat16
+holds exactly its exponent), and each
+plane is stored raw, zstd-1 (good where values repeat: Adam moments, deltas) or deflate
+Huffman-only (near the order-0 entropy where they do not: weights' exponents). The layout and
+each plane's coder are chosen on a sample. Segments of elements are coded independently, in
+parallel threads. Payload (little-endian):
+
+    u8 version (1) | u8 itemsize | u8 rotated | u8 0 | u64 elements | u32 segment elements
+    | itemsize x u8 plane coder | (segments x itemsize) x u32 coded length | coded bytes
+"""
+
+import os
+import struct
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import zstandard
+
+try:
+    from zlib_ng import zlib_ng as _deflate
+except ImportError:  # the standard zlib writes and reads the same streams, slower
+    _deflate = zlib
+
+RAW, ZSTD, HUFFMAN = 0, 1, 2
+_HEAD = struct.Struct("<BBBxQI")
+_WORDS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+SEGMENT_BYTES = 4 << 20
+SAMPLE_PIECES, SAMPLE_ELEMENTS = 16, 4 << 10
+MIN_GAIN = 0.995
+_pool: ThreadPoolExecutor | None = None
+THREADS = min(8, os.cpu_count() or 1)
+
+
+def _threads_pool() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(THREADS, thread_name_prefix="forkpoint-codec")
+    return _pool
+
+
+def _encode_plane(plane: np.ndarray, coder: int) -> bytes | np.ndarray:
+    if coder == ZSTD:
+        return zstandard.ZstdCompressor(level=1).compress(plane)
+    if coder == HUFFMAN:
+        packer = _deflate.compressobj(1, zlib.DEFLATED, -15, 9, zlib.Z_HUFFMAN_ONLY)
+        return packer.compress(plane) + packer.flush()
+    return memoryview(plane)
+
+
+def _decode_plane(coded, coder: int, out: np.ndarray) -> None:
+    if coder == ZSTD:
+        out[...] = np.frombuffer(zstandard.ZstdDecompressor().decompress(coded, max_output_size=out.nbytes), np.uint8)
+    elif coder == HUFFMAN:
+        out[...] = np.frombuffer(_deflate.decompress(coded, -15, out.nbytes), np.uint8)
+    else:
+        out[...] = np.frombuffer(coded, np.uint8)
+
+
+def _rotate(top: np.ndarray, below: np.ndarray, left: bool) -> None:
+    """Rotate the 16-bit words (top, below) by one bit, in place, left or right."""
+    if left:
+        carry = top >> 7
+        top <<= 1
+        top |= below >> 7
+        below <<= 1
+        below |= carry
+    else:
+        carry = below & 1
+        below >>= 1
+        below |= top << 7
+        top >>= 1
+        top |= carry << 7
+
+
+def _to_planes(elements: np.ndarray, itemsize: int, rotated: bool, planes: np.ndarray) -> None:
+    """Write `elements` (uint8, whole elements) into `planes` (itemsize x count), rotated if asked."""
+    planes[...] = elements.reshape(-1, itemsize).T
+    if rotated:
+        _rotate(planes[-1], planes[-2], True)
+
+
+def _from_planes(planes: np.ndarray, itemsize: int, rotated: bool, out: np.ndarray) -> None:
+    if rotated:
+        _rotate(planes[-1], planes[-2], False)
+    out.reshape(-1, itemsize)[...] = planes.T
+
+
+def _sample(data: np.ndarray, itemsize: int) -> np.ndarray:
+    count = data.nbytes // itemsize
+    if count <= SAMPLE_PIECES * SAMPLE_ELEMENTS:
+        return data
+    step = (count - SAMPLE_ELEMENTS) // (SAMPLE_PIECES - 1)
+    return np.concatenate([data[i * step * itemsize:(i * step + SAMPLE_ELEMENTS) * itemsize]
+                           for i in range(SAMPLE_PIECES)])
+
+
+def _plane_coder(plane: np.ndarray) -> tuple[int, int]:
+    """(coder, coded bytes) that codes a sample plane smallest; planes whose bytes look
+    uniformly random are left raw without trying."""
+    counts = np.bincount(plane, minlength=256)
+    if counts.min() * 256 > 0.9 * plane.nbytes and counts.max() * 256 < 1.1 * plane.nbytes:
+        return RAW, plane.nbytes
+    sizes = {coder: len(_encode_plane(plane, coder)) for coder in (ZSTD, HUFFMAN)}
+    coder = min(sizes, key=sizes.get)
+    return (coder, sizes[coder]) if sizes[coder] < MIN_GAIN * plane.nbytes else (RAW, plane.nbytes)
+
+
+def choose(data: np.ndarray, itemsize: int) -> tuple[bool, list[int], int]:
+    """(rotated, coder per plane, coded bytes of the sample) for `data`."""
+    sample = _sample(data, itemsize)
+    planes = np.empty((itemsize, sample.nbytes // itemsize), np.uint8)
+    _to_planes(sample, itemsize, False, planes)
+    plain = [_plane_coder(plane) for plane in planes]
+    if itemsize not in _WORDS:
+        return False, [c for c, _ in plain], sum(n for _, n in plain)
+    _rotate(planes[-1], planes[-2], True)
+    turned = plain[:-2] + [_plane_coder(planes[-2]), _plane_coder(planes[-1])]
+    best = min((False, plain), (True, turned), key=lambda o: sum(n for _, n in o[1]))
+    return best[0], [c for c, _ in best[1]], sum(n for _, n in best[1])
+
+
+def encode(data, itemsize: int = 1, threads: int | None = None) -> bytes:
+    """Encode bytes whose elements are `itemsize` wide (a float type's size)."""
+    data = np.frombuffer(data, np.uint8)
+    if itemsize not in _WORDS or data.nbytes % itemsize:
+        itemsize = 1
+    count = data.nbytes // itemsize
+    rotated, coders, _ = choose(data, itemsize)
+    per = max(1, SEGMENT_BYTES // itemsize)
+    starts = list(range(0, count, per)) or [0]
+
+    def segment(lo: int) -> list:
+        hi = min(count, lo + per)
+        planes = np.empty((itemsize, hi - lo), np.uint8)
+        _to_planes(data[lo * itemsize:hi * itemsize], itemsize, rotated, planes)
+        return [_encode_plane(plane, coder) for plane, coder in zip(planes, coders)]
+
+    threads = THREADS if threads is None else threads
+    if threads > 1 and len(starts) > 1:
+        coded = list(_threads_pool().map(segment, starts))
+    else:
+        coded = [segment(lo) for lo in starts]
+    lengths = [len(c) for seg in coded for c in seg]
+    head = _HEAD.pack(1, itemsize, int(rotated), count, per) + bytes(coders)
+    return b"".join([head, struct.pack(f"<{len(lengths)}I", *lengths), *(c for seg in coded for c in seg)])
+
+
+def decode(payload, decoded_length: int, threads: int | None = None) -> bytearray:
+    """Decode a payload of `encode` into `decoded_length` bytes."""
+    view = memoryview(payload).cast("B")
+    version, itemsize, rotated, count, per = _HEAD.unpack_from(view)
+    if version != 1 or count * itemsize != decoded_length or per < 1:
+        raise ValueError(f"float codec payload v{version} of {count}x{itemsize} bytes, expected {decoded_length}")
+    pos = _HEAD.size
+    coders = list(view[pos:pos + itemsize])
+    pos += itemsize
+    starts = list(range(0, count, per)) or [0]
+    lengths = struct.unpack_from(f"<{len(starts) * itemsize}I", view, pos)
+    pos += 4 * len(lengths)
+    offsets = np.concatenate([[pos], pos + np.cumsum(lengths)]).tolist()
+    if offsets[-1] != len(view):
+        raise ValueError(f"float codec payload holds {len(view)} bytes, its table says {offsets[-1]}")
+    out = bytearray(decoded_length)
+    dest = np.frombuffer(out, np.uint8)
+
+    def segment(j: int) -> None:
+        lo = starts[j]
+        hi = min(count, lo + per)
+        planes = np.empty((itemsize, hi - lo), np.uint8)
+        for k in range(itemsize):
+            i = j * itemsize + k
+            _decode_plane(view[offsets[i]:offsets[i + 1]], coders[k], planes[k])
+        _from_planes(planes, itemsize, bool(rotated), dest[lo * itemsize:hi * itemsize])
+
+    threads = THREADS if threads is None else threads
+    if threads > 1 and len(starts) > 1:
+        list(_threads_pool().map(segment, range(len(starts))))
+    else:
+        for j in range(len(starts)):
+            segment(j)
+    return out
