@@ -176,3 +176,32 @@ def test_gc_sweeps_every_tier(tmp_path):
     assert all(a < b for a, b in zip(after, before)), (before, after)
     assert repo.load("main")["i"] == 3 and repo.verify().ok
     repo.close()
+
+
+def test_memory_tier_holds_only_verified_bytes(tmp_path):
+    """Reads from this process's memory tier skip re-hashing, so nothing unverified may enter
+    it: a prefetch of a corrupt disk object is refused, and verify() still re-hashes."""
+    from forkpoint.errors import CorruptObjectError
+    from forkpoint.format.objects import object_key
+
+    fast, disk = mem(), str(tmp_path / "disk")
+    repo = fp.Repo(tiers=[fp.tier(fast, keep=1), disk], create=True)
+    ids = [repo.save(state(i), step=i).id for i in range(3)]
+    repo.drain()
+    assert not repo.stores[0].exists(f"versions/{ids[0]}.json")
+    obj = next(c.object for leaf in repo.manifest(ids[0]).leaves for c in leaf.chunks if leaf.path == "w")
+    path = tmp_path / "disk" / "objects" / obj[:2] / obj
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptObjectError, match=obj):
+        for t in repo.prefetch([ids[0]]):
+            t.result()
+    assert not repo.stores[0].exists(object_key(obj)), "the damaged copy never reached memory"
+    head = repo.manifest(ids[2])
+    key = object_key(next(c.object for leaf in head.leaves for c in leaf.chunks if leaf.path == "w"))
+    blob = bytearray(repo.stores[0].read(key))
+    blob[-5] ^= 0xFF
+    repo.stores[0]._data[key] = bytes(blob)
+    assert any(key in p for p in repo.verify(ids[2]).problems), "verify re-hashes the memory tier"
+    repo.close()

@@ -7,6 +7,8 @@ each checked against the object's block table; packed or encoded objects are rea
 once, decoded, verified and sliced.
 """
 
+import contextlib
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -14,13 +16,16 @@ import blake3
 import numpy as np
 
 from ..errors import CorruptObjectError, MissingObjectError
-from ..format.codecs import codec_by_id
 from ..format.delta import OPS, apply_delta
 from ..format.manifest import Chunk, Leaf
 from ..format.objects import (ALIGNED_HEADER_SIZE, BLOCK_BYTES, DIGEST_BYTES, OBJECT_HEADER_SIZE,
-                              block_table, content_hash, unpack_header)
+                              block_table, content_hash, decode_object, unpack_header)
 from ..storage.base import Store
 from .save import object_key
+
+
+PIECE_BYTES = 1 << 40
+MEMORY_COPY_TASKS = max(2, min(8, os.cpu_count() or 2))
 
 
 @dataclass
@@ -73,8 +78,9 @@ def _region(req: ReadRequest, chunk: Chunk) -> Region | None:
 
 
 class _Reader:
-    def __init__(self, store: Store, version_id: str):
+    def __init__(self, store: Store, version_id: str, trust: bool = True):
         self.store, self.version_id = store, version_id
+        self.rehash = not (trust and store.trusted)
 
     def where(self, leaf: Leaf, key: str) -> str:
         return f"version {self.version_id}, leaf {leaf.path!r}, object {self.store.url}/{key}"
@@ -86,16 +92,7 @@ class _Reader:
             blob = self.store.read(key)
         except FileNotFoundError:
             raise MissingObjectError(f"{self.where(leaf, key)} is missing") from None
-        codec_id, length, header_size = unpack_header(blob[:OBJECT_HEADER_SIZE], self.where(leaf, key))
-        codec = codec_by_id(codec_id, self.where(leaf, key))
-        try:
-            data = codec.decode(memoryview(blob)[header_size:], length)
-        except Exception as e:  # any decoder failure means the stored bytes are damaged
-            raise CorruptObjectError(
-                f"{self.where(leaf, key)} cannot be decoded as {codec.name} ({e}): corrupted") from None
-        if len(data) != length or content_hash(data) != digest:
-            raise CorruptObjectError(f"{self.where(leaf, key)} does not match its hash: corrupted")
-        return data
+        return decode_object(blob, digest, self.where(leaf, key), verify=self.rehash)
 
     def read_direct(self, leaf: Leaf, chunk: Chunk, dest: np.ndarray) -> None:
         """Read a raw standalone chunk straight into `dest` and verify it."""
@@ -111,8 +108,30 @@ class _Reader:
             raise MissingObjectError(f"{self.where(leaf, key)} is missing") from None
         if length != chunk.size or got != chunk.size:
             raise CorruptObjectError(f"{self.where(leaf, key)} is truncated or of the wrong size")
-        if content_hash(dest) != chunk.hash:
+        if self.rehash and content_hash(dest) != chunk.hash:
             raise CorruptObjectError(f"{self.where(leaf, key)} does not match its hash: corrupted")
+
+    def direct_jobs(self, leaf: Leaf, chunk: Chunk, dest: np.ndarray) -> list[tuple[int, Callable]]:
+        """(bytes, job) reading a raw standalone chunk into `dest`: one job, or, from a trusted
+        store (nothing to hash), pieces of PIECE_BYTES that copy in parallel."""
+        if self.rehash or chunk.size <= 2 * PIECE_BYTES:
+            return [(chunk.size, _bind(self.read_direct, leaf, chunk, dest))]
+        key = object_key(chunk.object)
+        header = bytearray(OBJECT_HEADER_SIZE)
+        try:
+            got = self.store.read_into(key, 0, memoryview(header))
+        except FileNotFoundError:
+            raise MissingObjectError(f"{self.where(leaf, key)} is missing") from None
+        codec_id, length, header_size = unpack_header(bytes(header[:got]), self.where(leaf, key))
+        if codec_id != 0 or length != chunk.size:
+            return [(chunk.size, _bind(self.read_direct, leaf, chunk, dest))]
+
+        def piece(lo: int) -> None:
+            part = dest[lo:lo + PIECE_BYTES]
+            if self.store.read_into(key, header_size + lo, memoryview(part)) != part.nbytes:
+                raise CorruptObjectError(f"{self.where(leaf, key)} is truncated")
+
+        return [(min(PIECE_BYTES, chunk.size - lo), _bind(piece, lo)) for lo in range(0, chunk.size, PIECE_BYTES)]
 
     def chunk_bytes(self, leaf: Leaf, chunk: Chunk, data=None) -> np.ndarray:
         """The verified decoded bytes of a chunk, out of its (possibly packed, encoded or delta)
@@ -121,7 +140,7 @@ class _Reader:
         piece = np.frombuffer(data, dtype=np.uint8, count=chunk.size, offset=chunk.start)
         if chunk.delta is not None:
             piece = self.undelta(leaf, chunk, piece)
-        if content_hash(piece) != chunk.hash:
+        if self.rehash and content_hash(piece) != chunk.hash:
             raise CorruptObjectError(
                 f"{self.where(leaf, object_key(chunk.object))}: chunk {chunk.hash} does not match its hash")
         return piece
@@ -197,13 +216,15 @@ class _Reader:
 
 
 def read_leaves(store: Store, requests: list[ReadRequest], version_id: str,
-                submit: Callable[[Callable, int], object]) -> None:
+                submit: Callable[[Callable, int], object], trust: bool = True, batch=None) -> None:
     """Fill every request's target; raise MissingObjectError/CorruptObjectError naming the leaf.
 
-    `submit(fn, nbytes)` runs fn as a task and returns something with `.result()`.
+    `submit(fn, nbytes)` runs fn as a task and returns something with `.result()`. Bytes from
+    a trusted store (this process's memory tier) are not re-hashed unless `trust` is False.
+    `batch()`, when given, is a context in which the submissions are made at once.
     """
-    reader = _Reader(store, version_id)
-    direct, shared = [], {}
+    reader = _Reader(store, version_id, trust)
+    jobs, shared = [], {}
     for req in requests:
         for chunk in req.leaf.chunks:
             region = _region(req, chunk)
@@ -211,9 +232,9 @@ def read_leaves(store: Store, requests: list[ReadRequest], version_id: str,
                 continue
             standalone = chunk.standalone and chunk.codec == "raw"
             if standalone and region.whole_flat is not None:
-                direct.append(submit(_bind(reader.read_direct, req.leaf, chunk, region.whole_flat), chunk.size))
+                jobs.extend(reader.direct_jobs(req.leaf, chunk, region.whole_flat))
             elif standalone:
-                direct.append(submit(_bind(reader.fill_region, req.leaf, chunk, region), chunk.size))
+                jobs.append((chunk.size, _bind(reader.fill_region, req.leaf, chunk, region)))
             else:
                 shared.setdefault(chunk.object, []).append((req.leaf, chunk, region))
 
@@ -222,8 +243,12 @@ def read_leaves(store: Store, requests: list[ReadRequest], version_id: str,
         for leaf, chunk, region in items:
             reader.fill_region(leaf, chunk, region, data)
 
-    futures = direct + [submit(_bind(fill_from, obj, items), sum(c.size for _, c, _ in items))
-                        for obj, items in shared.items()]
+    jobs += [(sum(c.size for _, c, _ in items), _bind(fill_from, obj, items)) for obj, items in shared.items()]
+    jobs.sort(key=lambda job: -job[0])
+    if not reader.rehash and len(jobs) > MEMORY_COPY_TASKS:
+        jobs = _binned(jobs, MEMORY_COPY_TASKS)
+    with (batch or contextlib.nullcontext)():
+        futures = [submit(fn, size) for size, fn in jobs]
     errors = []
     for fut in futures:
         try:
@@ -237,6 +262,22 @@ def read_leaves(store: Store, requests: list[ReadRequest], version_id: str,
 def chunk_value(store: Store, leaf: Leaf, chunk: Chunk, version_id: str) -> np.ndarray:
     """The verified bytes of one chunk of `leaf` read from `store`, in this thread."""
     return _Reader(store, version_id).chunk_bytes(leaf, chunk)
+
+
+def _binned(jobs: list[tuple[int, Callable]], count: int) -> list[tuple[int, Callable]]:
+    """`count` jobs that each run a share of `jobs` (largest first to the least loaded): plain
+    memory copies are cheaper to run as a few long tasks than as many short ones."""
+    bins: list[list] = [[0, []] for _ in range(count)]
+    for size, fn in jobs:
+        low = min(bins, key=lambda b: b[0])
+        low[0] += size
+        low[1].append(fn)
+    return [(size, _bind(_run_all, fns)) for size, fns in bins if fns]
+
+
+def _run_all(fns: list[Callable]) -> None:
+    for fn in fns:
+        fn()
 
 
 def _bind(fn, *args):

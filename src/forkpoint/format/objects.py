@@ -80,6 +80,22 @@ def table_header_size(length: int) -> int:
     return size if size <= MAX_HEADER_SIZE else ALIGNED_HEADER_SIZE
 
 
+def decode_object(blob, digest: str, where: str, verify: bool = True):
+    """The decoded bytes of a whole object file `blob` named `digest`; CorruptObjectError
+    (naming `where`) when it cannot be decoded or, with `verify`, does not match its name."""
+    from .codecs import codec_by_id
+
+    codec_id, length, header_size = unpack_header(bytes(memoryview(blob)[:OBJECT_HEADER_SIZE]), where)
+    codec = codec_by_id(codec_id, where)
+    try:
+        data = codec.decode(memoryview(blob)[header_size:], length)
+    except Exception as e:  # any decoder failure means the stored bytes are damaged
+        raise CorruptObjectError(f"{where} cannot be decoded as {codec.name} ({e}): corrupted") from None
+    if len(data) != length or (verify and content_hash(data) != digest):
+        raise CorruptObjectError(f"{where} does not match its hash: corrupted")
+    return data
+
+
 def pack_header(codec_id: int, decoded_length: int, header_size: int = OBJECT_HEADER_SIZE,
                 table: bytes = b"") -> bytes:
     """Return the `header_size` bytes that precede an object's payload (with its block table)."""

@@ -68,7 +68,7 @@ class ReadingMixin:
         holders = self._holders(vid)
         for i, store in enumerate(holders):
             try:
-                return read_leaves(store, requests, vid, self._submit_read)
+                return read_leaves(store, requests, vid, self._submit_read, batch=self._sched.batch)
             except (MissingObjectError, CorruptObjectError):
                 if i == len(holders) - 1:
                     raise

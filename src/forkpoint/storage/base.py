@@ -17,6 +17,9 @@ class Store(ABC):
     """Expected write bandwidth in bytes/s when known in advance (remote stores); None: measure."""
     measured_bandwidth: float | None = None
     """Write bandwidth of raw writes seen so far (kept by the engine, used by codec="auto")."""
+    trusted: bool = False
+    """True when an object read back is exactly the bytes that were verified as they were
+    stored (this process's memory): readers may skip re-hashing it."""
 
     @property
     def encode_speeds(self) -> dict:

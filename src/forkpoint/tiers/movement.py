@@ -6,7 +6,8 @@ when the destination already has the name; durability comes before the manifest.
 
 from typing import Callable
 
-from ..format.objects import object_key
+from ..errors import CorruptObjectError
+from ..format.objects import decode_object, object_key
 from ..storage import Store
 
 
@@ -16,17 +17,26 @@ def object_keys(manifest) -> set[str]:
 
 
 def copy_object(sources: list[Store], dst: Store, key: str) -> int:
-    """Copy `key` to `dst` from the first source that has it; return bytes copied (0 if present)."""
+    """Copy `key` to `dst` from the first source that has it; return bytes copied (0 if present).
+    Into a trusted store (whose reads are not re-hashed) only a copy that verifies goes."""
     if dst.exists(key):
         dst.touch(key)
         return 0
+    damaged = None
     for src in sources:
         try:
             data = src.read(key)
+            if dst.trusted and not src.trusted:
+                decode_object(data, key.rsplit("/", 1)[-1], f"{src.url}/{key}")
         except FileNotFoundError:
+            continue
+        except CorruptObjectError as e:
+            damaged = e
             continue
         dst.write(key, [data])
         return len(data)
+    if damaged is not None:
+        raise damaged
     raise FileNotFoundError(f"{key} is in no tier")
 
 
