@@ -205,3 +205,21 @@ def test_memory_tier_holds_only_verified_bytes(tmp_path):
     repo.stores[0]._data[key] = bytes(blob)
     assert any(key in p for p in repo.verify(ids[2]).problems), "verify re-hashes the memory tier"
     repo.close()
+
+
+def test_manifest_records_the_tiers_and_show_says_which_hold_it(tmp_path):
+    from click.testing import CliRunner
+
+    from forkpoint.cli.main import cli
+
+    fast, disk = str(tmp_path / "fast"), str(tmp_path / "disk")
+    repo = fp.Repo(tiers=[fp.tier(fast, keep=1), fp.tier(disk, flush_every=2)], create=True)
+    ids = [repo.save(state(i), step=i).id for i in range(3)]
+    repo.drain()
+    tiers = repo.manifest(ids[0]).version.tiers
+    assert [(t["url"], t["keep"], t["flush_every"]) for t in tiers] == [
+        (fp.Repo(fast).url, 1, 1), (fp.Repo(disk).url, None, 2)]
+    assert repo.where(ids[1]) == [fp.Repo(disk).url], "flushed (2nd version), then evicted from the fast tier"
+    repo.close()
+    out = CliRunner().invoke(cli, ["show", ids[1], "--repo", disk]).output
+    assert "tier 0" in out and "does not hold it now" in out and "tier 1" in out and "holds it" in out

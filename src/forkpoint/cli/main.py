@@ -110,6 +110,10 @@ def show(ref, repo_url, as_json):
         console.print(f"  {key:8} {getattr(v, key)}")
     console.print(f"  {'bytes':8} logical {_size(v.logical_bytes)}, newly stored {_size(v.stored_bytes)}")
     console.print(f"  {'env':8} " + ", ".join(f"{k}={val}" for k, val in v.env.items()))
+    held = set(repo.where(v.id))
+    for i, t in enumerate(v.tiers):
+        console.print(f"  {'tier ' + str(i):8} {t['url']} (keep {t['keep'] or 'all'}, flush every "
+                      f"{t['flush_every']}): {'holds it' if t['url'] in held else 'does not hold it now'}")
     table = Table("path", "kind", "dtype", "shape", "size", "chunks", "codec")
     for leaf in leaves:
         table.add_row(leaf["path"], leaf["kind"], leaf["dtype"], "x".join(map(str, leaf["shape"])) or "()",

@@ -119,6 +119,7 @@ class Version:
     stored_bytes: int = 0
     env: dict = field(default_factory=dict)
     pruned: bool = False
+    tiers: list = field(default_factory=list)
 
     def summary(self) -> dict:
         """Return the record as plain JSON data."""

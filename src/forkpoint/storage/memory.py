@@ -1,5 +1,6 @@
 """In-process memory store (`mem://name`): fast, volatile, shared by name within a process."""
 
+import sys
 import threading
 import time
 from typing import Sequence
@@ -10,6 +11,7 @@ from .base import Store
 
 
 LARGE_BYTES = 1 << 20
+SPARE_BYTES = 4 << 30
 
 
 class MemoryStore(Store):
@@ -26,6 +28,8 @@ class MemoryStore(Store):
         self._data: dict[str, bytes] = {}
         self._mtime: dict[str, float] = {}
         self._lock = threading.Lock()
+        self._spare: dict[int, list[np.ndarray]] = {}
+        self._spare_bytes = 0
 
     @classmethod
     def named(cls, name: str) -> "MemoryStore":
@@ -59,7 +63,7 @@ class MemoryStore(Store):
         if total < LARGE_BYTES:
             blob = b"".join(views)
         else:
-            blob = np.empty(total, np.uint8)
+            blob = self._recycled(total)
             pos = 0
             for v in views:
                 np.copyto(blob[pos:pos + v.nbytes], np.frombuffer(v, np.uint8))
@@ -88,8 +92,24 @@ class MemoryStore(Store):
 
     def delete(self, key: str) -> None:
         with self._lock:
-            self._data.pop(key, None)
+            blob = self._data.pop(key, None)
             self._mtime.pop(key, None)
+            if isinstance(blob, np.ndarray) and sys.getrefcount(blob) <= 2 and \
+                    self._spare_bytes + blob.nbytes <= SPARE_BYTES:
+                self._spare.setdefault(blob.nbytes, []).append(blob)
+                self._spare_bytes += blob.nbytes
+
+    def _recycled(self, size: int) -> np.ndarray:
+        """A writable buffer of `size` bytes: one freed by delete (already faulted in, so
+        storing a version every step does not pay for fresh pages), else a new one."""
+        with self._lock:
+            free = self._spare.get(size)
+            if free:
+                self._spare_bytes -= size
+                blob = free.pop()
+                blob.flags.writeable = True
+                return blob
+        return np.empty(size, np.uint8)
 
     def mtime(self, key: str) -> float:
         self._get(key)
