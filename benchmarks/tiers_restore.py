@@ -136,7 +136,7 @@ def rss_section(model, opt, nbytes, scratch, budget_mb):
 def every_step_section(scratch, steps, params_m):
     torch.set_num_threads(2)
     batch = torch.randn(16, WIDTH, generator=torch.Generator().manual_seed(1))
-    walls = {}
+    walls, medians, floor = {}, {}, None
     for mode in ("no checkpoint", "every step to memory, every 10th flushed to disk"):
         model, opt = build(params_m)
         train_step(model, opt, batch)
@@ -145,11 +145,17 @@ def every_step_section(scratch, steps, params_m):
             repo = fp.Repo(tiers=[fp.tier(f"mem://{uuid.uuid4().hex}", keep=2, flush_every=10),
                                   os.path.join(scratch, f"every-{uuid.uuid4().hex}")], create=True)
             ck = fp.Checkpointer(repo, {"model": model, "optim": opt}, every=1)
+        if floor is None:
+            floor = copy_and_hash_seconds(model, opt)
         t0 = time.perf_counter()
+        durations = []
         for step in range(steps):
+            s0 = time.perf_counter()
             train_step(model, opt, batch)
             if ck:
                 ck.step(step)
+            durations.append(time.perf_counter() - s0)
+        medians[mode] = statistics.median(durations)
         if ck:
             ck.close()
             repo.drain()
@@ -158,10 +164,31 @@ def every_step_section(scratch, steps, params_m):
         del model, opt
     base = walls["no checkpoint"]
     print(f"\n### Checkpoint every step into the memory tier ({params_m}M params, {steps} steps)\n")
-    print("| loop | wall (s) | s/step | slowdown |")
-    print("|---|---|---|---|")
+    print("| loop | wall (s) | s/step | slowdown | median step (s) | median slowdown |")
+    print("|---|---|---|---|---|---|")
     for k, v in walls.items():
-        print(f"| {k} | {v:.2f} | {v / steps:.2f} | {(v / base - 1) * 100:.0f}% |")
+        print(f"| {k} | {v:.2f} | {v / steps:.2f} | {(v / base - 1) * 100:.0f}% | {medians[k]:.2f} | "
+              f"{(medians[k] / medians['no checkpoint'] - 1) * 100:.0f}% |")
+    print(f"\nFloor: one copy of the state into staging memory plus blake3 of it (2 threads), with "
+          f"nothing else running: {floor:.3f} s = {floor / medians['no checkpoint'] * 100:.0f}% of a step")
+
+
+def copy_and_hash_seconds(model, opt) -> float:
+    """Seconds to copy every tensor of the state into a preallocated buffer and hash it with
+    blake3 on two threads: the work any content-addressed checkpoint of it must do."""
+    from forkpoint.format.objects import block_digests
+
+    tensors = [t for t in list(model.state_dict().values()) +
+               [v for s in opt.state_dict()["state"].values() for v in s.values()] if t.numel() > 1]
+    bufs = [torch.empty_like(t) for t in tensors]
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for b, t in zip(bufs, tensors):
+            b.copy_(t)
+            block_digests(memoryview(b.view(torch.uint8).numpy()))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def main():
