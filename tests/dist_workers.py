@@ -189,3 +189,25 @@ def _dcp_load(rank, world, out, url, reference_path):
         got = full_state(fp.dist.TrainState(model, opt))
         results[ref] = sorted(k for k in reference if not torch.equal(reference[k], got[k]))
     return results
+
+
+def _delta_saves(rank, world, out, url):
+    """Three versions with training between them, deltas on; restore each into a fresh model."""
+    fsdp, fopt = build_fsdp()
+    repo = fp.dist.Repo(url, create=True, timeout=60, codec="lossless", delta=fp.Delta(max_chain=3))
+    references, ids = [], []
+    for _ in range(3):
+        train(fsdp, fopt, "fsdp", 1, rank)
+        state = fp.dist.TrainState(fsdp, fopt)
+        ids.append(repo.save({"fsdp": state}).id)
+        references.append(full_state(state))
+    deltas = [sum(1 for leaf in repo.manifest(v).leaves for c in leaf.chunks if c.delta) for v in ids]
+    bad = []
+    for vid, reference in zip(ids, references):
+        fresh, fresh_opt = build_fsdp(seed=7)
+        state = fp.dist.TrainState(fresh, fresh_opt)
+        repo.restore({"fsdp": state}, vid)
+        got = full_state(state)
+        bad += [f"{vid}:{k}" for k in reference if not torch.equal(reference[k], got[k])]
+    repo.close()
+    return {"deltas": deltas, "bad": bad}

@@ -135,3 +135,12 @@ def test_sampler_positions_are_global():
     assert len(s) == 2 and list(s) == [6, 8] and s.epoch == 1
 
 
+
+
+def test_sharded_saves_store_deltas_and_restore_exactly(tmp_path):
+    records = launch("delta_saves", 2, tmp_path / "out", str(tmp_path / "repo"))
+    for rec in records:
+        assert rec["result"]["bad"] == []
+        first, *later = rec["result"]["deltas"]
+        assert first == 0 and all(n > 0 for n in later), rec["result"]["deltas"]
+    assert fp.Repo(str(tmp_path / "repo")).verify().ok
