@@ -211,3 +211,37 @@ def _delta_saves(rank, world, out, url):
         bad += [f"{vid}:{k}" for k in reference if not torch.equal(reference[k], got[k])]
     repo.close()
     return {"deltas": deltas, "bad": bad}
+
+
+def _tiered_saves(rank, world, out, fast, slow):
+    """Three versions into [fast tier, slow tier] (one node: every rank reaches both)."""
+    fsdp, fopt = build_fsdp()
+    repo = fp.dist.Repo(tiers=[fp.tier(fast, keep=1), slow], create=True, timeout=60)
+    references, ids = [], []
+    for _ in range(3):
+        train(fsdp, fopt, "fsdp", 1, rank)
+        state = fp.dist.TrainState(fsdp, fopt)
+        ids.append(repo.save({"fsdp": state}).id)
+        references.append(full_state(state))
+    repo.drain()
+    dist.barrier()
+    where = [repo.where(v) for v in ids]
+    repo.close()
+    if rank == 0:
+        torch.save(references, os.path.join(out, "references.pt"))
+    return {"ids": ids, "where": where}
+
+
+def _tiered_restore(rank, world, out, fast, slow, ids, references_path):
+    """Restore every version on `world` ranks through the tiers (the fast one may be gone)."""
+    references = torch.load(references_path)
+    repo = fp.dist.Repo(tiers=[fast, slow], create=True, timeout=60)
+    bad = []
+    for vid, reference in zip(ids, references):
+        fresh, fresh_opt = build_fsdp(seed=5)
+        state = fp.dist.TrainState(fresh, fresh_opt)
+        repo.restore({"fsdp": state}, vid)
+        got = full_state(state)
+        bad += [f"{vid}:{k}" for k in reference if not torch.equal(reference[k], got[k])]
+    repo.close()
+    return {"bad": bad}

@@ -3,6 +3,7 @@ and restored with M, a rank killed mid-save, the launch environment."""
 
 import json
 import os
+import shutil
 import socket
 import time
 
@@ -144,3 +145,19 @@ def test_sharded_saves_store_deltas_and_restore_exactly(tmp_path):
         first, *later = rec["result"]["deltas"]
         assert first == 0 and all(n > 0 for n in later), rec["result"]["deltas"]
     assert fp.Repo(str(tmp_path / "repo")).verify().ok
+
+
+def test_sharded_saves_flow_through_tiers_and_survive_losing_the_fast_one(tmp_path):
+    fast, slow = str(tmp_path / "shm"), str(tmp_path / "disk")
+    records = launch("tiered_saves", 2, tmp_path / "save", fast, slow)
+    ids = records[0]["result"]["ids"]
+    where = records[0]["result"]["where"]
+    assert where[-1][0].endswith("shm") and all(w[-1].endswith("disk") for w in where), where
+    assert all(len(w) == 1 for w in where[:-1]), "the fast tier keeps 1 version once flushed"
+    assert fp.Repo(slow).verify().ok and fp.Repo(slow).log()[0].id == ids[-1]
+    references = str(tmp_path / "save" / "references.pt")
+    records = launch("tiered_restore", 3, tmp_path / "restore", fast, slow, ids, references)
+    assert all(rec["result"]["bad"] == [] for rec in records)
+    shutil.rmtree(fast)
+    records = launch("tiered_restore", 2, tmp_path / "restore2", fast, slow, ids, references)
+    assert all(rec["result"]["bad"] == [] for rec in records), "nothing flushed is lost with the fast tier"
