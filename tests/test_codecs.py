@@ -156,3 +156,22 @@ def test_objects_of_the_previous_float_codec_still_read():
     planes = CODECS[2]
     data = np.arange(10_000, dtype=np.float32).view(np.uint8)
     assert bytes(planes.decode(planes.encode(memoryview(data), 4), data.nbytes)) == data.tobytes()
+
+
+def test_rotated_layout_is_the_documented_16_bit_rotation():
+    from forkpoint.format import floatcodec
+
+    rng = np.random.default_rng(0)
+    for n in (1, 7, 8, 9, 1003):
+        top, below = rng.integers(0, 256, n, dtype=np.uint8), rng.integers(0, 256, n, dtype=np.uint8)
+        word = (top.astype(np.uint32) << 8) | below
+        turned = ((word << 1) | (word >> 15)) & 0xFFFF
+        t, b = top.copy(), below.copy()
+        floatcodec._rotate(t, b, True)
+        assert np.array_equal(t, turned >> 8) and np.array_equal(b, turned & 0xFF)
+        floatcodec._rotate(t, b, False)
+        assert np.array_equal(t, top) and np.array_equal(b, below)
+    exponent = np.array([1.0, -2.0, 3e-5, 1e30], np.float32).view(np.uint8).reshape(-1, 4)
+    t, b = exponent[:, 3].copy(), exponent[:, 2].copy()
+    floatcodec._rotate(t, b, True)
+    assert list(t) == [127, 128, 127 - 16, 127 + 99], "the top plane holds the biased exponent"

@@ -60,8 +60,42 @@ def _decode_plane(coded, coder: int, out: np.ndarray) -> None:
         out[...] = np.frombuffer(coded, np.uint8)
 
 
+_LOW = np.uint64(0x0101010101010101)
+_HIGH = np.uint64(0x8080808080808080)
+
+
 def _rotate(top: np.ndarray, below: np.ndarray, left: bool) -> None:
-    """Rotate the 16-bit words (top, below) by one bit, in place, left or right."""
+    """Rotate the 16-bit words (top, below) by one bit, in place, left or right (8 bytes at a
+    time, masking the bits that would cross into the next byte)."""
+    whole = top.size - top.size % 8
+    if whole:
+        _rotate_words(top[:whole].view(np.uint64), below[:whole].view(np.uint64), left)
+    if whole < top.size:
+        _rotate_bytes(top[whole:], below[whole:], left)
+
+
+def _rotate_words(top: np.ndarray, below: np.ndarray, left: bool) -> None:
+    one = np.uint64(1)
+    seven = np.uint64(7)
+    if left:
+        carry = (top >> seven) & _LOW
+        top <<= one
+        top &= ~_LOW
+        top |= (below >> seven) & _LOW
+        below <<= one
+        below &= ~_LOW
+        below |= carry
+    else:
+        carry = (below & _LOW) << seven
+        below >>= one
+        below &= ~_HIGH
+        below |= (top & _LOW) << seven
+        top >>= one
+        top &= ~_HIGH
+        top |= carry
+
+
+def _rotate_bytes(top: np.ndarray, below: np.ndarray, left: bool) -> None:
     if left:
         carry = top >> 7
         top <<= 1
