@@ -105,7 +105,8 @@ def run_transformers(mode, steps, every, d):
                              use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, logging_steps=10 ** 6)
     trainer = Trainer(model=Model(), args=args, train_dataset=Data())
     if mode.startswith("forkpoint"):
-        fp.transformers.install(trainer, fp.Repo(os.path.join(d, "repo"), create=True))
+        fp.transformers.install(trainer, fp.Repo(os.path.join(d, "repo"), create=True),
+                                sync=mode == "forkpoint-sync")
     start = time.perf_counter()
     trainer.train()
     os.sync()
@@ -142,7 +143,7 @@ def run_deepspeed(mode, steps, every, d):
 
 
 MODES = {"lightning": ["none", "default", "forkpoint-sync", "forkpoint-async"],
-         "transformers": ["none", "default", "forkpoint-sync"],
+         "transformers": ["none", "default", "forkpoint-sync", "forkpoint-async"],
          "deepspeed": ["none", "default", "forkpoint-sync", "forkpoint-async", "forkpoint-decoupled"]}
 
 
@@ -160,10 +161,14 @@ def main():
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--every", type=int, default=4)
     p.add_argument("--dir", default="/tmp/forkpoint-bench-fw")
+    p.add_argument("--frameworks", default=",".join(MODES), help="comma-separated subset of " + ",".join(MODES))
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
         return child(a.child[0], a.child[1], a.steps, a.every, a.dir)
+    chosen = a.frameworks.split(",")
+    for name in [n for n in MODES if n not in chosen]:
+        del MODES[name]
     times = {(f, m): [] for f, modes in MODES.items() for m in modes}
     for r in range(a.repeats):
         for framework, modes in MODES.items():

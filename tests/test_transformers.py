@@ -50,3 +50,20 @@ def test_trainer_checkpoints_to_versions_and_resumes_exactly(tmp_path):
     c = torch.load(tmp_path / "c.pt")
     assert (c["step"], c["ran"]) == (16, 4), "True resumes the branch head"
     assert fp.Repo(url).version("main").step == 16
+
+
+def test_asynchronous_trainer_checkpoints_resume_exactly(tmp_path):
+    url = str(tmp_path / "repo")
+    run("--repo", url, "--dir", str(tmp_path / "plain"), "--steps", "12", "--save-steps", "4", "--plain",
+        "--out", str(tmp_path / "plain.pt"))
+    run("--repo", url, "--dir", str(tmp_path / "out"), "--steps", "12", "--save-steps", "4", "--limit", "2",
+        "--async", "--out", str(tmp_path / "a.pt"))
+    plain, a = torch.load(tmp_path / "plain.pt"), torch.load(tmp_path / "a.pt")
+    assert same(plain["params"], a["params"]), "training with asynchronous checkpoints is unchanged"
+    repo = fp.Repo(url)
+    assert [v.step for v in repo.log("main")][:2] == [12, 8]
+    assert sorted(repo.tags()) == ["checkpoint-12", "checkpoint-8"]
+    run("--repo", url, "--dir", str(tmp_path / "out2"), "--steps", "12", "--resume", "checkpoint-8",
+        "--async", "--out", str(tmp_path / "b.pt"))
+    b = torch.load(tmp_path / "b.pt")
+    assert (b["step"], b["ran"]) == (12, 4) and same(a["params"], b["params"])

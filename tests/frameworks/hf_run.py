@@ -43,6 +43,7 @@ def main():
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--resume", default=None)
     p.add_argument("--plain", action="store_true", help="the Trainer's own checkpointing")
+    p.add_argument("--async", dest="asynchronous", action="store_true", help="install(sync=False)")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     torch.manual_seed(0)
@@ -54,7 +55,7 @@ def main():
                              disable_tqdm=True, warmup_steps=2, lr_scheduler_type="linear")
     trainer = Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[CountSteps()])
     if not a.plain:
-        fp.transformers.install(trainer, fp.Repo(a.repo, create=True))
+        fp.transformers.install(trainer, fp.Repo(a.repo, create=True), sync=not a.asynchronous)
     resume = {"true": True, None: None}.get(a.resume, a.resume)
     trainer.train(resume_from_checkpoint=resume)
     torch.save({"params": {k: v.clone() for k, v in model.state_dict().items()},

@@ -9,7 +9,9 @@ True for the branch head): the version is laid out in a temporary folder exactly
 Trainer writes its own checkpoints, and the Trainer's own resume logic reads it, so the
 resumed run continues exactly. `save_total_limit` maps to retention: older versions lose
 their tag and gc releases them. The installed `Callback` also records each log entry's
-metrics in the next version.
+metrics in the next version. With `sync=False` a checkpoint only schedules the copy: the
+optimizer's next step (and the forward of modules that own buffers) waits for the tensors it
+would overwrite, and tagging and retention run once the version is committed.
 """
 
 import dataclasses
@@ -22,6 +24,7 @@ import numpy as np
 from transformers import TrainerCallback
 
 from ..policy.retention import Keep
+from ..state.hooks import CaptureGuard
 
 TAG_PREFIX = "checkpoint-"
 
@@ -33,12 +36,16 @@ class Callback(TrainerCallback):
     def __init__(self, repo):
         self.repo = repo
         self.metrics: dict = {}
+        self.guard = None
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         self.metrics.update({k: float(v) for k, v in (logs or {}).items() if isinstance(v, (int, float))})
 
     def on_train_end(self, args, state, control, **kwargs):
         self.repo.drain()
+        if self.guard is not None:
+            self.guard.remove()
+            self.guard = None
 
 
 def _rng_state() -> dict:
@@ -66,8 +73,9 @@ def _trainer_rng_file(rng: dict) -> dict:
     return out
 
 
-def save_version(trainer, repo, branch: str, callback: Callback):
-    """Save the Trainer's full state as a version tagged checkpoint-<global step>."""
+def save_version(trainer, repo, branch: str, callback: Callback, sync: bool = True):
+    """Save the Trainer's full state as a version tagged checkpoint-<global step>; with
+    sync=False return the PendingSave at once (see the module docstring)."""
     for cb in trainer.callback_handler.callbacks + [trainer.control]:
         export = getattr(cb, "state", None)
         if callable(export) and type(cb).__name__ in trainer.state.stateful_callbacks:
@@ -84,8 +92,22 @@ def save_version(trainer, repo, branch: str, callback: Callback):
             state["scheduler"] = trainer.lr_scheduler.state_dict()
         state["rng"] = _rng_state()
     step = trainer.state.global_step
-    version = repo.save(state, branch=branch, step=step, message=f"{TAG_PREFIX}{step}",
-                        metrics=dict(callback.metrics), meta={"transformers_output_dir": trainer.args.output_dir})
+    if not sync and callback.guard is None:
+        callback.guard = CaptureGuard()
+        optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+        callback.guard.install([o for o in (trainer.model, optimizer) if o is not None])
+    saved = repo.save(state, branch=branch, step=step, message=f"{TAG_PREFIX}{step}", sync=sync,
+                      metrics=dict(callback.metrics), meta={"transformers_output_dir": trainer.args.output_dir})
+    if sync:
+        return _after_save(trainer, repo, branch, saved)
+    callback.guard.add(saved.capture_map)
+    repo.background(lambda: _after_save(trainer, repo, branch, saved.wait()))
+    return saved
+
+
+def _after_save(trainer, repo, branch: str, version):
+    """Tag the committed version and apply save_total_limit."""
+    step = version.step
     repo.tag(f"{TAG_PREFIX}{step}", version.id, force=True)
     limit = trainer.args.save_total_limit
     if limit:
@@ -122,11 +144,11 @@ def materialize(repo, ref: str, directory: str) -> None:
         json.dump(tree["trainer_state"], f, indent=2, sort_keys=True)
 
 
-def install(trainer, repo, branch: str = "main"):
+def install(trainer, repo, branch: str = "main", sync: bool = True):
     """Make `trainer` checkpoint to `repo` and resume from refs; return the trainer."""
     callback = Callback(repo)
     trainer.add_callback(callback)
-    trainer._save_checkpoint = lambda model, trial: save_version(trainer, repo, branch, callback)
+    trainer._save_checkpoint = lambda model, trial: save_version(trainer, repo, branch, callback, sync)
     original_train = trainer.train
 
     def train(resume_from_checkpoint=None, *args, **kwargs):
