@@ -59,3 +59,29 @@ def test_decoupled_protocol(tmp_path):
     run("--repo", url, "--dir", d, "--steps", "8", "--resume", "--tag", "global_step4", "--out", str(tmp_path / "b.pt"))
     b = torch.load(tmp_path / "b.pt")
     assert b["ran"] == 4 and same(b["params"], ref["params"])
+
+
+def run_ranks(world, *args):
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "MASTER_ADDR"):
+        env.pop(var, None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}", RUN, "--dist", *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+
+
+def test_zero1_on_two_ranks_saves_one_version_and_resumes_exactly(tmp_path):
+    url, d = str(tmp_path / "repo"), str(tmp_path / "ckpt")
+    run_ranks(2, "--dir", str(tmp_path / "plain"), "--steps", "8", "--out", str(tmp_path / "ref.pt"))
+    run_ranks(2, "--repo", url, "--dir", d, "--steps", "8", "--out", str(tmp_path / "a.pt"))
+    ref = torch.load(tmp_path / "ref.pt")
+    assert same(torch.load(tmp_path / "a.pt")["params"], ref["params"])
+    repo = fp.Repo(url)
+    assert [v.step for v in repo.log("main")] == [8, 4] and repo.version("main").env["world_size"] == 2
+    per_rank = repo.load("main")["files"]
+    assert len(per_rank) == 2 and all(any(n.endswith("optim_states.pt") for n in f) for f in per_rank), \
+        "each rank stored its own ZeRO partition"
+    run_ranks(2, "--repo", url, "--dir", d, "--steps", "8", "--resume", "--tag", "global_step4",
+              "--out", str(tmp_path / "b.pt"))
+    b = torch.load(tmp_path / "b.pt")
+    assert b["ran"] == 4 and same(b["params"], ref["params"]), "both ranks resumed their partitions exactly"

@@ -27,6 +27,7 @@ def main():
     p.add_argument("--resume", action="store_true")
     p.add_argument("--tag", default=None)
     p.add_argument("--decoupled", action="store_true")
+    p.add_argument("--dist", action="store_true", help="several ranks (under torchrun): fp.dist.Repo")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
@@ -44,13 +45,15 @@ def main():
               "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 4}},
               "zero_optimization": {"stage": 1}, "steps_per_print": 10 ** 9}
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    rank = torch.distributed.get_rank()
     if a.repo:
-        fp.deepspeed.install(engine, fp.Repo(a.repo, create=True), decoupled=a.decoupled)
+        repo = fp.dist.Repo(a.repo, create=True, timeout=120) if a.dist else fp.Repo(a.repo, create=True)
+        fp.deepspeed.install(engine, repo, decoupled=a.decoupled)
     start = 0
     if a.resume:
         _, client = engine.load_checkpoint(a.dir, tag=a.tag)
         start = client["next_step"]
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(rank)
     data = [(torch.randn(8, 16, generator=g), torch.randn(8, 1, generator=g)) for _ in range(a.steps)]
     ran = 0
     for step in range(start, a.steps):
@@ -63,8 +66,10 @@ def main():
             engine.save_checkpoint(a.dir, client_state={"next_step": step + 1})
     if a.repo:
         engine.checkpoint_engine.cleanup()
-    torch.save({"params": {k: v.detach().clone() for k, v in engine.module.state_dict().items()},
-                "ran": ran}, a.out)
+    if rank == 0:
+        torch.save({"params": {k: v.detach().clone() for k, v in engine.module.state_dict().items()},
+                    "ran": ran}, a.out)
+    torch.distributed.barrier()
 
 
 if __name__ == "__main__":

@@ -155,6 +155,9 @@ class ForkpointCheckpointEngine(CheckpointEngine):
             self._cache = (vid, tree["files"])
         files = self._cache[1]
         name = os.path.basename(path)
+        if isinstance(files, dict) and name not in files and getattr(self.repo, "collective", False):
+            files = self.repo.load(vid, paths=["files"], map_location=map_location,
+                                   allow_pickle=self.allow_pickle, all_ranks=True)["files"]
         if isinstance(files, list):
             files = next((f for f in files if name in f), files[0])
         if name not in files:

@@ -79,16 +79,18 @@ class ReadingMixin:
         return None if data is None else leaf_over(leaf.kind, leaf.dtype, leaf.shape, data, leaf.path)
 
     def load(self, ref: str = "main", paths: list[str] | None = None, map_location=None,
-             allow_pickle: bool = False, mmap: bool = False):
+             allow_pickle: bool = False, mmap: bool = False, all_ranks: bool = False):
         """Return the state tree of `ref` (tensors on `map_location`, default CPU). With
         mmap=True, large leaves on a local or /dev/shm tier are memory-mapped (copy-on-write,
-        still verified) instead of copied into fresh memory."""
+        still verified) instead of copied into fresh memory. Rank-local state saved by several
+        ranks comes back as this rank's part, or as the list of every rank's with all_ranks."""
         m = self._readable(ref)
         paths = [paths] if isinstance(paths, str) else paths
         skeleton = select_skeleton(m.tree, paths)
         if skeleton is None:
             raise RefNotFoundError(f"version {m.version.id} has nothing under {paths}")
-        skeleton = self._resolve_ranks(skeleton, m, [], [])
+        if not all_ranks:
+            skeleton = self._resolve_ranks(skeleton, m, [], [])
         indices = [n["i"] for _, _, n in walk_skeleton(skeleton) if n.get("t") == "leaf"]
         values = self._read_values(m, indices, {}, map_location, allow_pickle, mmap=mmap)
         return unflatten(skeleton, values, f"version {m.version.id}")
