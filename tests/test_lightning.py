@@ -91,3 +91,18 @@ def test_slurm_requeue_signal_saves_and_the_requeued_job_resumes(tmp_path):
     run("--repo", repo_url, "--dir", d, "--epochs", "4", "--out", str(tmp_path / "y.pt"), env=env)
     y = torch.load(tmp_path / "y.pt")
     assert (y["start_step"], y["global_step"]) == (6, 16), "the requeued job resumed from the hpc version"
+
+
+def test_ddp_on_two_processes_saves_from_rank_zero_and_every_rank_resumes(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run("--repo", str(tmp_path / "ref-repo"), "--dir", str(tmp_path / "ref"), "--epochs", "4", "--devices", "2",
+        "--out", str(tmp_path / "ref.pt"), env=env)
+    repo_url, d = str(tmp_path / "repo"), str(tmp_path / "ckpts")
+    run("--repo", repo_url, "--dir", d, "--epochs", "2", "--devices", "2", "--out", str(tmp_path / "half.pt"), env=env)
+    pointer = json.load(open(os.path.join(d, "last.ckpt")))
+    assert fp.Repo(repo_url).version(pointer["version"]).step == 4, "2 epochs of 2 batches per rank"
+    run("--repo", repo_url, "--dir", d, "--epochs", "4", "--devices", "2", "--ckpt-path", os.path.join(d, "last.ckpt"),
+        "--out", str(tmp_path / "resumed.pt"), env=env)
+    ref, resumed = torch.load(tmp_path / "ref.pt"), torch.load(tmp_path / "resumed.pt")
+    assert resumed["global_step"] == ref["global_step"] == 8 and resumed["start_step"] == 4
+    assert same(ref["params"], resumed["params"]), "resumed DDP training is bit-identical"

@@ -71,6 +71,7 @@ def main():
     p.add_argument("--custom", action="store_true")
     p.add_argument("--async", dest="sync", action="store_false")
     p.add_argument("--slurm-signal-at", type=int, default=None)
+    p.add_argument("--devices", type=int, default=1, help="more than 1: DDP over that many CPU processes")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     torch.manual_seed(0)
@@ -84,14 +85,16 @@ def main():
         callbacks.append(Preempt(a.slurm_signal_at))
     trainer = pl.Trainer(max_epochs=a.epochs, plugins=plugins,
                          callbacks=callbacks, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                         default_root_dir=a.dir, accelerator="cpu", devices=1)
+                         default_root_dir=a.dir, accelerator="cpu", devices=a.devices,
+                         strategy="ddp" if a.devices > 1 else "auto")
     model = Tiny(custom=a.custom)
     trainer.fit(model, data(), ckpt_path=a.ckpt_path)
     if a.hpc:
         trainer.save_checkpoint(f"{a.dir}/hpc_ckpt_1.ckpt")
-    torch.save({"params": {k: v.clone() for k, v in model.state_dict().items()},
-                "best": ckpt.best_model_path, "global_step": trainer.global_step,
-                "start_step": model.start_step}, a.out)
+    if trainer.is_global_zero:
+        torch.save({"params": {k: v.clone() for k, v in model.state_dict().items()},
+                    "best": ckpt.best_model_path, "global_step": trainer.global_step,
+                    "start_step": model.start_step}, a.out)
     repo.close()
 
 
