@@ -191,17 +191,20 @@ def _dcp_load(rank, world, out, url, reference_path):
     return results
 
 
-def _delta_saves(rank, world, out, url):
-    """Three versions with training between them, deltas on; restore each into a fresh model."""
+def _three_versions(repo, rank):
+    """Train one FSDP step before each of three saves; return (version ids, full states)."""
     fsdp, fopt = build_fsdp()
-    repo = fp.dist.Repo(url, create=True, timeout=60, codec="lossless", delta=fp.Delta(max_chain=3))
     references, ids = [], []
     for _ in range(3):
         train(fsdp, fopt, "fsdp", 1, rank)
         state = fp.dist.TrainState(fsdp, fopt)
         ids.append(repo.save({"fsdp": state}).id)
         references.append(full_state(state))
-    deltas = [sum(1 for leaf in repo.manifest(v).leaves for c in leaf.chunks if c.delta) for v in ids]
+    return ids, references
+
+
+def _mismatches(repo, ids, references) -> list[str]:
+    """Restore each version into a fresh FSDP model; list the tensors that differ."""
     bad = []
     for vid, reference in zip(ids, references):
         fresh, fresh_opt = build_fsdp(seed=7)
@@ -209,20 +212,23 @@ def _delta_saves(rank, world, out, url):
         repo.restore({"fsdp": state}, vid)
         got = full_state(state)
         bad += [f"{vid}:{k}" for k in reference if not torch.equal(reference[k], got[k])]
+    return bad
+
+
+def _delta_saves(rank, world, out, url):
+    """Three versions with training between them, deltas on; restore each into a fresh model."""
+    repo = fp.dist.Repo(url, create=True, timeout=60, codec="lossless", delta=fp.Delta(max_chain=3))
+    ids, references = _three_versions(repo, rank)
+    deltas = [sum(1 for leaf in repo.manifest(v).leaves for c in leaf.chunks if c.delta) for v in ids]
+    bad = _mismatches(repo, ids, references)
     repo.close()
     return {"deltas": deltas, "bad": bad}
 
 
 def _tiered_saves(rank, world, out, fast, slow):
     """Three versions into [fast tier, slow tier] (one node: every rank reaches both)."""
-    fsdp, fopt = build_fsdp()
     repo = fp.dist.Repo(tiers=[fp.tier(fast, keep=1), slow], create=True, timeout=60)
-    references, ids = [], []
-    for _ in range(3):
-        train(fsdp, fopt, "fsdp", 1, rank)
-        state = fp.dist.TrainState(fsdp, fopt)
-        ids.append(repo.save({"fsdp": state}).id)
-        references.append(full_state(state))
+    ids, references = _three_versions(repo, rank)
     repo.drain()
     dist.barrier()
     where = [repo.where(v) for v in ids]
@@ -234,14 +240,7 @@ def _tiered_saves(rank, world, out, fast, slow):
 
 def _tiered_restore(rank, world, out, fast, slow, ids, references_path):
     """Restore every version on `world` ranks through the tiers (the fast one may be gone)."""
-    references = torch.load(references_path)
     repo = fp.dist.Repo(tiers=[fast, slow], create=True, timeout=60)
-    bad = []
-    for vid, reference in zip(ids, references):
-        fresh, fresh_opt = build_fsdp(seed=5)
-        state = fp.dist.TrainState(fresh, fresh_opt)
-        repo.restore({"fsdp": state}, vid)
-        got = full_state(state)
-        bad += [f"{vid}:{k}" for k in reference if not torch.equal(reference[k], got[k])]
+    bad = _mismatches(repo, ids, torch.load(references_path))
     repo.close()
     return {"bad": bad}
