@@ -364,18 +364,20 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
             keep = lossy.keep_bits(itemsize)
             error = round_significand(buf[:n], itemsize, keep)
             info = {"mode": lossy.describe(), "keep_bits": keep, "max_rel_error": error}
-            return (buf, *hash_with_table(buf[:n]), info)
+            return [buf, *hash_with_table(buf[:n]), info]
         if staging == "staging":
             np.copyto(buf[:n], piece)
-            return buf, None, None, None
-        return (buf, *_copy_and_hash(piece, buf), None)
+            return [buf, None, None, None]
+        return [buf, *_copy_and_hash(piece, buf), None]
 
     cap = sched.submit("capture", capture, priority=Priority.CAPTURE,
                        needs={staging: n, "cpu": 1}, frees={"cpu": 1}, nbytes=n)
     plan.captures.setdefault(index, []).append(cap)
 
     def write_staged() -> Chunk:
-        buf, digest, table, info = cap.result()
+        staged = cap.result()
+        buf, digest, table, info = staged
+        staged[0] = None
         if digest is None:
             digest, table = hash_with_table(buf[:n])
         try:
