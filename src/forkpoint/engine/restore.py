@@ -24,7 +24,6 @@ from ..storage.base import Store
 from .save import object_key
 
 
-PIECE_BYTES = 1 << 40
 MEMORY_COPY_TASKS = max(2, min(8, os.cpu_count() or 2))
 
 
@@ -110,28 +109,6 @@ class _Reader:
             raise CorruptObjectError(f"{self.where(leaf, key)} is truncated or of the wrong size")
         if self.rehash and content_hash(dest) != chunk.hash:
             raise CorruptObjectError(f"{self.where(leaf, key)} does not match its hash: corrupted")
-
-    def direct_jobs(self, leaf: Leaf, chunk: Chunk, dest: np.ndarray) -> list[tuple[int, Callable]]:
-        """(bytes, job) reading a raw standalone chunk into `dest`: one job, or, from a trusted
-        store (nothing to hash), pieces of PIECE_BYTES that copy in parallel."""
-        if self.rehash or chunk.size <= 2 * PIECE_BYTES:
-            return [(chunk.size, _bind(self.read_direct, leaf, chunk, dest))]
-        key = object_key(chunk.object)
-        header = bytearray(OBJECT_HEADER_SIZE)
-        try:
-            got = self.store.read_into(key, 0, memoryview(header))
-        except FileNotFoundError:
-            raise MissingObjectError(f"{self.where(leaf, key)} is missing") from None
-        codec_id, length, header_size = unpack_header(bytes(header[:got]), self.where(leaf, key))
-        if codec_id != 0 or length != chunk.size:
-            return [(chunk.size, _bind(self.read_direct, leaf, chunk, dest))]
-
-        def piece(lo: int) -> None:
-            part = dest[lo:lo + PIECE_BYTES]
-            if self.store.read_into(key, header_size + lo, memoryview(part)) != part.nbytes:
-                raise CorruptObjectError(f"{self.where(leaf, key)} is truncated")
-
-        return [(min(PIECE_BYTES, chunk.size - lo), _bind(piece, lo)) for lo in range(0, chunk.size, PIECE_BYTES)]
 
     def chunk_bytes(self, leaf: Leaf, chunk: Chunk, data=None) -> np.ndarray:
         """The verified decoded bytes of a chunk, out of its (possibly packed, encoded or delta)
@@ -232,7 +209,7 @@ def read_leaves(store: Store, requests: list[ReadRequest], version_id: str,
                 continue
             standalone = chunk.standalone and chunk.codec == "raw"
             if standalone and region.whole_flat is not None:
-                jobs.extend(reader.direct_jobs(req.leaf, chunk, region.whole_flat))
+                jobs.append((chunk.size, _bind(reader.read_direct, req.leaf, chunk, region.whole_flat)))
             elif standalone:
                 jobs.append((chunk.size, _bind(reader.fill_region, req.leaf, chunk, region)))
             else:
