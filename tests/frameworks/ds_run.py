@@ -4,6 +4,7 @@ parameters to --out."""
 import argparse
 import os
 import socket
+import sys
 import warnings
 
 warnings.filterwarnings("ignore")
@@ -70,7 +71,11 @@ def main():
         torch.save({"params": {k: v.detach().clone() for k, v in engine.module.state_dict().items()},
                     "ran": ran}, a.out)
     torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip interpreter teardown, where torch's gloo threads sometimes abort the process
