@@ -223,3 +223,21 @@ def test_manifest_records_the_tiers_and_show_says_which_hold_it(tmp_path):
     repo.close()
     out = CliRunner().invoke(cli, ["show", ids[1], "--repo", disk]).output
     assert "tier 0" in out and "does not hold it now" in out and "tier 1" in out and "holds it" in out
+
+
+def test_eviction_never_drops_a_version_whose_commit_is_in_flight(tmp_path):
+    """Found by a flaky CI run: a flush's eviction ran between a commit's manifest write and its
+    ref publish, took the new manifest for the oldest excess version and evicted the head."""
+    from conftest import race_before_publish
+
+    fast, disk = str(tmp_path / "fast"), str(tmp_path / "disk")
+    repo = fp.Repo(tiers=[fp.tier(fast, keep=1), disk], create=True)
+    repo.save(state(0), step=0)
+    repo.drain()
+    race_before_publish(repo, lambda: repo._evict(0))
+    v1 = repo.save(state(1), step=1)
+    repo.drain()
+    assert repo.where(v1.id)[0] == fp.Repo(fast).url, "the new head stays on the fast tier"
+    assert repo.load(v1.id)["i"] == 1 and not repo.version(v1.id).pruned
+    assert fp.Repo(disk).load(v1.id)["i"] == 1
+    repo.close()

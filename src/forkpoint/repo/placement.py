@@ -2,7 +2,7 @@
 
 
 from ..engine.scheduler import Priority, Task
-from ..errors import RefNotFoundError
+from ..errors import FormatError, RefNotFoundError
 from ..format.manifest import Manifest
 from ..storage import Store
 from ..tiers import farthest_next_use
@@ -74,6 +74,21 @@ class PlacementMixin:
         return (any(w.holds(digest) for w in self._writers)
                 or any(digest in pins for pins in self._flush_pins.values()))
 
+    def _reachable(self, heads: set[str]) -> set[str]:
+        """Versions reachable from `heads` through first parents. A manifest that no ref reaches
+        yet belongs to a commit in flight (or to an abandoned one, which gc removes): never
+        evict it."""
+        seen: set[str] = set()
+        for vid in heads:
+            while vid and vid not in seen:
+                seen.add(vid)
+                try:
+                    parents = self._manifest_by_id(vid).version.parents
+                except (RefNotFoundError, FormatError):
+                    break
+                vid = parents[0] if parents else None
+        return seen
+
     def _evict(self, k: int, spare: str | None = None) -> None:
         """Apply tier k's `keep`: drop versions beyond it (only once safe on the next tier)."""
         if self.tier_specs[k].keep is None:
@@ -89,6 +104,8 @@ class PlacementMixin:
         present = sorted((m.version for m in self._manifests_in(store) if not m.version.pruned),
                          key=lambda v: v.time, reverse=True)
         heads = {self._ref_state_in(store, "heads", b)[1] for b in {v.branch for v in present}}
+        committed = self._reachable((heads | set(self.tags().values())) - {None})
+        present = [v for v in present if v.id in committed]
         pinned = set(heads) | set(self.tags().values()) | {spare}
         busy = set(self._flushing)
         excess = len(present) - spec.keep
