@@ -79,3 +79,31 @@ def test_checkpointer_applies_retention(repo):
     assert [v.step for v in log] == [8, 6, 4, 2, 0]
     assert [v.pruned for v in log] == [False, False, True, True, True]
     assert len(_object_files(repo)) <= 3 * 2
+
+
+def test_gc_beside_saves_of_the_same_process_loses_nothing(tmp_path):
+    """gc with grace=0 while this process saves: its temp files and the objects of versions
+    committed after gc read the manifests are left alone."""
+    import threading
+
+    repo = fp.Repo(str(tmp_path / "r"), create=True)
+    stop, errors = threading.Event(), []
+
+    def collect():
+        while not stop.is_set():
+            try:
+                repo.gc(keep=fp.Keep(last=2), grace=0)
+            except Exception as e:  # reported below
+                errors.append(e)
+
+    t = threading.Thread(target=collect)
+    t.start()
+    try:
+        for i in range(25):
+            repo.save({"w": torch.full((300_000,), float(i)), "i": i}, step=i)
+            assert repo.load("main")["i"] == i
+    finally:
+        stop.set()
+        t.join()
+    assert errors == []
+    assert repo.verify("main").ok and repo.load("main")["i"] == 24

@@ -90,11 +90,13 @@ class Repo(BaseRepo):
         skeleton, shared, local_skeleton, local, select = self._flat_parts(state, allow_pickle)
         n_shared = len(shared)
         known = self._known_chunks(branch)
+        deltas = self._delta_plan(branch)
         with self._sched.batch():
-            plan = schedule_save(self._sched, self.store, self._tier, shared + local, known,
-                                 self.options, self._staging, "window" if sync else "staging",
-                                 guard=self._evict_lock, select=select, deltas=self._delta_plan(branch))
-            self._writers.add(plan.writer)
+            with self._evict_lock:  # registered before any of its objects can be written
+                plan = schedule_save(self._sched, self.store, self._tier, shared + local, known,
+                                     self.options, self._staging, "window" if sync else "staging",
+                                     guard=self._evict_lock, select=select, deltas=deltas)
+                self._writers.add(plan.writer)
             fingerprint = layout_fingerprint(shared)
             part = self._sched.submit(
                 "part", lambda: self._publish_part(sid, plan, n_shared, local_skeleton, fingerprint),

@@ -4,6 +4,7 @@ A repository is a store holding `forkpoint.json`, `objects/`, `versions/` and `r
 A version is visible once its manifest is durable and a ref record points at it.
 """
 
+import collections
 import json
 import os
 import socket
@@ -33,6 +34,7 @@ from .records import PendingSave, _environment
 from .refs import RefsMixin
 
 REPO_MARKER = "forkpoint.json"
+RECENT_COMMITS = 256
 REPO_KIND = "forkpoint.repository"
 
 
@@ -80,6 +82,9 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         self._tier_locks = [threading.Lock() for _ in self.stores]
         self._manifests: dict[str, Manifest] = {}
         self._lock = threading.Lock()
+        self._commit_seq = 0
+        self._committing: set[str] = set()
+        self._recent_commits: collections.deque = collections.deque(maxlen=RECENT_COMMITS)
         self._closed = False
 
     # ----------------------------------------------------------------- set-up
@@ -145,11 +150,13 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
                 "save sharded state from every rank with fp.dist.Repo")
         record = Version("", [], branch, step, 0.0, message, metrics, meta, env=_environment())
         known = self._known_chunks(branch)
+        deltas = self._delta_plan(branch)
         with self._sched.batch():
-            plan = schedule_save(self._sched, self.store, self._tier, flat, known, self.options,
-                                 self._staging, "window" if sync else "staging", guard=self._evict_lock,
-                                 deltas=self._delta_plan(branch))
-            self._writers.add(plan.writer)
+            with self._evict_lock:  # registered before any of its objects can be written
+                plan = schedule_save(self._sched, self.store, self._tier, flat, known, self.options,
+                                     self._staging, "window" if sync else "staging", guard=self._evict_lock,
+                                     deltas=deltas)
+                self._writers.add(plan.writer)
             commit = self._sched.submit(
                 "commit", lambda: self._finish_save(plan, skeleton, record, allow_pickle),
                 priority=Priority.COMMIT, needs={f"io:{self._tier}": 1}, deps=plan.writes,
@@ -256,11 +263,22 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
             record.time = time.time()
             vid = manifest.assign_id()
             key = f"versions/{vid}.json"
-            self.store.write(key, [manifest.to_bytes()])
-            self.store.barrier([key])
-            if self._publish_ref("heads", record.branch, seq + 1, vid):
+            with self._lock:
+                self._committing.add(vid)
+            try:
+                self.store.write(key, [manifest.to_bytes()])
+                self.store.barrier([key])
+                published = self._publish_ref("heads", record.branch, seq + 1, vid)
+                if published:
+                    with self._lock:
+                        self._manifests[vid] = manifest
+                        self._commit_seq += 1
+                        self._recent_commits.append((self._commit_seq, vid, {
+                            o for leaf in manifest.leaves for c in leaf.chunks for o in c.objects}))
+            finally:
                 with self._lock:
-                    self._manifests[vid] = manifest
+                    self._committing.discard(vid)
+            if published:
                 self._after_commit(vid, 0)
                 return record
             if self.on_conflict == "error":

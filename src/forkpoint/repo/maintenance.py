@@ -4,7 +4,6 @@ import time
 
 
 from ..engine.restore import ReadRequest, read_leaves
-from ..errors import RefNotFoundError
 from ..format.manifest import Manifest, Version
 from ..format.objects import object_key
 from ..format.refs import seq_of
@@ -91,6 +90,8 @@ class MaintenanceMixin:
         while other processes save (a save must finish within `grace`).
         """
         report = GcReport(dry_run=dry_run)
+        with self._lock:
+            since = self._commit_seq
         if keep is not None:
             report.pruned_versions = self.prune_plan(keep, branches)
         pruned = set(report.pruned_versions)
@@ -98,23 +99,15 @@ class MaintenanceMixin:
             for vid in report.pruned_versions:
                 self._prune(vid)
         now = time.time()
-        reachable = set()
-        for start in list(self.branches().values()) + list(self.tags().values()):
-            vid = start
-            while vid and vid not in reachable:
-                reachable.add(vid)
-                try:
-                    parents = self._manifest_by_id(vid).version.parents
-                except RefNotFoundError:
-                    break
-                vid = parents[0] if parents else None
+        reachable = self._reachable(set(self.branches().values()) | set(self.tags().values()))
         for store in self.stores:
-            self._gc_store(store, reachable, pruned, now, grace, dry_run, report)
+            self._gc_store(store, reachable, pruned, now, grace, dry_run, report, since)
         return report
 
     def _gc_store(self, store, reachable: set, pruned: set, now: float, grace: float,
-                  dry_run: bool, report: GcReport) -> None:
-        """Sweep one tier: orphan manifests, unreferenced objects, stale temp files, old refs."""
+                  dry_run: bool, report: GcReport, since: int) -> None:
+        """Sweep one tier: orphan manifests, unreferenced objects, stale temp files, old refs.
+        Nothing committed by this process after commit number `since` is touched."""
         live_objects = set()
         for m in self._manifests_in(store):
             vid = m.version.id
@@ -123,7 +116,7 @@ class MaintenanceMixin:
                 old = now - store.mtime(key) > grace
             except FileNotFoundError:
                 continue
-            if vid not in reachable and old:
+            if vid not in reachable and old and not self._committed_since(since, vid) and not self._in_commit(vid):
                 report.deleted_manifests += 1
                 if not dry_run:
                     store.delete(key)
@@ -140,10 +133,13 @@ class MaintenanceMixin:
                 size = store.size(key)
             except FileNotFoundError:
                 continue
-            report.deleted_objects += 1
-            report.freed_bytes += size
-            if not dry_run:
-                store.delete(key)
+            with self._evict_lock:
+                if self._pinned(key.rsplit("/", 1)[-1]) or self._committed_since(since, key.rsplit("/", 1)[-1]):
+                    continue
+                report.deleted_objects += 1
+                report.freed_bytes += size
+                if not dry_run:
+                    store.delete(key)
         for key in store.list("tmp"):
             try:
                 if now - store.mtime(key) > grace:
@@ -154,6 +150,22 @@ class MaintenanceMixin:
                 pass
         if not dry_run:
             self._compact_refs(store)
+
+    def _in_commit(self, vid: str) -> bool:
+        """True while this process is committing version `vid` (manifest written, ref not yet)."""
+        with self._lock:
+            return vid in self._committing
+
+    def _committed_since(self, seq: int, name: str) -> bool:
+        """True when a version this process committed after commit number `seq` is `name` or
+        uses object `name` (gc's view of the repository predates it), or when too many
+        commits passed to tell."""
+        with self._lock:
+            recent = list(self._recent_commits)
+            latest = self._commit_seq
+        if latest > seq and (not recent or recent[0][0] > seq + 1):
+            return True
+        return any(name == vid or name in objects for n, vid, objects in recent if n > seq)
 
     def _compact_refs(self, store) -> None:
         by_ref: dict[str, list[tuple[int, str]]] = {}

@@ -3,6 +3,7 @@
 import errno
 import mmap
 import os
+import threading
 import time
 import uuid
 from typing import Iterable, Sequence
@@ -29,6 +30,15 @@ def direct_eligible(parts) -> bool:
         return False
     view = memoryview(parts[1]).cast("B")
     return view.nbytes >= BLOCK and _address(view) % BLOCK == 0
+
+
+_INFLIGHT: set[str] = set()
+_INFLIGHT_LOCK = threading.Lock()
+
+
+def _settled(tmp: str) -> None:
+    with _INFLIGHT_LOCK:
+        _INFLIGHT.discard(tmp)
 
 
 class LocalStore(Store):
@@ -121,9 +131,13 @@ class LocalStore(Store):
         return True
 
     def _write_temp(self, parts: Sequence, durable: bool) -> str:
+        """Write `parts` to a new temp file and return its path, registered as in flight
+        (the caller unregisters it with `_settled` once renamed or removed)."""
         tmp_dir = os.path.join(self.root, "tmp")
         os.makedirs(tmp_dir, exist_ok=True)
         tmp = os.path.join(tmp_dir, uuid.uuid4().hex)
+        with _INFLIGHT_LOCK:
+            _INFLIGHT.add(tmp)
         try:
             if self.direct_io and durable and direct_eligible(parts) and self._write_direct(tmp, parts):
                 return tmp
@@ -139,6 +153,7 @@ class LocalStore(Store):
                 os.close(fd)
         except OSError as e:
             _remove_quietly(tmp)
+            _settled(tmp)
             if e.errno in _FULL:
                 raise StorageFullError(
                     f"no space left on the device holding {self.root}; nothing was committed. "
@@ -150,8 +165,11 @@ class LocalStore(Store):
     def write(self, key: str, parts: Sequence, durable: bool = True) -> None:
         path = self._path(key)
         tmp = self._write_temp(parts, durable)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        os.replace(tmp, path)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            os.replace(tmp, path)
+        finally:
+            _settled(tmp)
 
     def create_exclusive(self, key: str, data: bytes) -> bool:
         path = self._path(key)
@@ -163,6 +181,7 @@ class LocalStore(Store):
             return False
         finally:
             _remove_quietly(tmp)
+            _settled(tmp)
         self.barrier([key])
         return True
 
@@ -179,7 +198,13 @@ class LocalStore(Store):
         return sorted(k.replace(os.sep, "/") for k in out)
 
     def delete(self, key: str) -> None:
-        _remove_quietly(self._path(key))
+        """Remove `key`; a temp file this process is still writing is left alone (gc with a
+        short grace period runs beside saves of the same process)."""
+        path = self._path(key)
+        with _INFLIGHT_LOCK:
+            if path in _INFLIGHT:
+                return
+        _remove_quietly(path)
 
     def mtime(self, key: str) -> float:
         return os.stat(self._path(key)).st_mtime
