@@ -1,6 +1,7 @@
 """Deltas against the parent version: chosen only where smaller, bounded chains, bit-exact
 restores of every version, gc keeping the bases a kept version needs, corruption caught."""
 
+import json
 import shutil
 
 import numpy as np
@@ -134,3 +135,28 @@ def test_values_are_unchanged_by_chain_arithmetic():
         acc = b.copy()
         apply_delta(op, acc, d, np.dtype(dtype).itemsize)
         assert np.array_equal(acc, a)
+
+
+def test_bad_delta_options_and_records_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="max_chain"):
+        fp.Delta(max_chain=0)
+    with pytest.raises(TypeError, match="delta must be"):
+        fp.Repo(str(tmp_path / "x"), create=True, delta="yes")
+    url = str(tmp_path / "r")
+    repo = fp.Repo(url, create=True, codec="lossless", delta=True)
+    for state in train_like(2):
+        repo.save(state)
+    vid = repo.resolve("main")
+    path = tmp_path / "r" / "versions" / f"{vid}.json"
+    record = path.read_text()
+    assert '"op":"xor"' in record
+    path.write_text(record.replace('"op":"xor"', '"op":"rot13"'))
+    with pytest.raises(CorruptObjectError, match="does not match its id"):
+        fp.Repo(url).load(vid)
+    from forkpoint.format.manifest import _record_id
+
+    forged = json.loads(path.read_text())
+    forged["id"] = _record_id(forged)
+    (tmp_path / "r" / "versions" / f"{forged['id']}.json").write_text(json.dumps(forged))
+    with pytest.raises(CorruptObjectError, match="invalid delta record"):
+        fp.Repo(url).load(forged["id"])

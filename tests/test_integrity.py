@@ -137,7 +137,12 @@ def test_paths_from_manifests_are_not_trusted(repo):
     record = json.load(open(path))
     record["leaves"][0]["chunks"][0]["object"] = "../../../../etc/passwd"
     json.dump(record, open(path, "w"))
-    from forkpoint.errors import FormatError
+    from forkpoint.errors import CorruptObjectError, FormatError
+    from forkpoint.format.manifest import _record_id
 
-    with pytest.raises(FormatError, match="invalid object name"):
+    with pytest.raises(CorruptObjectError, match="does not match its id"):
         fp.Repo(repo.url).load(v.id)
+    record["id"] = _record_id(record)
+    json.dump(record, open(os.path.join(repo.url, "versions", f"{record['id']}.json"), "w"))
+    with pytest.raises(FormatError, match="invalid object name"):
+        fp.Repo(repo.url).load(record["id"])

@@ -10,7 +10,7 @@ from typing import Any
 
 import blake3
 
-from ..errors import FormatError
+from ..errors import CorruptObjectError, FormatError
 
 FORMAT_VERSION = (1, 1)
 MANIFEST_KIND = "forkpoint.version"
@@ -99,6 +99,13 @@ class Leaf:
         return {**infos[0], "max_rel_error": max(i["max_rel_error"] for i in infos)}
 
 
+def _record_id(record: dict) -> str:
+    """The version id a manifest record should have: 24 hex digits of blake3 over its
+    canonical JSON with `id` empty (what `Manifest.assign_id` computed when it was written)."""
+    canonical = json.dumps({**record, "id": ""}, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return blake3.blake3(canonical.encode()).hexdigest()[:24]
+
+
 def _known(cls, record: dict) -> dict:
     return {k: v for k, v in record.items() if k in cls.__dataclass_fields__}
 
@@ -162,6 +169,9 @@ class Manifest:
         except (ValueError, UnicodeDecodeError) as e:
             raise FormatError(f"manifest {where} is not valid JSON ({e}); it may be truncated") from None
         check_format(record, MANIFEST_KIND, f"manifest {where}")
+        if not record.get("pruned") and _record_id(record) != record.get("id"):
+            raise CorruptObjectError(
+                f"manifest {where} does not match its id {record.get('id')!r}: it was corrupted or edited")
         try:
             version = Version(**{k: record[k] for k in Version.__dataclass_fields__ if k in record})
             leaves = [Leaf.from_json(d) for d in record.get("leaves", [])]

@@ -61,6 +61,8 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
             raise ValueError(f"on_conflict must be 'retry' or 'error', got {on_conflict!r}")
         self.on_conflict = on_conflict
         self.options = options or SaveOptions(codec=codec, workers=workers)
+        if delta is not None and not isinstance(delta, (bool, Delta)):
+            raise TypeError(f"delta must be True, False, None or fp.Delta(...), got {delta!r}")
         if delta:
             self.options.delta = delta if isinstance(delta, Delta) else Delta()
         self._delta_values: dict = {}
