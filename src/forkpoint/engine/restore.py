@@ -4,7 +4,8 @@ A target is a whole leaf or a box of it (a shard). A raw standalone chunk that l
 and contiguously in the target is read straight into the target's memory; a chunk that
 overlaps the target only in part is read as the 1 MiB blocks covering the rows it needs,
 each checked against the object's block table; packed or encoded objects are read whole
-once, decoded, verified and sliced.
+once, decoded, verified and sliced. Objects of a trusted store (this process's memory tier,
+which only admits verified bytes) are copied without re-hashing unless the caller asks.
 """
 
 import contextlib
@@ -94,7 +95,8 @@ class _Reader:
         return decode_object(blob, digest, self.where(leaf, key), verify=self.rehash)
 
     def read_direct(self, leaf: Leaf, chunk: Chunk, dest: np.ndarray) -> None:
-        """Read a raw standalone chunk straight into `dest` and verify it."""
+        """Read a raw standalone chunk straight into `dest` and verify it (unless it comes from
+        a trusted store)."""
         key = object_key(chunk.object)
         header = bytearray(OBJECT_HEADER_SIZE)
         try:
