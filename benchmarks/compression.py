@@ -121,6 +121,19 @@ def disk_bandwidth(directory: Path, nbytes: int = 1 << 30) -> float:
     return nbytes / seconds / 1e9
 
 
+def decode_speed(buf: np.ndarray, itemsize: int, threads: int, repeats: int) -> float:
+    """Median MB/s of decoding forkpoint's encoding of `buf` (what a restore pays)."""
+    from forkpoint.format import floatcodec
+
+    coded = floatcodec.encode(buf, itemsize)
+    speeds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        floatcodec.decode(coded, buf.nbytes, threads)
+        speeds.append(buf.nbytes / (time.perf_counter() - start) / 1e6)
+    return statistics.median(speeds)
+
+
 def check_round_trip(buf: np.ndarray, itemsize: int) -> None:
     from forkpoint.format.codecs import codec_for
 
@@ -160,6 +173,9 @@ def main() -> None:
         print("|---|---|---|---|---|---|")
         for part, kind, buf in cases:
             check_round_trip(buf, itemsize)
+            results.setdefault("decode", []).append(
+                {"dtype": dtype, "part": part, "data": kind, "MBps_1": decode_speed(buf, itemsize, 1, args.repeats),
+                 "MBps_2": decode_speed(buf, itemsize, 2, args.repeats)})
             for name, encode in table.items():
                 ratio, one = measure(encode, buf, 1, args.repeats)
                 _, two = measure(encode, buf, 2, args.repeats)
@@ -170,6 +186,10 @@ def main() -> None:
     for dtype in args.dtypes.split(","):
         repo_rows(results, cache, dtype, load_or_train(cache, dtype, args.steps, args.batch), args.steps)
     summarize(results)
+    print("\n| dtype | part | data | forkpoint decode MB/s 1 thread | 2 threads |")
+    print("|---|---|---|---|---|")
+    for r in results.get("decode", []):
+        print(f"| {r['dtype']} | {r['part']} | {r['data']} | {r['MBps_1']:.0f} | {r['MBps_2']:.0f} |")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 
