@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import blake3
 
 from ..errors import CorruptObjectError, FormatError
+from .codecs import codec_by_id
 
 OBJECT_MAGIC = b"FPO1"
 OBJECT_HEADER_SIZE = 16
@@ -83,8 +84,6 @@ def table_header_size(length: int) -> int:
 def decode_object(blob, digest: str, where: str, verify: bool = True):
     """The decoded bytes of a whole object file `blob` named `digest`; CorruptObjectError
     (naming `where`) when it cannot be decoded or, with `verify`, does not match its name."""
-    from .codecs import codec_by_id
-
     codec_id, length, header_size = unpack_header(bytes(memoryview(blob)[:OBJECT_HEADER_SIZE]), where)
     codec = codec_by_id(codec_id, where)
     try:

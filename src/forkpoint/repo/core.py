@@ -229,13 +229,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
             m = None
 
         def read_base(leaf, chunk):
-            holders = self._holders(head)
-            for i, store in enumerate(holders):
-                try:
-                    return chunk_value(store, leaf, chunk, head)
-                except Exception:
-                    if i == len(holders) - 1:
-                        raise
+            return self._from_holders(head, lambda store: chunk_value(store, leaf, chunk, head))
 
         return DeltaPlan(self.options.delta, parent_chunks(m), self._delta_values, read_base)
 

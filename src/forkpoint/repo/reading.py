@@ -63,15 +63,21 @@ class ReadingMixin:
         """The stores holding version `vid`, fastest first (tier 0 when none says so)."""
         return [st for st in self.stores if st.exists(f"versions/{vid}.json")] or [self.store]
 
-    def _read_with_fallback(self, requests, vid: str) -> None:
-        """Read from the fastest tier holding the version; on a missing or corrupt object, the next."""
+    def _from_holders(self, vid: str, read):
+        """`read(store)` on the fastest tier holding the version; on a missing or corrupt
+        object, on the next one."""
         holders = self._holders(vid)
         for i, store in enumerate(holders):
             try:
-                return read_leaves(store, requests, vid, self._submit_read, batch=self._sched.batch)
+                return read(store)
             except (MissingObjectError, CorruptObjectError):
                 if i == len(holders) - 1:
                     raise
+
+    def _read_with_fallback(self, requests, vid: str) -> None:
+        """Fill `requests` from the fastest tier holding the version, falling back tier by tier."""
+        self._from_holders(vid, lambda store: read_leaves(store, requests, vid, self._submit_read,
+                                                          batch=self._sched.batch))
 
     def _mapped(self, leaf, vid: str):
         """A leaf memory-mapped from the fastest tier holding the version, or None."""
