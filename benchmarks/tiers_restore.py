@@ -136,7 +136,7 @@ def rss_section(model, opt, nbytes, scratch, budget_mb):
 def every_step_section(scratch, steps, params_m):
     torch.set_num_threads(2)
     batch = torch.randn(16, WIDTH, generator=torch.Generator().manual_seed(1))
-    walls, medians, floor = {}, {}, None
+    walls, medians, cpu, floor = {}, {}, {}, None
     for mode in ("no checkpoint", "every step to memory, every 10th flushed to disk"):
         model, opt = build(params_m)
         train_step(model, opt, batch)
@@ -148,6 +148,7 @@ def every_step_section(scratch, steps, params_m):
         if floor is None:
             floor = copy_and_hash_seconds(model, opt)
         t0 = time.perf_counter()
+        c0 = os.times()
         durations = []
         for step in range(steps):
             s0 = time.perf_counter()
@@ -161,6 +162,8 @@ def every_step_section(scratch, steps, params_m):
             repo.drain()
             repo.close()
         walls[mode] = time.perf_counter() - t0
+        c1 = os.times()
+        cpu[mode] = (c1.user - c0.user) + (c1.system - c0.system)
         del model, opt
     base = walls["no checkpoint"]
     print(f"\n### Checkpoint every step into the memory tier ({params_m}M params, {steps} steps)\n")
@@ -169,6 +172,9 @@ def every_step_section(scratch, steps, params_m):
     for k, v in walls.items():
         print(f"| {k} | {v:.2f} | {v / steps:.2f} | {(v / base - 1) * 100:.0f}% | {medians[k]:.2f} | "
               f"{(medians[k] / medians['no checkpoint'] - 1) * 100:.0f}% |")
+    extra = (cpu["every step to memory, every 10th flushed to disk"] - cpu["no checkpoint"]) / steps
+    print(f"\nProcess CPU time: {cpu['no checkpoint'] / steps:.2f} core-s per step without checkpoints, "
+          f"{extra:.2f} core-s more per step with them (2 cores)")
     print(f"\nFloor: one copy of the state into staging memory plus blake3 of it (2 threads), with "
           f"nothing else running: {floor:.3f} s = {floor / medians['no checkpoint'] * 100:.0f}% of a step")
 

@@ -63,13 +63,15 @@ class Task:
     """A unit of work in the DAG; `future` holds its result."""
 
     __slots__ = ("stage", "priority", "fn", "needs", "frees", "deps", "after", "nbytes", "tier", "seq",
-                 "future")
+                 "future", "ready", "failed")
 
     def __init__(self, stage, priority, fn, needs, frees, deps, after, nbytes, tier, seq):
         self.stage, self.priority, self.fn = stage, priority, fn
         self.needs, self.frees, self.deps, self.after = needs, frees, deps, after
         self.nbytes, self.tier, self.seq = nbytes, tier, seq
         self.future: Future = Future()
+        self.ready = False
+        self.failed: Task | None = None
 
     def done(self) -> bool:
         return self.future.done()
@@ -159,10 +161,12 @@ class Scheduler:
 
     def _pick(self) -> Task | None:
         for i, task in enumerate(self.queue):
-            if any(not d.done() for d in task.deps) or any(not a.done() for a in task.after):
-                continue
-            failed = next((d for d in task.deps if d.future.exception() is not None), None)
-            if failed is not None or self._fits(task.needs):
+            if not task.ready:
+                if any(not d.done() for d in task.deps) or any(not a.done() for a in task.after):
+                    continue
+                task.ready = True
+                task.failed = next((d for d in task.deps if d.future.exception() is not None), None)
+            if task.failed is not None or self._fits(task.needs):
                 return self.queue.pop(i)
         return None
 
@@ -176,7 +180,7 @@ class Scheduler:
                     task = self._pick()
                     if task is None:
                         self.cond.wait(0.5)
-                failed = next((d for d in task.deps if d.future.exception() is not None), None)
+                failed = task.failed
                 st = self.stages[task.stage]
                 st.queued -= 1
                 if failed is None:

@@ -30,6 +30,8 @@ class MemoryStore(Store):
         self._lock = threading.Lock()
         self._spare: dict[int, list[np.ndarray]] = {}
         self._spare_bytes = 0
+        self._held = 0
+        self._peak = 0
 
     @classmethod
     def named(cls, name: str) -> "MemoryStore":
@@ -70,8 +72,14 @@ class MemoryStore(Store):
                 pos += v.nbytes
             blob.flags.writeable = False
         with self._lock:
+            old = self._data.get(key)
             self._data[key] = blob
             self._mtime[key] = time.time()
+            if isinstance(blob, np.ndarray):
+                self._held += blob.nbytes
+                self._peak = max(self._peak, self._held)
+            if isinstance(old, np.ndarray):
+                self._held -= old.nbytes
 
     def create_exclusive(self, key: str, data: bytes) -> bool:
         with self._lock:
@@ -94,14 +102,17 @@ class MemoryStore(Store):
         with self._lock:
             blob = self._data.pop(key, None)
             self._mtime.pop(key, None)
-            if isinstance(blob, np.ndarray) and sys.getrefcount(blob) <= 2 and \
-                    self._spare_bytes + blob.nbytes <= SPARE_BYTES:
-                self._spare.setdefault(blob.nbytes, []).append(blob)
-                self._spare_bytes += blob.nbytes
+            if isinstance(blob, np.ndarray):
+                self._held -= blob.nbytes
+                if sys.getrefcount(blob) <= 2 and self._spare_bytes + blob.nbytes <= max(SPARE_BYTES, self._peak - self._held):
+                    self._spare.setdefault(blob.nbytes, []).append(blob)
+                    self._spare_bytes += blob.nbytes
 
     def _recycled(self, size: int) -> np.ndarray:
         """A writable buffer of `size` bytes: one freed by delete (already faulted in, so
-        storing a version every step does not pay for fresh pages), else a new one."""
+        storing a version every step does not pay for fresh pages), else a new one. Freed
+        buffers are kept up to 4 GiB, or up to what the store held at its peak, whichever is
+        more: reusing them never takes the store above that peak."""
         with self._lock:
             free = self._spare.get(size)
             if free:
