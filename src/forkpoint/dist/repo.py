@@ -89,8 +89,8 @@ class Repo(BaseRepo):
         self._saves += 1
         skeleton, shared, local_skeleton, local, select = self._flat_parts(state, allow_pickle)
         n_shared = len(shared)
-        known = self._known_chunks(branch)
-        deltas = self._delta_plan(branch)
+        head = self._head_manifest(branch)
+        known, deltas = self._known_chunks(head), self._delta_plan(head)
         with self._sched.batch():
             with self._evict_lock:  # registered before any of its objects can be written
                 plan = schedule_save(self._sched, self.store, self._tier, shared + local, known,

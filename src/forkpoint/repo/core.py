@@ -151,8 +151,8 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
                 f"state path {sharded!r} is a sharded DTensor: this process holds only part of it; "
                 "save sharded state from every rank with fp.dist.Repo")
         record = Version("", [], branch, step, 0.0, message, metrics, meta, env=_environment())
-        known = self._known_chunks(branch)
-        deltas = self._delta_plan(branch)
+        head = self._head_manifest(branch)
+        known, deltas = self._known_chunks(head), self._delta_plan(head)
         with self._sched.batch():
             with self._evict_lock:  # registered before any of its objects can be written
                 plan = schedule_save(self._sched, self.store, self._tier, flat, known, self.options,
@@ -195,15 +195,22 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         return self._sched.submit("restore", fn, priority=Priority.RESTORE,
                                   needs={f"io:{self._tier}": 1}, nbytes=nbytes, tier=self._tier)
 
-    def _known_chunks(self, branch: str) -> dict[str, KnownChunk]:
-        """Chunks of the branch head packed with others, by hash (their objects are refreshed)."""
+    def _head_manifest(self, branch: str) -> Manifest | None:
+        """The manifest of the branch head that a new save builds on, or None (no head, an
+        unreadable one, or a pruned stub)."""
         head = self._ref_state("heads", branch)[1]
-        known: dict[str, KnownChunk] = {}
         if head is None:
-            return known
+            return None
         try:
             m = self._manifest_by_id(head)
         except (RefNotFoundError, FormatError):
+            return None
+        return None if m.version.pruned else m
+
+    def _known_chunks(self, m: Manifest | None) -> dict[str, KnownChunk]:
+        """Chunks of head manifest `m` packed with others, by hash (their objects are refreshed)."""
+        known: dict[str, KnownChunk] = {}
+        if m is None:
             return known
         for leaf in m.leaves:
             for c in leaf.chunks:
@@ -216,17 +223,12 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
                 known = {h: k for h, k in known.items() if k.object != obj}
         return known
 
-    def _delta_plan(self, branch: str) -> DeltaPlan | None:
-        """The delta plan of a save on `branch` (None unless the repository stores deltas)."""
+    def _delta_plan(self, m: Manifest | None) -> DeltaPlan | None:
+        """The delta plan of a save on top of head manifest `m` (None unless the repository
+        stores deltas)."""
         if self.options.delta is None:
             return None
-        head = self._ref_state("heads", branch)[1]
-        try:
-            m = self._manifest_by_id(head) if head else None
-        except (RefNotFoundError, FormatError):
-            m = None
-        if m is not None and m.version.pruned:
-            m = None
+        head = m.version.id if m is not None else None
 
         def read_base(leaf, chunk):
             return self._from_holders(head, lambda store: chunk_value(store, leaf, chunk, head))

@@ -125,7 +125,8 @@ class MaintenanceMixin:
             if vid not in pruned:
                 live_objects.update(o for leaf in m.leaves for c in leaf.chunks for o in c.objects)
         for key in store.list("objects"):
-            if key.rsplit("/", 1)[-1] in live_objects:
+            name = key.rsplit("/", 1)[-1]
+            if name in live_objects:
                 continue
             try:
                 if now - store.mtime(key) <= grace:
@@ -134,7 +135,7 @@ class MaintenanceMixin:
             except FileNotFoundError:
                 continue
             with self._evict_lock:
-                if self._pinned(key.rsplit("/", 1)[-1]) or self._committed_since(since, key.rsplit("/", 1)[-1]):
+                if self._pinned(name) or self._committed_since(since, name):
                     continue
                 report.deleted_objects += 1
                 report.freed_bytes += size

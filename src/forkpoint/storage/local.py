@@ -76,8 +76,6 @@ class LocalStore(Store):
 
     def map(self, key: str, offset: int, length: int) -> memoryview | None:
         """A copy-on-write memory map of part of a file (the page cache, or /dev/shm, shared)."""
-        import mmap
-
         with open(self._path(key), "rb") as f:
             if os.fstat(f.fileno()).st_size < offset + length or length == 0:
                 return None
