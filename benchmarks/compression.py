@@ -149,6 +149,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dir", default="/tmp/forkpoint-bench-compression")
     ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--methods", help="comma-separated subset of the methods (default: all)")
+    ap.add_argument("--no-repo", action="store_true", help="skip the repository rows")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     cache = Path(args.dir)
@@ -168,6 +170,8 @@ def main() -> None:
             delta = np.concatenate([make_delta("xor", last[p], base[p], itemsize) for p in PARTS])
             cases.append(("all", f"xor delta {lag} step{'s' if lag > 1 else ''}", delta))
         table = methods(itemsize, dtype)
+        if args.methods:
+            table = {name: table[name] for name in args.methods.split(",")}
         print(f"\n{dtype}: {sum(last[p].nbytes for p in PARTS) / 1e6:.1f} MB of state")
         print("| part | data | method | ratio | MB/s 1 thread | MB/s 2 threads |")
         print("|---|---|---|---|---|---|")
@@ -183,7 +187,7 @@ def main() -> None:
                        "MBps_1": one, "MBps_2": two}
                 results["rows"].append(row)
                 print(f"| {part} | {kind} | {name} | {ratio:.3f} | {one:.0f} | {two:.0f} |", flush=True)
-    for dtype in args.dtypes.split(","):
+    for dtype in ([] if args.no_repo else args.dtypes.split(",")):
         repo_rows(results, cache, dtype, load_or_train(cache, dtype, args.steps, args.batch), args.steps)
     summarize(results)
     print("\n| dtype | part | data | forkpoint decode MB/s 1 thread | 2 threads |")
@@ -232,7 +236,8 @@ def summarize(results: dict) -> None:
     for dtype, part, data in keys:
         rows = [r for r in results["rows"] if (r["dtype"], r["part"], r["data"]) == (dtype, part, data)]
         mine = next(r for r in rows if r["method"] == "forkpoint")
-        other = max((r for r in rows if r["method"] != "forkpoint"), key=lambda r: r["ratio"])
+        others = [r for r in rows if r["method"] != "forkpoint"]
+        other = max(others, key=lambda r: r["ratio"]) if others else {"method": "-", "ratio": float("nan")}
         print(f"| {dtype} | {part} {data} | {mine['ratio']:.3f} | {other['method']} {other['ratio']:.3f} | "
               f"{mine['ratio'] / other['ratio']:.3f} | {mine['MBps_2'] / 1e3 / results['disk_GBps']:.2f} |")
 

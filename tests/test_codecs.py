@@ -175,3 +175,123 @@ def test_rotated_layout_is_the_documented_16_bit_rotation():
     t, b = exponent[:, 3].copy(), exponent[:, 2].copy()
     floatcodec._rotate(t, b, True)
     assert list(t) == [127, 128, 127 - 16, 127 + 99], "the top plane holds the biased exponent"
+
+
+def _skewed_bytes(kind: str, n: int, rng) -> np.ndarray:
+    if kind == "uniform":
+        return rng.integers(0, 256, n, dtype=np.uint8)
+    if kind == "constant":
+        return np.full(n, 7, np.uint8)
+    if kind == "geometric":
+        return (rng.geometric(0.3, n) % 256).astype(np.uint8)
+    if kind == "two":
+        return rng.choice(np.array([3, 200], np.uint8), n)
+    fib = [1, 1]
+    while len(fib) < 28:
+        fib.append(fib[-1] + fib[-2])
+    data = np.concatenate([np.full(f, i, np.uint8) for i, f in enumerate(fib)])[:n]
+    rng.shuffle(data)
+    return data
+
+
+@pytest.mark.parametrize("kind", ["uniform", "constant", "geometric", "two", "fibonacci"])
+def test_native_huffman_writes_standard_deflate_streams(kind):
+    """The native coder's output inflates with the standard zlib, for every block size and
+    length, including frequencies that need codes longer than the 14-bit limit."""
+    import zlib
+
+    from forkpoint.format import floatcodec
+    if floatcodec._native is None:
+        pytest.skip("native kernels not built (no C compiler at install time)")
+    rng = np.random.default_rng(1)
+    for n in (0, 1, 3, 1023, 16384, 16385, 100_003, 600_000):
+        data = _skewed_bytes(kind, n, rng).tobytes()
+        for block in (1024, 16384, 1 << 20):
+            coded = floatcodec._native.huffman_deflate(data, block)
+            assert zlib.decompress(coded, -15) == data, (kind, n, block)
+    if kind == "geometric":
+        packer = zlib.compressobj(1, zlib.DEFLATED, -15, 9, zlib.Z_HUFFMAN_ONLY)
+        reference = len(packer.compress(data) + packer.flush())
+        assert len(floatcodec._native.huffman_deflate(data, 16384)) < 1.01 * reference
+    with pytest.raises(ValueError, match="block"):
+        floatcodec._native.huffman_deflate(b"abc", 10)
+
+
+def test_native_kernels_are_built_where_a_compiler_is():
+    import shutil
+
+    from forkpoint.format import floatcodec
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler on this machine")
+    assert floatcodec._native is not None, "pip install should have built forkpoint.format._planes"
+
+
+@pytest.mark.parametrize("itemsize", [2, 4, 8])
+def test_native_planes_match_numpy_and_payloads_cross_read(itemsize, monkeypatch):
+    from forkpoint.format import floatcodec
+    native = floatcodec._native
+    if native is None:
+        pytest.skip("native kernels not built")
+    rng = np.random.default_rng(itemsize)
+    raw = rng.integers(0, 256, itemsize * 10_001, dtype=np.uint8)
+    for rotated in (False, True):
+        mine = np.empty((itemsize, 10_001), np.uint8)
+        native.to_planes(raw, mine, itemsize, rotated)
+        monkeypatch.setattr(floatcodec, "_native", None)
+        reference = np.empty_like(mine)
+        floatcodec._to_planes(raw, itemsize, rotated, reference)
+        monkeypatch.setattr(floatcodec, "_native", native)
+        assert np.array_equal(mine, reference)
+        back = np.empty_like(raw)
+        native.from_planes(mine, back, itemsize, rotated)
+        assert np.array_equal(back, raw)
+    weights, moments = _weights_and_moments()
+    data = np.concatenate([weights, moments]).view(np.uint8)
+    with_native = floatcodec.encode(data, 4)
+    monkeypatch.setattr(floatcodec, "_native", None)
+    without = floatcodec.encode(data, 4)
+    assert bytes(floatcodec.decode(with_native, data.nbytes)) == data.tobytes()
+    monkeypatch.setattr(floatcodec, "_native", native)
+    assert bytes(floatcodec.decode(without, data.nbytes)) == data.tobytes()
+
+
+def test_each_segment_picks_its_own_coders():
+    """A chunk holding weights then moments codes the weights' exponents with Huffman and the
+    moments' with zstd (payload version 2 records a layout per segment)."""
+    import struct
+
+    from forkpoint.format import floatcodec
+    n = floatcodec.SEGMENT_BYTES // 4 // 1000 * 1000
+    weights, moments = _weights_and_moments(n=n)
+    data = np.concatenate([weights, moments]).view(np.uint8)
+    coded = floatcodec.encode(data, 4)
+    version, itemsize, _, count, per = struct.unpack_from("<BBBxQI", coded)
+    assert (version, itemsize, count, per) == (2, 4, 2 * n, floatcodec.SEGMENT_BYTES // 4)
+    first, second = coded[16:21], coded[21:26]
+    assert first[0] == 1 and first[4] == floatcodec.HUFFMAN, "weights: rotated, exponent by Huffman"
+    assert second[4] == floatcodec.ZSTD, "moments: exponent runs by zstd"
+    assert bytes(floatcodec.decode(coded, data.nbytes)) == data.tobytes()
+    damaged = bytearray(coded)
+    damaged[20] = 9
+    with pytest.raises(ValueError, match="unknown plane coder"):
+        floatcodec.decode(bytes(damaged), data.nbytes)
+
+
+def test_version_1_float_payloads_still_decode():
+    """Objects written before per-segment layouts (one layout for every segment) read back."""
+    import struct
+
+    from forkpoint.format import floatcodec
+    weights, _ = _weights_and_moments()
+    raw = weights.view(np.uint8)
+    rotated, coders = True, [floatcodec.RAW, floatcodec.RAW, floatcodec.ZSTD, floatcodec.HUFFMAN]
+    per = 20_000
+    parts = []
+    for lo in range(0, weights.size, per):
+        piece = raw[lo * 4:(lo + per) * 4]
+        planes = np.empty((4, piece.nbytes // 4), np.uint8)
+        floatcodec._to_planes(piece, 4, rotated, planes)
+        parts += [bytes(floatcodec._encode_plane(p, c)) for p, c in zip(planes, coders)]
+    payload = (struct.pack("<BBBxQI", 1, 4, 1, weights.size, per) + bytes(coders)
+               + struct.pack(f"<{len(parts)}I", *map(len, parts)) + b"".join(parts))
+    assert bytes(floatcodec.decode(payload, raw.nbytes)) == raw.tobytes()

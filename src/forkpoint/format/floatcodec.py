@@ -1,19 +1,28 @@
 """The float-aware lossless codec: byte planes, each entropy-coded by the coder that suits it.
 
+The plane split and the Huffman coder run in native code (format/_planes.c) where the
+extension was built, else in numpy and zlib-ng; both write the same payloads.
+
 Elements are split into byte planes, the top two optionally rotated left by one bit as one
 16-bit word (the sign moves below the exponent, so the top plane of a float32 or bfloat16
 holds exactly its exponent), and each
 plane is stored raw, zstd-1 (good where values repeat: Adam moments, deltas) or deflate
 Huffman-only (near the order-0 entropy where they do not: weights' exponents). The layout and
 each plane's coder are chosen on a sample. Segments of elements are coded independently, in
-parallel threads. Payload (little-endian):
+parallel threads, each segment with the layout and coders its own sample picks (a chunk that
+holds weights and then moments codes each part as suits it). Payload (little-endian):
 
-    u8 version (1) | u8 itemsize | u8 rotated | u8 0 | u64 elements | u32 segment elements
-    | itemsize x u8 plane coder | (segments x itemsize) x u32 coded length | coded bytes
+    u8 version (2) | u8 itemsize | u16 0 | u64 elements | u32 segment elements
+    | segments x (u8 rotated, itemsize x u8 plane coder) | (segments x itemsize) x u32 coded
+    length | coded bytes
+
+Version 1 payloads (one layout and coder list for all segments, right after the counts) still
+decode.
 """
 
 import os
 import struct
+import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
@@ -24,14 +33,21 @@ try:
     from zlib_ng import zlib_ng as _deflate
 except ImportError:  # the standard zlib writes and reads the same streams, slower
     _deflate = zlib
+try:
+    from . import _planes as _native
+except ImportError:  # no C compiler at install time: numpy and zlib-ng do the same work
+    _native = None
 
 RAW, ZSTD, HUFFMAN = 0, 1, 2
 _HEAD = struct.Struct("<BBBxQI")
+VERSION = 2
 _WORDS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 SEGMENT_BYTES = 4 << 20
-SAMPLE_PIECES, SAMPLE_ELEMENTS = 16, 4 << 10
+HUFFMAN_BLOCK = 16 << 10
+SAMPLE_PIECES, SAMPLE_ELEMENTS = 8, 4 << 10
 MIN_GAIN = 0.995
 _pool: ThreadPoolExecutor | None = None
+_scratch = threading.local()
 THREADS = min(8, os.cpu_count() or 1)
 
 
@@ -42,10 +58,22 @@ def _threads_pool() -> ThreadPoolExecutor:
     return _pool
 
 
+def _planes_buffer(itemsize: int, count: int) -> np.ndarray:
+    """An (itemsize x count) uint8 work array, reused by the calling thread (no page faults
+    on every segment)."""
+    need = itemsize * count
+    buffer = getattr(_scratch, "buffer", None)
+    if buffer is None or buffer.size < need:
+        buffer = _scratch.buffer = np.empty(max(need, SEGMENT_BYTES), np.uint8)
+    return buffer[:need].reshape(itemsize, count)
+
+
 def _encode_plane(plane: np.ndarray, coder: int) -> bytes | np.ndarray:
     if coder == ZSTD:
         return zstandard.ZstdCompressor(level=1).compress(plane)
     if coder == HUFFMAN:
+        if _native is not None:
+            return _native.huffman_deflate(plane, HUFFMAN_BLOCK)
         packer = _deflate.compressobj(1, zlib.DEFLATED, -15, 9, zlib.Z_HUFFMAN_ONLY)
         return packer.compress(plane) + packer.flush()
     return memoryview(plane)
@@ -112,12 +140,18 @@ def _rotate_bytes(top: np.ndarray, below: np.ndarray, left: bool) -> None:
 
 def _to_planes(elements: np.ndarray, itemsize: int, rotated: bool, planes: np.ndarray) -> None:
     """Write `elements` (uint8, whole elements) into `planes` (itemsize x count), rotated if asked."""
+    if _native is not None and itemsize in _WORDS:
+        _native.to_planes(elements, planes, itemsize, rotated)
+        return
     planes[...] = elements.reshape(-1, itemsize).T
     if rotated:
         _rotate(planes[-1], planes[-2], True)
 
 
 def _from_planes(planes: np.ndarray, itemsize: int, rotated: bool, out: np.ndarray) -> None:
+    if _native is not None and itemsize in _WORDS:
+        _native.from_planes(planes, out, itemsize, rotated)
+        return
     if rotated:
         _rotate(planes[-1], planes[-2], False)
     out.reshape(-1, itemsize)[...] = planes.T
@@ -163,36 +197,45 @@ def encode(data, itemsize: int = 1, threads: int | None = None) -> bytes:
     if itemsize not in _WORDS or data.nbytes % itemsize:
         itemsize = 1
     count = data.nbytes // itemsize
-    rotated, coders, _ = choose(data, itemsize)
     per = max(1, SEGMENT_BYTES // itemsize)
     starts = list(range(0, count, per)) or [0]
 
-    def segment(lo: int) -> list:
-        hi = min(count, lo + per)
-        planes = np.empty((itemsize, hi - lo), np.uint8)
-        _to_planes(data[lo * itemsize:hi * itemsize], itemsize, rotated, planes)
-        return [_encode_plane(plane, coder) for plane, coder in zip(planes, coders)]
+    def segment(lo: int) -> tuple[bytes, list]:
+        part = data[lo * itemsize:min(count, lo + per) * itemsize]
+        rotated, coders, _ = choose(part, itemsize)
+        planes = _planes_buffer(itemsize, part.nbytes // itemsize)
+        _to_planes(part, itemsize, rotated, planes)
+        coded = [_encode_plane(plane, coder) for plane, coder in zip(planes, coders)]
+        return bytes([rotated, *coders]), [bytes(c) if isinstance(c, memoryview) else c for c in coded]
 
     threads = THREADS if threads is None else threads
     if threads > 1 and len(starts) > 1:
         coded = list(_threads_pool().map(segment, starts))
     else:
         coded = [segment(lo) for lo in starts]
-    lengths = [len(c) for seg in coded for c in seg]
-    head = _HEAD.pack(1, itemsize, int(rotated), count, per) + bytes(coders)
-    return b"".join([head, struct.pack(f"<{len(lengths)}I", *lengths), *(c for seg in coded for c in seg)])
+    lengths = [len(c) for _, planes in coded for c in planes]
+    head = _HEAD.pack(VERSION, itemsize, 0, count, per)
+    return b"".join([head, *(layout for layout, _ in coded), struct.pack(f"<{len(lengths)}I", *lengths),
+                     *(c for _, planes in coded for c in planes)])
 
 
 def decode(payload, decoded_length: int, threads: int | None = None) -> bytearray:
     """Decode a payload of `encode` into `decoded_length` bytes."""
     view = memoryview(payload).cast("B")
     version, itemsize, rotated, count, per = _HEAD.unpack_from(view)
-    if version != 1 or count * itemsize != decoded_length or per < 1:
+    if version not in (1, 2) or count * itemsize != decoded_length or per < 1 or itemsize not in (1, *_WORDS):
         raise ValueError(f"float codec payload v{version} of {count}x{itemsize} bytes, expected {decoded_length}")
     pos = _HEAD.size
-    coders = list(view[pos:pos + itemsize])
-    pos += itemsize
     starts = list(range(0, count, per)) or [0]
+    if version == 1:
+        layouts = [(bool(rotated), list(view[pos:pos + itemsize]))] * len(starts)
+        pos += itemsize
+    else:
+        layouts = [(bool(view[p]), list(view[p + 1:p + 1 + itemsize]))
+                   for p in range(pos, pos + len(starts) * (itemsize + 1), itemsize + 1)]
+        pos += len(starts) * (itemsize + 1)
+    if any(c not in (RAW, ZSTD, HUFFMAN) for _, coders in layouts for c in coders):
+        raise ValueError("float codec payload names an unknown plane coder")
     lengths = struct.unpack_from(f"<{len(starts) * itemsize}I", view, pos)
     pos += 4 * len(lengths)
     offsets = np.concatenate([[pos], pos + np.cumsum(lengths)]).tolist()
@@ -204,11 +247,12 @@ def decode(payload, decoded_length: int, threads: int | None = None) -> bytearra
     def segment(j: int) -> None:
         lo = starts[j]
         hi = min(count, lo + per)
-        planes = np.empty((itemsize, hi - lo), np.uint8)
+        rotated, coders = layouts[j]
+        planes = _planes_buffer(itemsize, hi - lo)
         for k in range(itemsize):
             i = j * itemsize + k
             _decode_plane(view[offsets[i]:offsets[i + 1]], coders[k], planes[k])
-        _from_planes(planes, itemsize, bool(rotated), dest[lo * itemsize:hi * itemsize])
+        _from_planes(planes, itemsize, rotated, dest[lo * itemsize:hi * itemsize])
 
     threads = THREADS if threads is None else threads
     if threads > 1 and len(starts) > 1:

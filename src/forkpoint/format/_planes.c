@@ -1,0 +1,363 @@
+/* Native kernels of the float-planes codec (format/floatcodec.py): byte-plane split and join
+ * with the rotated top word, and a Huffman-only deflate encoder (RFC 1951 dynamic blocks,
+ * literals only). Its output is an ordinary raw deflate stream that zlib inflates; the Python
+ * module falls back to zlib-ng's Z_HUFFMAN_ONLY when this extension is not built. Every
+ * function releases the GIL. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "forkpoint._planes assumes a little-endian machine"
+#endif
+
+#define MAX_DATA_BITS 14 /* four codes and 7 pending bits fit one 64-bit buffer */
+#define MAX_CL_BITS 7
+#define LIT_SYMBOLS 257  /* 0..255 and end-of-block */
+#define END_OF_BLOCK 256
+
+typedef struct {
+    uint8_t *out;
+    uint64_t buf;
+    int count;
+} BitWriter;
+
+static inline void put_bits(BitWriter *w, uint32_t bits, int n) {
+    w->buf |= (uint64_t)bits << w->count;
+    w->count += n;
+    if (w->count >= 32) {
+        memcpy(w->out, &w->buf, 8);
+        w->out += 4;
+        w->buf >>= 32;
+        w->count -= 32;
+    }
+}
+
+static inline void flush_whole_bytes(BitWriter *w) {
+    memcpy(w->out, &w->buf, 8);
+    w->out += w->count >> 3;
+    w->buf >>= (w->count & ~7);
+    w->count &= 7;
+}
+
+/* In-place minimum-redundancy code lengths (Moffat and Katajainen, 1995): `a` holds n
+ * frequencies in ascending order on entry and their code lengths on return. */
+static void minimum_redundancy(int *a, int n) {
+    int root, leaf, next, avail, used, depth;
+    if (n == 0) return;
+    if (n == 1) { a[0] = 1; return; }
+    a[0] += a[1];
+    root = 0;
+    leaf = 2;
+    for (next = 1; next < n - 1; next++) {
+        if (leaf >= n || a[root] < a[leaf]) { a[next] = a[root]; a[root++] = next; }
+        else a[next] = a[leaf++];
+        if (leaf >= n || (root < next && a[root] < a[leaf])) { a[next] += a[root]; a[root++] = next; }
+        else a[next] += a[leaf++];
+    }
+    a[n - 2] = 0;
+    for (next = n - 3; next >= 0; next--) a[next] = a[a[next]] + 1;
+    avail = 1;
+    used = depth = 0;
+    root = n - 2;
+    next = n - 1;
+    while (avail > 0) {
+        while (root >= 0 && a[root] == depth) { used++; root--; }
+        while (avail > used) { a[next--] = depth; avail--; }
+        avail = 2 * used;
+        depth++;
+        used = 0;
+    }
+}
+
+typedef struct { uint32_t freq; int symbol; } SymbolFreq;
+
+static int by_freq(const void *x, const void *y) {
+    const SymbolFreq *a = x, *b = y;
+    if (a->freq != b->freq) return a->freq < b->freq ? -1 : 1;
+    return a->symbol - b->symbol;
+}
+
+/* Code lengths at most `limit` bits for `n` symbols with frequencies `freq` (at least two
+ * nonzero), then canonical codes, bit-reversed for LSB-first output. */
+static void build_code(const uint32_t *freq, int n, int limit, uint8_t *lengths, uint16_t *codes) {
+    SymbolFreq used[LIT_SYMBOLS];
+    int work[LIT_SYMBOLS], per_length[32] = {0};
+    int m = 0, i, len;
+    for (i = 0; i < n; i++) {
+        lengths[i] = 0;
+        codes[i] = 0;
+        if (freq[i]) { used[m].freq = freq[i]; used[m].symbol = i; m++; }
+    }
+    qsort(used, m, sizeof used[0], by_freq);
+    for (i = 0; i < m; i++) work[i] = (int)used[i].freq;
+    minimum_redundancy(work, m);
+    for (i = 0; i < m; i++) per_length[work[i] > limit ? limit : work[i]]++;
+    /* Lengths over the limit were clamped: lengthen shorter codes until Kraft holds again. */
+    uint32_t total = 0;
+    for (len = 1; len <= limit; len++) total += (uint32_t)per_length[len] << (limit - len);
+    while (total > (1u << limit)) {
+        per_length[limit]--;
+        for (len = limit - 1; len > 0; len--) {
+            if (per_length[len]) { per_length[len]--; per_length[len + 1] += 2; break; }
+        }
+        total--;
+    }
+    /* The rarest symbols (front of `used`) take the longest codes. */
+    int k = 0;
+    for (len = limit; len > 0; len--)
+        for (i = 0; i < per_length[len]; i++) lengths[used[k++].symbol] = (uint8_t)len;
+    int next_code[32] = {0}, count_of[32] = {0}, code = 0;
+    for (i = 0; i < n; i++) count_of[lengths[i]]++;
+    count_of[0] = 0;
+    for (len = 1; len <= limit; len++) { code = (code + count_of[len - 1]) << 1; next_code[len] = code; }
+    for (i = 0; i < n; i++) {
+        len = lengths[i];
+        if (!len) continue;
+        uint32_t c = (uint32_t)next_code[len]++, r = 0;
+        for (int b = 0; b < len; b++) { r = (r << 1) | (c & 1); c >>= 1; }
+        codes[i] = (uint16_t)r;
+    }
+}
+
+static const uint8_t CL_ORDER[19] = {16, 17, 18, 0, 8, 7, 9, 6, 10, 5, 11, 4, 12, 3, 13, 2, 14, 1, 15};
+
+/* The code-length sequence of `lengths` (nlit literal/length codes, then one unused distance
+ * code) as code-length symbols, each with its extra bits: (symbol | extra << 8). */
+static int run_length_code(const uint8_t *lengths, int nlit, uint32_t *sequence) {
+    uint8_t all[LIT_SYMBOLS + 1];
+    memcpy(all, lengths, nlit);
+    all[nlit] = 0;
+    int total = nlit + 1, s = 0, i = 0;
+    while (i < total) {
+        int value = all[i], run = 1;
+        while (i + run < total && all[i + run] == value) run++;
+        i += run;
+        if (value == 0) {
+            while (run >= 11) { int k = run > 138 ? 138 : run; sequence[s++] = 18 | (uint32_t)(k - 11) << 8; run -= k; }
+            if (run >= 3) { sequence[s++] = 17 | (uint32_t)(run - 3) << 8; run = 0; }
+        } else {
+            sequence[s++] = (uint32_t)value;
+            run--;
+            while (run >= 3) { int k = run > 6 ? 6 : run; sequence[s++] = 16 | (uint32_t)(k - 3) << 8; run -= k; }
+        }
+        while (run-- > 0) sequence[s++] = (uint32_t)value;
+    }
+    return s;
+}
+
+static void encode_block(BitWriter *w, const uint8_t *data, size_t n, int final) {
+    uint32_t hist[4][256];
+    uint32_t freq[LIT_SYMBOLS];
+    uint8_t lengths[LIT_SYMBOLS];
+    uint16_t codes[LIT_SYMBOLS];
+    size_t i;
+    memset(hist, 0, sizeof hist);
+    for (i = 0; i + 4 <= n; i += 4) {
+        hist[0][data[i]]++;
+        hist[1][data[i + 1]]++;
+        hist[2][data[i + 2]]++;
+        hist[3][data[i + 3]]++;
+    }
+    for (; i < n; i++) hist[0][data[i]]++;
+    int distinct = 0;
+    for (i = 0; i < 256; i++) {
+        freq[i] = hist[0][i] + hist[1][i] + hist[2][i] + hist[3][i];
+        distinct += freq[i] != 0;
+    }
+    freq[END_OF_BLOCK] = 1;
+    if (distinct == 0) freq[0] = 1; /* two codes at least: a complete code */
+    build_code(freq, LIT_SYMBOLS, MAX_DATA_BITS, lengths, codes);
+
+    int nlit = LIT_SYMBOLS; /* symbol 256 always has a code */
+    uint32_t sequence[LIT_SYMBOLS + 2], cl_freq[19] = {0};
+    uint8_t cl_lengths[19];
+    uint16_t cl_codes[19];
+    int ns = run_length_code(lengths, nlit, sequence), cl_distinct = 0;
+    for (int j = 0; j < ns; j++) cl_freq[sequence[j] & 0xff]++;
+    for (int j = 0; j < 19; j++) cl_distinct += cl_freq[j] != 0;
+    if (cl_distinct < 2) cl_freq[cl_freq[0] ? 1 : 0] = 1; /* a code-length code must be complete */
+    build_code(cl_freq, 19, MAX_CL_BITS, cl_lengths, cl_codes);
+    int ncl = 19;
+    while (ncl > 4 && cl_lengths[CL_ORDER[ncl - 1]] == 0) ncl--;
+
+    put_bits(w, final ? 1 : 0, 1);
+    put_bits(w, 2, 2);
+    put_bits(w, (uint32_t)(nlit - 257), 5);
+    put_bits(w, 0, 5);
+    put_bits(w, (uint32_t)(ncl - 4), 4);
+    for (int j = 0; j < ncl; j++) put_bits(w, cl_lengths[CL_ORDER[j]], 3);
+    for (int j = 0; j < ns; j++) {
+        int sym = sequence[j] & 0xff;
+        uint32_t extra = sequence[j] >> 8;
+        put_bits(w, cl_codes[sym], cl_lengths[sym]);
+        if (sym == 16) put_bits(w, extra, 2);
+        else if (sym == 17) put_bits(w, extra, 3);
+        else if (sym == 18) put_bits(w, extra, 7);
+    }
+    flush_whole_bytes(w);
+    uint64_t buf = w->buf;
+    int count = w->count;
+    uint8_t *out = w->out;
+    for (i = 0; i + 4 <= n; i += 4) {
+        uint8_t a = data[i], b = data[i + 1], c = data[i + 2], d = data[i + 3];
+        buf |= (uint64_t)codes[a] << count; count += lengths[a];
+        buf |= (uint64_t)codes[b] << count; count += lengths[b];
+        buf |= (uint64_t)codes[c] << count; count += lengths[c];
+        buf |= (uint64_t)codes[d] << count; count += lengths[d];
+        memcpy(out, &buf, 8);
+        out += count >> 3;
+        buf >>= (count & ~7);
+        count &= 7;
+    }
+    w->buf = buf;
+    w->count = count;
+    w->out = out;
+    for (; i < n; i++) put_bits(w, codes[data[i]], lengths[data[i]]);
+    put_bits(w, codes[END_OF_BLOCK], lengths[END_OF_BLOCK]);
+}
+
+static PyObject *huffman_deflate(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t block = 32768;
+    if (!PyArg_ParseTuple(args, "y*|n", &view, &block)) return NULL;
+    if (block < 1024 || block > (1 << 24)) {
+        PyBuffer_Release(&view);
+        PyErr_Format(PyExc_ValueError, "block of %zd bytes: must be 1 KiB to 16 MiB", block);
+        return NULL;
+    }
+    size_t n = (size_t)view.len, blocks = n ? (n + (size_t)block - 1) / (size_t)block : 1;
+    size_t bound = n * MAX_DATA_BITS / 8 + blocks * 600 + 64;
+    PyObject *result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)bound);
+    if (!result) { PyBuffer_Release(&view); return NULL; }
+    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
+    BitWriter w = {out, 0, 0};
+    const uint8_t *data = view.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (size_t b = 0; b < blocks; b++) {
+        size_t lo = b * (size_t)block, len = n - lo < (size_t)block ? n - lo : (size_t)block;
+        encode_block(&w, data + lo, len, b + 1 == blocks);
+    }
+    if (w.count) { memcpy(w.out, &w.buf, 8); w.out += (w.count + 7) >> 3; }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    if (_PyBytes_Resize(&result, w.out - out) < 0) return NULL;
+    return result;
+}
+
+static int plane_args(PyObject *args, Py_buffer *src, Py_buffer *dst, int *itemsize, int *rotated) {
+    if (!PyArg_ParseTuple(args, "y*w*ip", src, dst, itemsize, rotated)) return 0;
+    if ((*itemsize != 2 && *itemsize != 4 && *itemsize != 8) || src->len != dst->len || src->len % *itemsize) {
+        PyErr_Format(PyExc_ValueError, "planes of %zd bytes into %zd with itemsize %d", src->len, dst->len, *itemsize);
+        PyBuffer_Release(src);
+        PyBuffer_Release(dst);
+        return 0;
+    }
+    return 1;
+}
+
+static inline uint16_t rotate_left(uint16_t w) { return (uint16_t)((w << 1) | (w >> 15)); }
+static inline uint16_t rotate_right(uint16_t w) { return (uint16_t)((w >> 1) | (w << 15)); }
+
+static PyObject *to_planes(PyObject *self, PyObject *args) {
+    Py_buffer src, dst;
+    int itemsize, rotated;
+    if (!plane_args(args, &src, &dst, &itemsize, &rotated)) return NULL;
+    size_t n = (size_t)src.len / itemsize;
+    const uint8_t *s = src.buf;
+    uint8_t *d = dst.buf;
+    Py_BEGIN_ALLOW_THREADS
+    if (itemsize == 2) {
+        uint8_t *p0 = d, *p1 = d + n;
+        for (size_t i = 0; i < n; i++) {
+            uint16_t w;
+            memcpy(&w, s + 2 * i, 2);
+            if (rotated) w = rotate_left(w);
+            p0[i] = (uint8_t)w;
+            p1[i] = (uint8_t)(w >> 8);
+        }
+    } else if (itemsize == 4) {
+        uint8_t *p0 = d, *p1 = d + n, *p2 = d + 2 * n, *p3 = d + 3 * n;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t v;
+            memcpy(&v, s + 4 * i, 4);
+            uint16_t top = (uint16_t)(v >> 16);
+            if (rotated) top = rotate_left(top);
+            p0[i] = (uint8_t)v;
+            p1[i] = (uint8_t)(v >> 8);
+            p2[i] = (uint8_t)top;
+            p3[i] = (uint8_t)(top >> 8);
+        }
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            uint64_t v;
+            memcpy(&v, s + 8 * i, 8);
+            uint16_t top = (uint16_t)(v >> 48);
+            if (rotated) top = rotate_left(top);
+            for (int k = 0; k < 6; k++) d[k * n + i] = (uint8_t)(v >> (8 * k));
+            d[6 * n + i] = (uint8_t)top;
+            d[7 * n + i] = (uint8_t)(top >> 8);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    Py_RETURN_NONE;
+}
+
+static PyObject *from_planes(PyObject *self, PyObject *args) {
+    Py_buffer src, dst;
+    int itemsize, rotated;
+    if (!plane_args(args, &src, &dst, &itemsize, &rotated)) return NULL;
+    size_t n = (size_t)src.len / itemsize;
+    const uint8_t *s = src.buf;
+    uint8_t *d = dst.buf;
+    Py_BEGIN_ALLOW_THREADS
+    if (itemsize == 2) {
+        const uint8_t *p0 = s, *p1 = s + n;
+        for (size_t i = 0; i < n; i++) {
+            uint16_t w = (uint16_t)(p0[i] | (p1[i] << 8));
+            if (rotated) w = rotate_right(w);
+            memcpy(d + 2 * i, &w, 2);
+        }
+    } else if (itemsize == 4) {
+        const uint8_t *p0 = s, *p1 = s + n, *p2 = s + 2 * n, *p3 = s + 3 * n;
+        for (size_t i = 0; i < n; i++) {
+            uint16_t top = (uint16_t)(p2[i] | (p3[i] << 8));
+            if (rotated) top = rotate_right(top);
+            uint32_t v = (uint32_t)p0[i] | (uint32_t)p1[i] << 8 | (uint32_t)top << 16;
+            memcpy(d + 4 * i, &v, 4);
+        }
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            uint16_t top = (uint16_t)(s[6 * n + i] | (s[7 * n + i] << 8));
+            if (rotated) top = rotate_right(top);
+            uint64_t v = (uint64_t)top << 48;
+            for (int k = 0; k < 6; k++) v |= (uint64_t)s[k * n + i] << (8 * k);
+            memcpy(d + 8 * i, &v, 8);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"huffman_deflate", huffman_deflate, METH_VARARGS,
+     "huffman_deflate(data, block=32768) -> bytes\n"
+     "A raw deflate stream of `data`, literals only, one dynamic Huffman block per `block` bytes."},
+    {"to_planes", to_planes, METH_VARARGS,
+     "to_planes(src, dst, itemsize, rotated)\n"
+     "Write the byte planes of `src`'s elements into `dst`, the top 16-bit word rotated left if asked."},
+    {"from_planes", from_planes, METH_VARARGS,
+     "from_planes(src, dst, itemsize, rotated)\n"
+     "Inverse of to_planes: join the planes in `src` into elements in `dst`."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_planes", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__planes(void) { return PyModule_Create(&module); }
