@@ -261,14 +261,7 @@ static int plane_args(PyObject *args, Py_buffer *src, Py_buffer *dst, int *items
 static inline uint16_t rotate_left(uint16_t w) { return (uint16_t)((w << 1) | (w >> 15)); }
 static inline uint16_t rotate_right(uint16_t w) { return (uint16_t)((w >> 1) | (w << 15)); }
 
-static PyObject *to_planes(PyObject *self, PyObject *args) {
-    Py_buffer src, dst;
-    int itemsize, rotated;
-    if (!plane_args(args, &src, &dst, &itemsize, &rotated)) return NULL;
-    size_t n = (size_t)src.len / itemsize;
-    const uint8_t *s = src.buf;
-    uint8_t *d = dst.buf;
-    Py_BEGIN_ALLOW_THREADS
+static void split(const uint8_t *s, uint8_t *d, size_t n, int itemsize, int rotated) {
     if (itemsize == 2) {
         uint8_t *p0 = d, *p1 = d + n;
         for (size_t i = 0; i < n; i++) {
@@ -301,20 +294,9 @@ static PyObject *to_planes(PyObject *self, PyObject *args) {
             d[7 * n + i] = (uint8_t)(top >> 8);
         }
     }
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&src);
-    PyBuffer_Release(&dst);
-    Py_RETURN_NONE;
 }
 
-static PyObject *from_planes(PyObject *self, PyObject *args) {
-    Py_buffer src, dst;
-    int itemsize, rotated;
-    if (!plane_args(args, &src, &dst, &itemsize, &rotated)) return NULL;
-    size_t n = (size_t)src.len / itemsize;
-    const uint8_t *s = src.buf;
-    uint8_t *d = dst.buf;
-    Py_BEGIN_ALLOW_THREADS
+static void join(const uint8_t *s, uint8_t *d, size_t n, int itemsize, int rotated) {
     if (itemsize == 2) {
         const uint8_t *p0 = s, *p1 = s + n;
         for (size_t i = 0; i < n; i++) {
@@ -339,11 +321,26 @@ static PyObject *from_planes(PyObject *self, PyObject *args) {
             memcpy(d + 8 * i, &v, 8);
         }
     }
+}
+
+typedef void (*PlaneKernel)(const uint8_t *, uint8_t *, size_t, int, int);
+
+static PyObject *run_planes(PyObject *args, PlaneKernel kernel) {
+    Py_buffer src, dst;
+    int itemsize, rotated;
+    if (!plane_args(args, &src, &dst, &itemsize, &rotated)) return NULL;
+    size_t n = (size_t)src.len / itemsize;
+    Py_BEGIN_ALLOW_THREADS
+    kernel(src.buf, dst.buf, n, itemsize, rotated);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);
     Py_RETURN_NONE;
 }
+
+static PyObject *to_planes(PyObject *self, PyObject *args) { return run_planes(args, split); }
+
+static PyObject *from_planes(PyObject *self, PyObject *args) { return run_planes(args, join); }
 
 static PyMethodDef methods[] = {
     {"huffman_deflate", huffman_deflate, METH_VARARGS,
