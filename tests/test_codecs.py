@@ -245,6 +245,10 @@ def test_native_planes_match_numpy_and_payloads_cross_read(itemsize, monkeypatch
         back = np.empty_like(raw)
         native.from_planes(mine, back, itemsize, rotated)
         assert np.array_equal(back, raw)
+    with pytest.raises(ValueError, match="itemsize"):
+        native.to_planes(raw, np.empty(raw.nbytes - itemsize, np.uint8), itemsize, False)
+    with pytest.raises(ValueError, match="itemsize 3"):
+        native.from_planes(raw[:9], np.empty(9, np.uint8), 3, False)
     weights, moments = _weights_and_moments()
     data = np.concatenate([weights, moments]).view(np.uint8)
     with_native = floatcodec.encode(data, 4)
