@@ -137,6 +137,21 @@ def test_float_codec_round_trips_every_bit_pattern(itemsize, threads):
         assert bytes(floatcodec.decode(coded, data.nbytes, threads)) == data.tobytes()
 
 
+def test_float_codec_pieces_are_the_payload_and_outlive_later_encodes():
+    from forkpoint.format import floatcodec
+    from forkpoint.format.codecs import codec_by_name
+
+    weights, moments = _weights_and_moments()
+    first = floatcodec.encode_pieces(weights.view(np.uint8), 4, 2)
+    joined = b"".join(first)
+    floatcodec.encode_pieces(moments.view(np.uint8), 4, 2)
+    assert b"".join(first) == joined, "a later encode must not overwrite the pieces of an earlier one"
+    assert joined == floatcodec.encode(weights.view(np.uint8), 4, 2)
+    assert bytes(floatcodec.decode(joined, weights.nbytes)) == weights.tobytes()
+    zstd = codec_by_name("zstd")
+    assert b"".join(zstd.pieces(memoryview(moments.view(np.uint8)), 4)) == zstd.encode(memoryview(moments.view(np.uint8)), 4)
+
+
 def test_damaged_float_payload_is_refused(tmp_path):
     from forkpoint.errors import CorruptObjectError
 

@@ -158,24 +158,24 @@ class ObjectWriter:
 
     def _write(self, key: str, data: np.ndarray, codec, itemsize: int, table: bytes | None) -> str:
         view = memoryview(data).cast("B")
-        payload = view
+        payload = [view]
         if codec.id != 0:
-            encoded = codec.encode(view, itemsize)
-            if len(encoded) < 0.95 * view.nbytes:
+            encoded = codec.pieces(view, itemsize)
+            if sum(memoryview(p).nbytes for p in encoded) < 0.95 * view.nbytes:
                 payload = encoded
             else:
                 codec = codec_by_name("raw")
         header_size, table = OBJECT_HEADER_SIZE, b""
-        if payload is view and view.nbytes >= DIRECT_MIN_BYTES:
+        if codec.id == 0 and view.nbytes >= DIRECT_MIN_BYTES:
             header_size = table_header_size(view.nbytes)
             blocks = -(-view.nbytes // BLOCK_BYTES)
             if blocks > 1 and OBJECT_HEADER_SIZE + blocks * DIGEST_BYTES <= header_size:
                 table = table or block_digests(view)
         start = time.perf_counter()
-        self.store.write(key, [pack_header(codec.id, view.nbytes, header_size, table), payload])
+        self.store.write(key, [pack_header(codec.id, view.nbytes, header_size, table), *payload])
         seconds = time.perf_counter() - start
         with self.lock:
-            self.stored_bytes += header_size + memoryview(payload).nbytes
+            self.stored_bytes += header_size + sum(memoryview(p).nbytes for p in payload)
             self.written.append(key)
             if codec.id == 0 and view.nbytes >= AUTO_SAMPLE_BYTES and seconds > 0:
                 rate = view.nbytes / seconds

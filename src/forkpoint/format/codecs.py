@@ -22,6 +22,14 @@ class Codec:
     name: str
     encode: Callable[..., bytes | memoryview]
     decode: Callable[[bytes | memoryview, int], bytes | memoryview]
+    encode_pieces: Callable[..., list] | None = None
+
+    def pieces(self, data, itemsize: int = 1, threads: int | None = None) -> list:
+        """The encoded payload as a list of buffers to write in order (no final join where
+        the codec produces it in parts)."""
+        if self.encode_pieces is not None:
+            return self.encode_pieces(data, itemsize, threads)
+        return [self.encode(data, itemsize, threads)]
 
 
 def _zstd_encode(data: memoryview, itemsize: int = 1, threads: int | None = None) -> bytes:
@@ -58,7 +66,7 @@ CODECS = {
         Codec(0, "raw", lambda b, itemsize=1, threads=None: b, lambda p, n: p),
         Codec(1, "zstd", _zstd_encode, _zstd_decode),
         Codec(2, "planes+zstd", _planes_encode, _planes_decode),
-        Codec(3, "float-planes", floatcodec.encode, floatcodec.decode),
+        Codec(3, "float-planes", floatcodec.encode, floatcodec.decode, floatcodec.encode_pieces),
     )
 }
 POLICIES = ("raw", "zstd", "lossless", "auto")

@@ -193,20 +193,26 @@ def choose(data: np.ndarray, itemsize: int) -> tuple[bool, list[int], int]:
 
 def encode(data, itemsize: int = 1, threads: int | None = None) -> bytes:
     """Encode bytes whose elements are `itemsize` wide (a float type's size)."""
+    return b"".join(encode_pieces(data, itemsize, threads))
+
+
+def encode_pieces(data, itemsize: int = 1, threads: int | None = None) -> list:
+    """The payload of `encode` as a list of buffers, in order: raw planes are views of one work
+    array per call (no copy out of it, no join into one large freshly faulted buffer)."""
     data = np.frombuffer(data, np.uint8)
     if itemsize not in _WORDS or data.nbytes % itemsize:
         itemsize = 1
     count = data.nbytes // itemsize
     per = max(1, SEGMENT_BYTES // itemsize)
     starts = list(range(0, count, per)) or [0]
+    kept = np.empty(data.nbytes, np.uint8)
 
     def segment(lo: int) -> tuple[bytes, list]:
         part = data[lo * itemsize:min(count, lo + per) * itemsize]
         rotated, coders, _ = choose(part, itemsize)
-        planes = _planes_buffer(itemsize, part.nbytes // itemsize)
+        planes = kept[lo * itemsize:lo * itemsize + part.nbytes].reshape(itemsize, -1)
         _to_planes(part, itemsize, rotated, planes)
-        coded = [_encode_plane(plane, coder) for plane, coder in zip(planes, coders)]
-        return bytes([rotated, *coders]), [bytes(c) if isinstance(c, memoryview) else c for c in coded]
+        return bytes([rotated, *coders]), [_encode_plane(plane, coder) for plane, coder in zip(planes, coders)]
 
     threads = THREADS if threads is None else threads
     if threads > 1 and len(starts) > 1:
@@ -215,8 +221,8 @@ def encode(data, itemsize: int = 1, threads: int | None = None) -> bytes:
         coded = [segment(lo) for lo in starts]
     lengths = [len(c) for _, planes in coded for c in planes]
     head = _HEAD.pack(VERSION, itemsize, 0, count, per)
-    return b"".join([head, *(layout for layout, _ in coded), struct.pack(f"<{len(lengths)}I", *lengths),
-                     *(c for _, planes in coded for c in planes)])
+    return [head, b"".join(layout for layout, _ in coded), struct.pack(f"<{len(lengths)}I", *lengths),
+            *(c for _, planes in coded for c in planes)]
 
 
 def decode(payload, decoded_length: int, threads: int | None = None) -> bytearray:

@@ -42,7 +42,7 @@ class FsspecStore(Store):
         return int(self.fs.size(self._path(key)))
 
     def write(self, key: str, parts: Sequence, durable: bool = True) -> None:
-        blob = b"".join(bytes(memoryview(p).cast("B")) for p in parts)
+        blob = b"".join(memoryview(p).cast("B") for p in parts)
         try:
             self.fs.pipe_file(self._path(key), blob)
         except OSError as e:
