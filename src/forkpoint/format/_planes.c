@@ -342,7 +342,42 @@ static PyObject *to_planes(PyObject *self, PyObject *args) { return run_planes(a
 
 static PyObject *from_planes(PyObject *self, PyObject *args) { return run_planes(args, join); }
 
+static PyObject *byte_counts(PyObject *self, PyObject *args) {
+    Py_buffer view, out;
+    if (!PyArg_ParseTuple(args, "y*w*", &view, &out)) return NULL;
+    if (out.len != 256 * (Py_ssize_t)sizeof(uint64_t)) {
+        PyErr_Format(PyExc_ValueError, "counts buffer of %zd bytes, expected 256 x 8", out.len);
+        PyBuffer_Release(&view);
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    const uint8_t *data = view.buf;
+    size_t n = (size_t)view.len;
+    uint64_t *counts = out.buf;
+    Py_BEGIN_ALLOW_THREADS
+    memset(counts, 0, 256 * sizeof(uint64_t));
+    for (size_t lo = 0; lo < n; lo += (size_t)1 << 30) {
+        size_t hi = n - lo < ((size_t)1 << 30) ? n : lo + ((size_t)1 << 30), i = lo;
+        uint32_t part[4][256] = {{0}};
+        for (; i + 4 <= hi; i += 4) {
+            part[0][data[i]]++;
+            part[1][data[i + 1]]++;
+            part[2][data[i + 2]]++;
+            part[3][data[i + 3]]++;
+        }
+        for (; i < hi; i++) part[0][data[i]]++;
+        for (int k = 0; k < 256; k++) counts[k] += (uint64_t)part[0][k] + part[1][k] + part[2][k] + part[3][k];
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"byte_counts", byte_counts, METH_VARARGS,
+     "byte_counts(data, counts)\n"
+     "Write how often each byte value occurs in `data` into `counts` (256 x uint64)."},
     {"huffman_deflate", huffman_deflate, METH_VARARGS,
      "huffman_deflate(data, block=32768) -> bytes\n"
      "A raw deflate stream of `data`, literals only, one dynamic Huffman block per `block` bytes."},

@@ -70,7 +70,10 @@ def _planes_buffer(itemsize: int, count: int) -> np.ndarray:
 
 def _encode_plane(plane: np.ndarray, coder: int) -> bytes | np.ndarray:
     if coder == ZSTD:
-        return zstandard.ZstdCompressor(level=1).compress(plane)
+        packer = getattr(_scratch, "zstd", None)
+        if packer is None:
+            packer = _scratch.zstd = zstandard.ZstdCompressor(level=1)
+        return packer.compress(plane)
     if coder == HUFFMAN:
         if _native is not None:
             return _native.huffman_deflate(plane, HUFFMAN_BLOCK)
@@ -166,11 +169,24 @@ def _sample(data: np.ndarray, itemsize: int) -> np.ndarray:
                            for i in range(SAMPLE_PIECES)])
 
 
+def _byte_counts(plane: np.ndarray) -> np.ndarray:
+    if _native is None:
+        return np.bincount(plane, minlength=256)
+    counts = np.empty(256, np.uint64)
+    _native.byte_counts(plane, counts)
+    return counts
+
+
+def _entropy_bytes(counts: np.ndarray) -> float:
+    """The order-0 entropy of bytes with these counts, in bytes (a lower bound of Huffman's size)."""
+    seen = counts[counts > 0].astype(np.float64)
+    return float(-(seen * np.log2(seen / seen.sum())).sum() / 8)
+
+
 def _plane_coder(plane: np.ndarray) -> tuple[int, int]:
-    """(coder, coded bytes) that codes a sample plane smallest; planes whose bytes look
-    uniformly random are left raw without trying."""
-    counts = np.bincount(plane, minlength=256)
-    if counts.min() * 256 > 0.9 * plane.nbytes and counts.max() * 256 < 1.1 * plane.nbytes:
+    """(coder, coded bytes) that codes a sample plane smallest; planes whose order-0 entropy
+    leaves no gain worth having (random-looking mantissa bytes) are left raw without trying."""
+    if _entropy_bytes(_byte_counts(plane)) >= MIN_GAIN * plane.nbytes:
         return RAW, plane.nbytes
     sizes = {coder: len(_encode_plane(plane, coder)) for coder in (ZSTD, HUFFMAN)}
     coder = min(sizes, key=sizes.get)
@@ -185,7 +201,7 @@ def choose(data: np.ndarray, itemsize: int) -> tuple[bool, list[int], int]:
     plain = [_plane_coder(plane) for plane in planes]
     if itemsize not in _WORDS:
         return False, [c for c, _ in plain], sum(n for _, n in plain)
-    _rotate(planes[-1], planes[-2], True)
+    _to_planes(sample, itemsize, True, planes)
     turned = plain[:-2] + [_plane_coder(planes[-2]), _plane_coder(planes[-1])]
     best = min((False, plain), (True, turned), key=lambda o: sum(n for _, n in o[1]))
     return best[0], [c for c, _ in best[1]], sum(n for _, n in best[1])
