@@ -74,10 +74,20 @@ static void minimum_redundancy(int *a, int n) {
 
 typedef struct { uint32_t freq; int symbol; } SymbolFreq;
 
-static int by_freq(const void *x, const void *y) {
-    const SymbolFreq *a = x, *b = y;
-    if (a->freq != b->freq) return a->freq < b->freq ? -1 : 1;
-    return a->symbol - b->symbol;
+/* Sort `m` symbols by (frequency, symbol), ascending: LSD radix sort, one byte of the
+ * frequency per pass (stable, so equal frequencies keep symbol order). */
+static void sort_by_freq(SymbolFreq *used, int m) {
+    SymbolFreq spare[LIT_SYMBOLS], *from = used, *to = spare;
+    uint32_t largest = 0;
+    for (int i = 0; i < m; i++) largest |= used[i].freq;
+    for (int shift = 0; shift < 32 && (largest >> shift); shift += 8) {
+        int start[257] = {0};
+        for (int i = 0; i < m; i++) start[((from[i].freq >> shift) & 0xff) + 1]++;
+        for (int d = 0; d < 256; d++) start[d + 1] += start[d];
+        for (int i = 0; i < m; i++) to[start[(from[i].freq >> shift) & 0xff]++] = from[i];
+        SymbolFreq *t = from; from = to; to = t;
+    }
+    if (from != used) memcpy(used, from, (size_t)m * sizeof used[0]);
 }
 
 /* Code lengths at most `limit` bits for `n` symbols with frequencies `freq` (at least two
@@ -91,7 +101,7 @@ static void build_code(const uint32_t *freq, int n, int limit, uint8_t *lengths,
         codes[i] = 0;
         if (freq[i]) { used[m].freq = freq[i]; used[m].symbol = i; m++; }
     }
-    qsort(used, m, sizeof used[0], by_freq);
+    sort_by_freq(used, m);
     for (i = 0; i < m; i++) work[i] = (int)used[i].freq;
     minimum_redundancy(work, m);
     for (i = 0; i < m; i++) per_length[work[i] > limit ? limit : work[i]]++;

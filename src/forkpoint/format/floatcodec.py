@@ -46,6 +46,10 @@ SEGMENT_BYTES = 4 << 20
 HUFFMAN_BLOCK = 16 << 10
 SAMPLE_PIECES, SAMPLE_ELEMENTS = 8, 4 << 10
 MIN_GAIN = 0.995
+ZSTD_MIN_GAIN = 0.97
+ZSTD_PARAMS = zstandard.ZstdCompressionParameters(
+    window_log=18, hash_log=13, chain_log=13, search_log=1, min_match=7, target_length=0,
+    strategy=zstandard.STRATEGY_FAST)
 _pool: ThreadPoolExecutor | None = None
 _scratch = threading.local()
 THREADS = min(8, os.cpu_count() or 1)
@@ -72,7 +76,7 @@ def _encode_plane(plane: np.ndarray, coder: int) -> bytes | np.ndarray:
     if coder == ZSTD:
         packer = getattr(_scratch, "zstd", None)
         if packer is None:
-            packer = _scratch.zstd = zstandard.ZstdCompressor(level=1)
+            packer = _scratch.zstd = zstandard.ZstdCompressor(compression_params=ZSTD_PARAMS)
         return packer.compress(plane)
     if coder == HUFFMAN:
         if _native is not None:
@@ -184,12 +188,14 @@ def _entropy_bytes(counts: np.ndarray) -> float:
 
 
 def _plane_coder(plane: np.ndarray) -> tuple[int, int]:
-    """(coder, coded bytes) that codes a sample plane smallest; planes whose order-0 entropy
-    leaves no gain worth having (random-looking mantissa bytes) are left raw without trying."""
+    """(coder, coded bytes) for a sample plane: zstd where it beats Huffman by 3% (Huffman is
+    about 3x faster, and a sample misjudges zstd's matches by about that much), else Huffman,
+    else raw; planes whose order-0 entropy leaves no gain worth having (random-looking
+    mantissa bytes) are left raw without trying."""
     if _entropy_bytes(_byte_counts(plane)) >= MIN_GAIN * plane.nbytes:
         return RAW, plane.nbytes
     sizes = {coder: len(_encode_plane(plane, coder)) for coder in (ZSTD, HUFFMAN)}
-    coder = min(sizes, key=sizes.get)
+    coder = ZSTD if sizes[ZSTD] < ZSTD_MIN_GAIN * sizes[HUFFMAN] else HUFFMAN
     return (coder, sizes[coder]) if sizes[coder] < MIN_GAIN * plane.nbytes else (RAW, plane.nbytes)
 
 
