@@ -247,8 +247,9 @@ def encode_pieces(data, itemsize: int = 1, threads: int | None = None) -> list:
             *(c for _, planes in coded for c in planes)]
 
 
-def decode(payload, decoded_length: int, threads: int | None = None) -> bytearray:
-    """Decode a payload of `encode` into `decoded_length` bytes."""
+def decode(payload, decoded_length: int, threads: int | None = None) -> np.ndarray:
+    """Decode a payload of `encode` into `decoded_length` bytes (a uint8 array: large ones
+    come from numpy's huge-page-backed allocations, not zero-filled fresh pages)."""
     view = memoryview(payload).cast("B")
     version, itemsize, rotated, count, per = _HEAD.unpack_from(view)
     if version not in (1, 2) or count * itemsize != decoded_length or per < 1 or itemsize not in (1, *_WORDS):
@@ -269,8 +270,7 @@ def decode(payload, decoded_length: int, threads: int | None = None) -> bytearra
     offsets = np.concatenate([[pos], pos + np.cumsum(lengths)]).tolist()
     if offsets[-1] != len(view):
         raise ValueError(f"float codec payload holds {len(view)} bytes, its table says {offsets[-1]}")
-    out = bytearray(decoded_length)
-    dest = np.frombuffer(out, np.uint8)
+    dest = out = np.empty(decoded_length, np.uint8)
 
     def segment(j: int) -> None:
         lo = starts[j]
