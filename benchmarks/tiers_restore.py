@@ -204,14 +204,21 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--params-m", type=int, default=125)
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--sections", default="restore,rss,every-step",
+                    help="comma-separated subset of: restore, rss, every-step")
     args = ap.parse_args()
+    sections = set(args.sections.split(","))
     scratch = tempfile.mkdtemp(prefix="fp-tiers-", dir=args.dir)
     try:
-        model, opt, nbytes = make_state(args.params_m)
-        restore_section(model, opt, nbytes, scratch, args.repeats)
-        rss_section(model, opt, nbytes, scratch, args.budget_mb)
-        del model, opt
-        every_step_section(scratch, args.steps, args.params_m)
+        if sections & {"restore", "rss"}:
+            model, opt, nbytes = make_state(args.params_m)
+            if "restore" in sections:
+                restore_section(model, opt, nbytes, scratch, args.repeats)
+            if "rss" in sections:
+                rss_section(model, opt, nbytes, scratch, args.budget_mb)
+            del model, opt
+        if "every-step" in sections:
+            every_step_section(scratch, args.steps, args.params_m)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

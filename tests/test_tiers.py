@@ -241,3 +241,64 @@ def test_eviction_never_drops_a_version_whose_commit_is_in_flight(tmp_path):
     assert repo.load(v1.id)["i"] == 1 and not repo.version(v1.id).pruned
     assert fp.Repo(disk).load(v1.id)["i"] == 1
     repo.close()
+
+
+def test_memory_tier_adopts_captured_buffers_and_flushes_them_byte_exact(tmp_path, monkeypatch):
+    """Raw chunks of a save into a memory tier are captured straight into the store's own
+    buffers (no second copy); a chunk that already exists gives its buffer back; the flush to
+    disk writes identical objects."""
+    from forkpoint.format.objects import decode_object, object_key
+    from forkpoint.storage.memory import MemoryStore
+
+    adopted, released = [], []
+    monkeypatch.setattr(MemoryStore, "adopt", lambda self, key, buf: (adopted.append(key), self._put(key, buf)))
+    monkeypatch.setattr(MemoryStore, "release_buffer",
+                        lambda self, buf: (released.append(buf.nbytes), self._keep_spare(buf)))
+    fast, disk = mem(), str(tmp_path / "disk")
+    repo = fp.Repo(tiers=[fp.tier(fast, keep=2), disk], create=True)
+    big = {"w": torch.randn(1_500_000), "b": torch.randn(700_000), "small": torch.ones(10)}
+    first = repo.save(big, step=0)
+    keys = {object_key(c.object) for leaf in repo.manifest(first.id).leaves for c in leaf.chunks
+            if leaf.path in ("w", "b")}
+    assert keys <= set(adopted), "large raw chunks are adopted, not copied"
+    repo.save(big, step=1)
+    assert len(released) >= 2, "a chunk already stored gives its captured buffer back"
+    repo.drain()
+    for key in keys:
+        on_disk = (tmp_path / "disk" / key).read_bytes()
+        assert on_disk == bytes(repo.stores[0].read(key))
+        decode_object(on_disk, key.rsplit("/", 1)[-1], key)
+    repo.close()
+    again = fp.Repo(disk).load(first.id)
+    assert torch.equal(again["w"], big["w"]) and torch.equal(again["b"], big["b"])
+
+
+@pytest.mark.parametrize("shape", ["aligned", "aligned+tail", "header+aligned", "unaligned-small"])
+def test_direct_writes_of_any_part_layout_read_back_exactly(tmp_path, shape, monkeypatch):
+    import mmap
+
+    import numpy as np
+
+    from forkpoint.storage.local import LocalStore, direct_eligible
+
+    def aligned(n):
+        return np.frombuffer(mmap.mmap(-1, n), np.uint8)
+
+    rng = np.random.default_rng(0)
+    body = aligned(3 << 20)
+    body[:] = rng.integers(0, 256, body.size, dtype=np.uint8)
+    header = rng.integers(0, 256, 8192, dtype=np.uint8).tobytes()
+    parts = {"aligned": [body], "aligned+tail": [body[:(2 << 20) + 777]],
+             "header+aligned": [header, body], "unaligned-small": [bytes(body[:1 << 20])]}[shape]
+    assert direct_eligible(parts)
+    flags = []
+    real_open = os.open
+    monkeypatch.setattr(os, "open", lambda path, f, *a: (flags.append(f), real_open(path, f, *a))[1])
+    store = LocalStore(str(tmp_path / "s"))
+    store.write("objects/x", parts)
+    expected = b"".join(bytes(memoryview(p).cast("B")) for p in parts)
+    assert (tmp_path / "s" / "objects" / "x").read_bytes() == expected
+    if store.direct_io:
+        assert any(f & os.O_DIRECT for f in flags), "the file system takes O_DIRECT, so it was used"
+    assert not direct_eligible([body[1:]]), "a large unaligned buffer is not direct-eligible"
+    assert not direct_eligible([header[:100], body]), "parts before the last must be whole blocks"

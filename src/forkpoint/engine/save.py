@@ -106,9 +106,11 @@ class ObjectWriter:
         return next(policy for pattern, policy in self.rules if fnmatch.fnmatchcase(path, pattern))
 
     def put(self, digest: str, data: np.ndarray, itemsize: int = 1, floating: bool = False,
-            policy: str | None = None, table: bytes | None = None) -> str:
+            policy: str | None = None, table: bytes | None = None, owned=None) -> str:
         """Ensure object `digest` holding `data` exists; return the codec name it is stored with.
-        `table` is the data's block digest table when the caller has it already."""
+        `table` is the data's block digest table when the caller has it already. `owned` is a
+        buffer from the store's `object_buffer` whose tail is `data` (raw policy): the store
+        adopts it as the object instead of copying, or gets it back when nothing is written."""
         key = object_key(digest)
         with self.lock:
             event = self.claimed.get(digest)
@@ -117,6 +119,8 @@ class ObjectWriter:
                 event = self.claimed[digest] = threading.Event()
         if not mine:
             event.wait()
+            if owned is not None:
+                self.store.release_buffer(owned)
             return self.codecs[digest]
         try:
             with self.guard:
@@ -124,7 +128,11 @@ class ObjectWriter:
                 if present:
                     self.store.touch(key)
             if present:
+                if owned is not None:
+                    self.store.release_buffer(owned)
                 codec_name = stored_codec(self.store, key)
+            elif owned is not None:
+                codec_name = self._adopt(key, data, owned, table)
             else:
                 policy = policy or self.policy
                 codec = codec_for("lossless" if isinstance(policy, Lossy) else policy, itemsize, floating)
@@ -165,12 +173,7 @@ class ObjectWriter:
                 payload = encoded
             else:
                 codec = codec_by_name("raw")
-        header_size, table = OBJECT_HEADER_SIZE, b""
-        if codec.id == 0 and view.nbytes >= DIRECT_MIN_BYTES:
-            header_size = table_header_size(view.nbytes)
-            blocks = -(-view.nbytes // BLOCK_BYTES)
-            if blocks > 1 and OBJECT_HEADER_SIZE + blocks * DIGEST_BYTES <= header_size:
-                table = table or block_digests(view)
+        header_size, table = raw_header(view, table) if codec.id == 0 else (OBJECT_HEADER_SIZE, b"")
         start = time.perf_counter()
         self.store.write(key, [pack_header(codec.id, view.nbytes, header_size, table), *payload])
         seconds = time.perf_counter() - start
@@ -182,6 +185,34 @@ class ObjectWriter:
                 self.write_bandwidth = rate if self.write_bandwidth is None else 0.7 * self.write_bandwidth + 0.3 * rate
                 self.store.measured_bandwidth = self.write_bandwidth
         return codec.name
+
+
+    def _adopt(self, key: str, data: np.ndarray, owned: np.ndarray, table: bytes | None) -> str:
+        """Store raw `data`, the tail of `owned`, by writing its header in front of it and
+        handing the whole buffer to the store."""
+        view = memoryview(data).cast("B")
+        header_size, table = raw_header(view, table)
+        owned[:header_size] = np.frombuffer(pack_header(0, view.nbytes, header_size, table), np.uint8)
+        self.store.adopt(key, owned)
+        with self.lock:
+            self.stored_bytes += owned.nbytes
+            self.written.append(key)
+        return "raw"
+
+
+def raw_header_size(nbytes: int) -> int:
+    """Header bytes of a raw object of `nbytes`: large ones get an aligned header that holds
+    the block table (direct I/O, partial reads), small ones the plain header."""
+    return table_header_size(nbytes) if nbytes >= DIRECT_MIN_BYTES else OBJECT_HEADER_SIZE
+
+
+def raw_header(view: memoryview, table: bytes | None) -> tuple[int, bytes]:
+    """(header size, block table) of a raw object holding `view` (`table` when the caller has it)."""
+    header_size = raw_header_size(view.nbytes)
+    blocks = -(-view.nbytes // BLOCK_BYTES)
+    if header_size > OBJECT_HEADER_SIZE and blocks > 1 and OBJECT_HEADER_SIZE + blocks * DIGEST_BYTES <= header_size:
+        return header_size, table or block_digests(view)
+    return header_size, b""
 
 
 def stored_codec(store: Store, key: str) -> str:
@@ -356,19 +387,22 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
     lossy = policy if isinstance(policy, Lossy) and supports(itemsize, floating) else None
     d = plan.flat[index].data
     deltas = plan.deltas if plan.deltas is not None and policy != "raw" and d.kind in ("torch", "numpy") else None
+    head = raw_header_size(n) if policy == "raw" else None
 
     def capture():
-        buf = pool.get(n)
+        owned = plan.writer.store.object_buffer(head + n) if head is not None else None
+        buf, data = (pool.get(n), None) if owned is None else (owned, owned[head:])
+        data = buf[:n] if data is None else data
         if lossy is not None:
-            np.copyto(buf[:n], piece)
+            np.copyto(data, piece)
             keep = lossy.keep_bits(itemsize)
-            error = round_significand(buf[:n], itemsize, keep)
+            error = round_significand(data, itemsize, keep)
             info = {"mode": lossy.describe(), "keep_bits": keep, "max_rel_error": error}
-            return [buf, *hash_with_table(buf[:n]), info]
+            return [buf, data, owned is not None, *hash_with_table(data), info]
         if staging == "staging":
-            np.copyto(buf[:n], piece)
-            return [buf, None, None, None]
-        return [buf, *_copy_and_hash(piece, buf), None]
+            np.copyto(data, piece)
+            return [buf, data, owned is not None, None, None, None]
+        return [buf, data, owned is not None, *_copy_and_hash(piece, data), None]
 
     cap = sched.submit("capture", capture, priority=Priority.CAPTURE,
                        needs={staging: n, "cpu": 1}, frees={"cpu": 1}, nbytes=n)
@@ -376,17 +410,20 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
 
     def write_staged() -> Chunk:
         staged = cap.result()
-        buf, digest, table, info = staged
-        staged[0] = None
+        buf, data, owned, digest, table, info = staged
+        staged[:2] = None, None
         if digest is None:
-            digest, table = hash_with_table(buf[:n])
+            digest, table = hash_with_table(data)
+        if owned:
+            codec = plan.writer.put(digest, data, itemsize, floating, policy, table, owned=buf)
+            return Chunk(*box, digest, digest, 0, n, codec, info)
         try:
             if deltas is not None:
-                chunk = deltas.store(plan.writer, plan.flat[index].path, d.dtype, box, digest, buf[:n],
+                chunk = deltas.store(plan.writer, plan.flat[index].path, d.dtype, box, digest, data,
                                      itemsize, floating, policy, info)
                 if chunk is not None:
                     return chunk
-            codec = plan.writer.put(digest, buf[:n], itemsize, floating, policy, table)
+            codec = plan.writer.put(digest, data, itemsize, floating, policy, table)
             return Chunk(*box, digest, digest, 0, n, codec, info)
         finally:
             pool.give(buf)

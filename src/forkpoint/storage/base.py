@@ -76,5 +76,17 @@ class Store(ABC):
         the view never reach storage), or None where the store cannot map."""
         return None
 
+    def object_buffer(self, nbytes: int):
+        """A writable uint8 buffer that `adopt` can keep as an object without copying it, or
+        None where the store copies what it is given (every store but memory)."""
+        return None
+
+    def adopt(self, key: str, buffer) -> None:
+        """Make `buffer` (from `object_buffer`, filled) the object `key`; the caller gives it up."""
+        self.write(key, [buffer])
+
+    def release_buffer(self, buffer) -> None:
+        """Give back a buffer from `object_buffer` that was not adopted."""
+
     def close(self) -> None:
         """Release resources held by the store."""

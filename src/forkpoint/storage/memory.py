@@ -1,5 +1,6 @@
 """In-process memory store (`mem://name`): fast, volatile, shared by name within a process."""
 
+import mmap
 import sys
 import threading
 import time
@@ -11,11 +12,20 @@ from .base import Store
 
 
 LARGE_BYTES = 1 << 20
+
+
+def _aligned(size: int) -> np.ndarray:
+    """A page-aligned buffer in huge pages where the kernel has them (fewer faults on first
+    touch), so a flush can write it to disk with O_DIRECT."""
+    region = mmap.mmap(-1, size)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        region.madvise(mmap.MADV_HUGEPAGE)
+    return np.frombuffer(region, np.uint8)
 SPARE_BYTES = 4 << 30
 
 
 class MemoryStore(Store):
-    """A dict of bytes (numpy buffers above 1 MiB, which get huge pages) guarded by a lock. Trusted: an object enters only through forkpoint's
+    """A dict of bytes (page-aligned numpy buffers above 1 MiB) guarded by a lock. Trusted: an object enters only through forkpoint's
     writers, which hash what they store, or through a tier copy, which verifies it first."""
 
     trusted = True
@@ -63,13 +73,27 @@ class MemoryStore(Store):
         views = [memoryview(p).cast("B") for p in parts]
         total = sum(v.nbytes for v in views)
         if total < LARGE_BYTES:
-            blob = b"".join(views)
-        else:
-            blob = self._recycled(total)
-            pos = 0
-            for v in views:
-                np.copyto(blob[pos:pos + v.nbytes], np.frombuffer(v, np.uint8))
-                pos += v.nbytes
+            self._put(key, b"".join(views))
+            return
+        blob = self._recycled(total)
+        pos = 0
+        for v in views:
+            np.copyto(blob[pos:pos + v.nbytes], np.frombuffer(v, np.uint8))
+            pos += v.nbytes
+        self._put(key, blob)
+
+    def object_buffer(self, nbytes: int) -> np.ndarray | None:
+        return self._recycled(nbytes) if nbytes >= LARGE_BYTES else None
+
+    def adopt(self, key: str, buffer: np.ndarray) -> None:
+        self._put(key, buffer)
+
+    def release_buffer(self, buffer: np.ndarray) -> None:
+        with self._lock:
+            self._keep_spare(buffer)
+
+    def _put(self, key: str, blob) -> None:
+        if isinstance(blob, np.ndarray):
             blob.flags.writeable = False
         with self._lock:
             old = self._data.get(key)
@@ -104,9 +128,15 @@ class MemoryStore(Store):
             self._mtime.pop(key, None)
             if isinstance(blob, np.ndarray):
                 self._held -= blob.nbytes
-                if sys.getrefcount(blob) <= 2 and self._spare_bytes + blob.nbytes <= max(SPARE_BYTES, self._peak - self._held):
-                    self._spare.setdefault(blob.nbytes, []).append(blob)
-                    self._spare_bytes += blob.nbytes
+                if sys.getrefcount(blob) <= 2:
+                    self._keep_spare(blob)
+
+    def _keep_spare(self, blob: np.ndarray) -> None:
+        """Keep a freed buffer for reuse (call with the lock held) while the spare buffers stay
+        within 4 GiB or the store's peak, whichever is more."""
+        if self._spare_bytes + blob.nbytes <= max(SPARE_BYTES, self._peak - self._held):
+            self._spare.setdefault(blob.nbytes, []).append(blob)
+            self._spare_bytes += blob.nbytes
 
     def _recycled(self, size: int) -> np.ndarray:
         """A writable buffer of `size` bytes: one freed by delete (already faulted in, so
@@ -120,7 +150,7 @@ class MemoryStore(Store):
                 blob = free.pop()
                 blob.flags.writeable = True
                 return blob
-        return np.empty(size, np.uint8)
+        return _aligned(size)
 
     def mtime(self, key: str) -> float:
         self._get(key)
