@@ -302,3 +302,39 @@ def test_direct_writes_of_any_part_layout_read_back_exactly(tmp_path, shape, mon
         assert any(f & os.O_DIRECT for f in flags), "the file system takes O_DIRECT, so it was used"
     assert not direct_eligible([body[1:]]), "a large unaligned buffer is not direct-eligible"
     assert not direct_eligible([header[:100], body]), "parts before the last must be whole blocks"
+
+
+def test_checkpointer_reserves_the_memory_tier_buffers_up_front(tmp_path, monkeypatch):
+    """With a memory tier, building the Checkpointer faults in object buffers for keep + 2
+    versions, and no staging buffers for the chunks the store adopts; the first saves then
+    take no fresh memory."""
+    from forkpoint.storage import memory
+
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 512))
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 1024)).sum().backward()
+    opt.step()
+    repo = fp.Repo(tiers=[fp.tier(mem(), keep=2, flush_every=3), str(tmp_path / "disk")], create=True)
+    ck = fp.Checkpointer(repo, {"model": model, "optim": opt}, every=1)
+    store = repo.stores[0]
+    large = [p for p in list(model.parameters()) + [s for st in opt.state.values() for s in st.values()]
+             if p.nbytes >= 1 << 20]
+    assert store._spare_bytes >= 4 * sum(p.nbytes for p in large), "keep + 2 versions reserved"
+    assert repo._staging.kept < sum(p.nbytes for p in large), "adopted chunks take no staging"
+    fresh = []
+    real = memory._aligned
+    monkeypatch.setattr(memory, "_aligned", lambda n: (fresh.append(n), real(n))[1])
+    for step in range(4):
+        model(torch.randn(4, 1024)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        ck.step(step)
+    ck.close()
+    repo.drain()
+    assert not fresh, f"saves allocated fresh buffers of {fresh} bytes despite the reservation"
+    restored = repo.load("main")
+    assert restored["model"]["0.weight"].data_ptr() != model[0].weight.data_ptr()
+    assert torch.equal(restored["model"]["0.weight"], model[0].weight.detach())
+    assert torch.equal(fp.Repo(str(tmp_path / "disk")).load("main~0")["model"]["0.weight"],
+                       repo.load("main~1")["model"]["0.weight"]), "the flushed third version reads back"
+    repo.close()

@@ -14,7 +14,7 @@ from dataclasses import asdict
 
 import blake3
 
-from ..engine.save import row_split, schedule_save, staging_sizes
+from ..engine.save import row_split, schedule_save
 from ..engine.scheduler import Priority
 from ..errors import ForkpointError
 from ..format.manifest import Chunk, Leaf, Manifest, Version
@@ -144,8 +144,7 @@ class Repo(BaseRepo):
     def warm_staging(self, state, allow_pickle: bool = False) -> int:
         """Fault in the staging buffers this rank's asynchronous saves of `state` will use."""
         _, shared, _, local, select = self._flat_parts(state, allow_pickle)
-        sizes = staging_sizes(shared + local, self.options, select)
-        return self._staging.warm(sizes if sum(sizes) <= self.options.staging_bytes else [])
+        return self._warm(shared + local, select)
 
     def _publish_part(self, sid: str, plan, n_shared: int, local_skeleton: dict, fingerprint: str):
         """Make this rank's written chunks durable and hand them to the coordinator."""

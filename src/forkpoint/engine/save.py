@@ -74,6 +74,11 @@ def codec_rules(codec) -> list[tuple[str, str]]:
     return rules
 
 
+def policy_for(rules: list[tuple[str, str]], path: str) -> str:
+    """The policy of the first of `rules` (from codec_rules) whose pattern matches `path`."""
+    return next(policy for pattern, policy in rules if fnmatch.fnmatchcase(path, pattern))
+
+
 DIRECT_MIN_BYTES = 1 << 20
 AUTO_SAMPLE_BYTES = 256 << 10
 AUTO_MIN_RATIO = 1.05
@@ -103,7 +108,7 @@ class ObjectWriter:
 
     def policy_for(self, path: str) -> str:
         """The codec policy of the first rule whose pattern matches `path`."""
-        return next(policy for pattern, policy in self.rules if fnmatch.fnmatchcase(path, pattern))
+        return policy_for(self.rules, path)
 
     def put(self, digest: str, data: np.ndarray, itemsize: int = 1, floating: bool = False,
             policy: str | None = None, table: bytes | None = None, owned=None) -> str:
@@ -335,15 +340,24 @@ def layout(flat: list[FlatLeaf], opts: SaveOptions, select=None):
         yield "pack", (group, group_bytes)
 
 
-def staging_sizes(flat: list[FlatLeaf], opts: SaveOptions, select=None) -> list[int]:
-    """Sizes of the staging buffers a save of `flat` takes (to warm a pool ahead of time)."""
-    sizes = []
+def staging_sizes(flat: list[FlatLeaf], opts: SaveOptions, select=None, adopts: bool = False) -> tuple[list[int], list[int]]:
+    """(staging buffer sizes, store object buffer sizes) a save of `flat` takes, to warm them
+    ahead of time; with `adopts` (the store adopts captured buffers), raw chunks are captured
+    into object buffers (header + data) instead of staging."""
+    rules = codec_rules(opts.codec)
+    staging, objects = [], []
     for kind, item in layout(flat, opts, select):
         if kind == "pack":
-            sizes.append(item[1])
-        else:
-            sizes.extend(int(piece.nbytes) for piece, _ in item[1])
-    return sizes
+            staging.append(item[1])
+            continue
+        adopted = adopts and policy_for(rules, flat[item[0]].path) == "raw"
+        for piece, _ in item[1]:
+            n = int(piece.nbytes)
+            if adopted:
+                objects.append(raw_header_size(n) + n)
+            else:
+                staging.append(n)
+    return staging, objects
 
 
 def hash_with_table(data: np.ndarray) -> tuple[str, bytes]:

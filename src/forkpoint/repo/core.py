@@ -172,11 +172,18 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
 
     def warm_staging(self, state, allow_pickle: bool = False) -> int:
         """Allocate and fault in the staging buffers an asynchronous save of `state` will use,
-        so that the first checkpoint does not pay for fresh memory; return the bytes warmed."""
+        and, on a memory tier that captures into its own buffers, the buffers of the versions it
+        keeps (`keep`, one being written, one being flushed), so that the first checkpoints do not pay for fresh memory; return
+        the bytes warmed."""
         tree, _ = capture(state)
         _, flat = flatten(tree, allow_pickle=allow_pickle, copy=False)
-        sizes = staging_sizes(flat, self.options)
-        return self._staging.warm(sizes if sum(sizes) <= self.options.staging_bytes else [])
+        return self._warm(flat)
+
+    def _warm(self, flat, select=None) -> int:
+        staging, objects = staging_sizes(flat, self.options, select, self.store.adopts_buffers)
+        warmed = self._staging.warm(staging if sum(staging) <= self.options.staging_bytes else [])
+        versions = (self.tier_specs[0].keep or 1) + 2
+        return warmed + self.store.reserve(objects * versions)
 
     def background(self, fn, *args, **kwargs) -> Task:
         """Run `fn` as a low-priority task after every save already submitted; return the task."""

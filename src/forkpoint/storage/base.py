@@ -17,6 +17,8 @@ class Store(ABC):
     """Expected write bandwidth in bytes/s when known in advance (remote stores); None: measure."""
     measured_bandwidth: float | None = None
     """Write bandwidth of raw writes seen so far (kept by the engine, used by codec="auto")."""
+    adopts_buffers: bool = False
+    """True when `object_buffer` hands out buffers that `adopt` keeps without copying."""
     trusted: bool = False
     """True when an object read back is exactly the bytes that were verified as they were
     stored (this process's memory): readers may skip re-hashing it."""
@@ -87,6 +89,11 @@ class Store(ABC):
 
     def release_buffer(self, buffer) -> None:
         """Give back a buffer from `object_buffer` that was not adopted."""
+
+    def reserve(self, sizes: Iterable[int]) -> int:
+        """Fault in buffers of these sizes for later `object_buffer` calls; return the bytes
+        reserved (0 where the store does not hand out buffers)."""
+        return 0
 
     def close(self) -> None:
         """Release resources held by the store."""

@@ -4,7 +4,7 @@ import mmap
 import sys
 import threading
 import time
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -29,6 +29,7 @@ class MemoryStore(Store):
     writers, which hash what they store, or through a tier copy, which verifies it first."""
 
     trusted = True
+    adopts_buffers = True
 
     _named: dict[str, "MemoryStore"] = {}
     _named_lock = threading.Lock()
@@ -42,6 +43,7 @@ class MemoryStore(Store):
         self._spare_bytes = 0
         self._held = 0
         self._peak = 0
+        self._reserved = 0
 
     @classmethod
     def named(cls, name: str) -> "MemoryStore":
@@ -92,6 +94,17 @@ class MemoryStore(Store):
         with self._lock:
             self._keep_spare(buffer)
 
+    def reserve(self, sizes: Iterable[int]) -> int:
+        buffers = [_aligned(n) for n in sizes if n >= LARGE_BYTES]
+        for buffer in buffers:
+            buffer.fill(0)
+        with self._lock:
+            self._reserved += sum(b.nbytes for b in buffers)
+            for buffer in buffers:
+                self._spare.setdefault(buffer.nbytes, []).append(buffer)
+                self._spare_bytes += buffer.nbytes
+        return sum(b.nbytes for b in buffers)
+
     def _put(self, key: str, blob) -> None:
         if isinstance(blob, np.ndarray):
             blob.flags.writeable = False
@@ -133,8 +146,8 @@ class MemoryStore(Store):
 
     def _keep_spare(self, blob: np.ndarray) -> None:
         """Keep a freed buffer for reuse (call with the lock held) while the spare buffers stay
-        within 4 GiB or the store's peak, whichever is more."""
-        if self._spare_bytes + blob.nbytes <= max(SPARE_BYTES, self._peak - self._held):
+        within 4 GiB, the store's peak or what was reserved, whichever is more."""
+        if self._spare_bytes + blob.nbytes <= max(SPARE_BYTES, self._peak - self._held, self._reserved):
             self._spare.setdefault(blob.nbytes, []).append(blob)
             self._spare_bytes += blob.nbytes
 
