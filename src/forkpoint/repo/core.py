@@ -173,7 +173,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
     def warm_staging(self, state, allow_pickle: bool = False) -> int:
         """Allocate and fault in the staging buffers an asynchronous save of `state` will use,
         and, on a memory tier that captures into its own buffers, the buffers of the versions it
-        keeps (`keep`, one being written, one being flushed), so that the first checkpoints do not pay for fresh memory; return
+        keeps (`keep` and one being written), so that the first checkpoints do not pay for fresh memory; return
         the bytes warmed."""
         tree, _ = capture(state)
         _, flat = flatten(tree, allow_pickle=allow_pickle, copy=False)
@@ -182,7 +182,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
     def _warm(self, flat, select=None) -> int:
         staging, objects = staging_sizes(flat, self.options, select, self.store.adopts_buffers)
         warmed = self._staging.warm(staging if sum(staging) <= self.options.staging_bytes else [])
-        versions = (self.tier_specs[0].keep or 1) + 2
+        versions = (self.tier_specs[0].keep or 1) + 1
         return warmed + self.store.reserve(objects * versions)
 
     def background(self, fn, *args, **kwargs) -> Task:
