@@ -43,7 +43,7 @@ _HEAD = struct.Struct("<BBBxQI")
 VERSION = 2
 _WORDS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 SEGMENT_BYTES = 4 << 20
-HUFFMAN_BLOCK = 16 << 10
+HUFFMAN_BLOCK, HUFFMAN_BLOCK_WIDE, WIDE_ENTROPY_BITS = 16 << 10, 64 << 10, 5.0
 SAMPLE_PIECES, SAMPLE_ELEMENTS = 8, 4 << 10
 MIN_GAIN = 0.995
 ZSTD_MIN_GAIN = 0.95
@@ -80,10 +80,19 @@ def _encode_plane(plane: np.ndarray, coder: int) -> bytes | np.ndarray:
         return packer.compress(plane)
     if coder == HUFFMAN:
         if _native is not None:
-            return _native.huffman_deflate(plane, HUFFMAN_BLOCK)
+            return _native.huffman_deflate(plane, _huffman_block(plane))
         packer = _deflate.compressobj(1, zlib.DEFLATED, -15, 9, zlib.Z_HUFFMAN_ONLY)
         return packer.compress(plane) + packer.flush()
     return memoryview(plane)
+
+
+def _huffman_block(plane: np.ndarray) -> int:
+    """Bytes per Huffman block: small blocks adapt to skewed planes, large ones spare planes
+    that use most byte values the per-block cost of their code (decided on the first 64 KiB)."""
+    head = plane[:HUFFMAN_BLOCK_WIDE]
+    if head.nbytes and _entropy_bytes(_byte_counts(head)) >= WIDE_ENTROPY_BITS / 8 * head.nbytes:
+        return HUFFMAN_BLOCK_WIDE
+    return HUFFMAN_BLOCK
 
 
 def _decode_plane(coded, coder: int, out: np.ndarray) -> None:
