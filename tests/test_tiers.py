@@ -23,6 +23,15 @@ def state(i):
     return {"w": torch.full((300_000,), float(i)), "frozen": torch.arange(300_000.0), "i": i}
 
 
+def train(model, opt, ck, steps: int, inputs: tuple) -> None:
+    """Run `steps` optimizer steps on random inputs, checkpointing after each."""
+    for step in range(steps):
+        model(torch.randn(*inputs)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        ck.step(step)
+
+
 def test_commit_fast_flush_and_evict(tmp_path):
     fast, disk = mem(), str(tmp_path / "disk")
     repo = fp.Repo(tiers=[fp.tier(fast, keep=2), disk], create=True)
@@ -149,11 +158,7 @@ def test_async_checkpointer_with_tiers(tmp_path):
     model = torch.nn.Linear(256, 256)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     ck = fp.Checkpointer(repo, {"model": model, "optim": opt}, every=1)
-    for step in range(6):
-        model(torch.randn(8, 256)).sum().backward()
-        opt.step()
-        opt.zero_grad()
-        ck.step(step)
+    train(model, opt, ck, steps=6, inputs=(8, 256))
     ck.close()
     repo.close()
     slow = fp.Repo(disk)
@@ -324,11 +329,7 @@ def test_checkpointer_reserves_the_memory_tier_buffers_up_front(tmp_path, monkey
     fresh = []
     real = memory._aligned
     monkeypatch.setattr(memory, "_aligned", lambda n: (fresh.append(n), real(n))[1])
-    for step in range(3):
-        model(torch.randn(4, 1024)).sum().backward()
-        opt.step()
-        opt.zero_grad()
-        ck.step(step)
+    train(model, opt, ck, steps=3, inputs=(4, 1024))
     ck.close()
     repo.drain()
     assert not fresh, f"saves allocated fresh buffers of {fresh} bytes despite the reservation"
