@@ -191,7 +191,6 @@ class ObjectWriter:
                 self.store.measured_bandwidth = self.write_bandwidth
         return codec.name
 
-
     def _adopt(self, key: str, data: np.ndarray, owned: np.ndarray, table: bytes | None) -> str:
         """Store raw `data`, the tail of `owned`, by writing its header in front of it and
         handing the whole buffer to the store."""
@@ -405,8 +404,8 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
 
     def capture():
         owned = plan.writer.store.object_buffer(head + n) if head is not None else None
-        buf, data = (pool.get(n), None) if owned is None else (owned, owned[head:])
-        data = buf[:n] if data is None else data
+        buf = pool.get(n) if owned is None else owned
+        data = buf[:n] if owned is None else owned[head:]
         if lossy is not None:
             np.copyto(data, piece)
             keep = lossy.keep_bits(itemsize)

@@ -172,9 +172,9 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
 
     def warm_staging(self, state, allow_pickle: bool = False) -> int:
         """Allocate and fault in the staging buffers an asynchronous save of `state` will use,
-        and, on a memory tier that captures into its own buffers, the buffers of the versions it
-        keeps (`keep` and one being written), so that the first checkpoints do not pay for fresh memory; return
-        the bytes warmed."""
+        and, on a memory tier that captures into its own buffers, the buffers of the versions
+        it keeps (`keep` and one being written), so that the first checkpoints do not pay for
+        fresh memory; return the bytes warmed."""
         tree, _ = capture(state)
         _, flat = flatten(tree, allow_pickle=allow_pickle, copy=False)
         return self._warm(flat)
