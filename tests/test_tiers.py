@@ -338,3 +338,27 @@ def test_checkpointer_reserves_the_memory_tier_buffers_up_front(tmp_path, monkey
     assert torch.equal(restored["model"]["0.weight"], model[0].weight.detach())
     assert len(repo.log()) == 3 and repo.where("main") == [store.url]
     repo.close()
+
+
+def test_flush_between_file_tiers_maps_the_source_and_writes_direct(tmp_path, monkeypatch):
+    """A flush from a file tier (say /dev/shm) maps each large object instead of reading it into
+    fresh memory, so the destination disk takes it with O_DIRECT; objects arrive identical."""
+    from forkpoint.storage import local
+
+    shm, disk = str(tmp_path / "shm"), str(tmp_path / "disk")
+    repo = fp.Repo(tiers=[fp.tier(shm, keep=1), disk], create=True)
+    reads, direct = [], []
+    real_read, real_direct = local.LocalStore.read, local.LocalStore._write_direct
+    monkeypatch.setattr(local.LocalStore, "read", lambda self, key: (reads.append(key), real_read(self, key))[1])
+    monkeypatch.setattr(local.LocalStore, "_write_direct",
+                        lambda self, tmp, parts: (direct.append(self.root), real_direct(self, tmp, parts))[1])
+    v = repo.save({"w": torch.randn(600_000), "tiny": torch.ones(3)}, step=0)
+    repo.drain()
+    big = next(c.object for leaf in repo.manifest(v.id).leaves for c in leaf.chunks if leaf.path == "w")
+    key = f"objects/{big[:2]}/{big}"
+    assert key not in reads, "the large object was mapped, not read"
+    assert (tmp_path / "disk" / key).read_bytes() == (tmp_path / "shm" / key).read_bytes()
+    if repo.stores[1].direct_io:
+        assert os.path.abspath(disk) in direct, "the flush wrote with O_DIRECT"
+    repo.close()
+    assert torch.equal(fp.Repo(disk).load(v.id)["w"], fp.Repo(shm).load(v.id)["w"])

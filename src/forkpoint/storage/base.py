@@ -73,9 +73,10 @@ class Store(ABC):
     def barrier(self, keys: Iterable[str]) -> None:
         """Make the creation of `keys` durable (e.g. fsync their directories)."""
 
-    def map(self, key: str, offset: int, length: int) -> memoryview | None:
-        """Bytes [offset, offset+length) of `key` mapped without copying (private: writes to
-        the view never reach storage), or None where the store cannot map."""
+    def map(self, key: str, offset: int, length: int | None) -> memoryview | None:
+        """Bytes [offset, offset+length) of `key` (to its end when `length` is None) mapped
+        without copying (private: writes to the view never reach storage), or None where the
+        store cannot map."""
         return None
 
     def object_buffer(self, nbytes: int):

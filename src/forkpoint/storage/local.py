@@ -81,10 +81,12 @@ class LocalStore(Store):
     def size(self, key: str) -> int:
         return os.stat(self._path(key)).st_size
 
-    def map(self, key: str, offset: int, length: int) -> memoryview | None:
+    def map(self, key: str, offset: int, length: int | None) -> memoryview | None:
         """A copy-on-write memory map of part of a file (the page cache, or /dev/shm, shared)."""
         with open(self._path(key), "rb") as f:
-            if os.fstat(f.fileno()).st_size < offset + length or length == 0:
+            size = os.fstat(f.fileno()).st_size
+            length = size - offset if length is None else length
+            if size < offset + length or length <= 0:
                 return None
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
         return memoryview(mapped)[offset:offset + length]

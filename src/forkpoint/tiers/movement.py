@@ -11,6 +11,9 @@ from ..format.objects import decode_object, object_key
 from ..storage import Store
 
 
+MAP_MIN_BYTES = 1 << 20
+
+
 def object_keys(manifest) -> set[str]:
     """Return the storage keys of every object a manifest refers to."""
     return {object_key(o) for leaf in manifest.leaves for c in leaf.chunks for o in c.objects}
@@ -25,7 +28,7 @@ def copy_object(sources: list[Store], dst: Store, key: str) -> int:
     damaged = None
     for src in sources:
         try:
-            data = src.read(key)
+            data = _source_bytes(src, key)
             if dst.trusted and not src.trusted:
                 decode_object(data, key.rsplit("/", 1)[-1], f"{src.url}/{key}")
         except FileNotFoundError:
@@ -38,6 +41,15 @@ def copy_object(sources: list[Store], dst: Store, key: str) -> int:
     if damaged is not None:
         raise damaged
     raise FileNotFoundError(f"{key} is in no tier")
+
+
+def _source_bytes(src: Store, key: str):
+    """An object's bytes for a copy: large ones mapped where the store can (no read into fresh
+    memory, and page-aligned, so a disk destination writes them with direct I/O)."""
+    mapped = src.map(key, 0, None)
+    if mapped is None or mapped.nbytes < MAP_MIN_BYTES:
+        return src.read(key)
+    return mapped
 
 
 def copy_manifest(src: Store, dst: Store, vid: str) -> None:
