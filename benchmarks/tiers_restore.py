@@ -4,7 +4,8 @@
    each load when permitted) against `dcp.load`, and from the memory tier against a plain
    `copy_` of every tensor.
 2. Peak extra resident memory during an asynchronous save with a staging budget B.
-3. A training loop that checkpoints every step into a memory tier (keep=2), flushing every
+3. Flush of a version from a /dev/shm tier to local disk, against dd oflag=direct.
+4. A training loop that checkpoints every step into a memory tier (keep=2), flushing every
    10th version to disk, against the same loop without checkpoints.
 
     python benchmarks/tiers_restore.py --repeats 3
@@ -183,6 +184,63 @@ def every_step_section(scratch, steps, params_m):
           f"nothing else running: {floor:.3f} s = {floor / medians['no checkpoint'] * 100:.0f}% of a step")
 
 
+def flush_section(model, opt, nbytes, scratch, repeats):
+    """Flush of one version from a /dev/shm tier to the local disk tier: forkpoint's copy
+    (objects mapped, written with O_DIRECT) against the same flush reading each object into
+    memory first (what tier copies did before stop 13), and dd oflag=direct of as many bytes."""
+    import resource
+    import subprocess
+
+    from forkpoint.tiers import movement
+
+    def cpu():
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    def flush(read_whole: bool) -> tuple[float, float]:
+        shm = tempfile.mkdtemp(prefix="fp-flush-", dir="/dev/shm")
+        disk = os.path.join(scratch, f"flush-{uuid.uuid4().hex}")
+        mapped = movement._source_bytes
+        if read_whole:
+            movement._source_bytes = lambda src, key: src.read(key)
+        try:
+            repo = fp.Repo(tiers=[fp.tier(shm, keep=1, flush_every=2), disk], create=True)
+            repo.save({"model": model, "optim": opt}, step=0)
+            repo.drain()
+            t0, c0 = time.perf_counter(), cpu()
+            repo.save({"model": model, "optim": opt, "step": 1}, step=1)
+            repo.drain()
+            return time.perf_counter() - t0, cpu() - c0
+        finally:
+            movement._source_bytes = mapped
+            repo.close()
+            shutil.rmtree(shm, ignore_errors=True)
+            shutil.rmtree(disk, ignore_errors=True)
+
+    def dd() -> float:
+        path = os.path.join(scratch, "dd.bin")
+        count = nbytes // (16 << 20)
+        t0 = time.perf_counter()
+        subprocess.run(["dd", "if=/dev/zero", f"of={path}", "bs=16M", f"count={count}", "oflag=direct",
+                        "conv=fsync", "status=none"], check=True)
+        elapsed = time.perf_counter() - t0
+        os.unlink(path)
+        return elapsed * nbytes / (count * (16 << 20))
+
+    runs = {"mapped, O_DIRECT": [], "read into memory first": [], "dd": []}
+    for _ in range(repeats):
+        runs["mapped, O_DIRECT"].append(flush(False))
+        runs["read into memory first"].append(flush(True))
+        runs["dd"].append((dd(), 0.0))
+    print(f"\n### Flush of a version from a /dev/shm tier to local disk ({nbytes / 1e9:.2f} GB, medians of {repeats})\n")
+    print("| flush | seconds (save to shm + flush) | CPU seconds |")
+    print("|---|---|---|")
+    for k, v in runs.items():
+        label = "dd if=/dev/zero oflag=direct, same bytes (write only)" if k == "dd" else f"forkpoint, {k}"
+        print(f"| {label} | {statistics.median(x[0] for x in v):.2f} | "
+              f"{statistics.median(x[1] for x in v):.2f} |")
+
+
 def copy_and_hash_seconds(model, opt) -> float:
     """Seconds to copy every tensor of the state into a preallocated buffer and hash it with
     blake3 on two threads: the work any content-addressed checkpoint of it must do."""
@@ -208,18 +266,20 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--params-m", type=int, default=125)
     ap.add_argument("--dir", default=None)
-    ap.add_argument("--sections", default="restore,rss,every-step",
-                    help="comma-separated subset of: restore, rss, every-step")
+    ap.add_argument("--sections", default="restore,rss,flush,every-step",
+                    help="comma-separated subset of: restore, rss, flush, every-step")
     args = ap.parse_args()
     sections = set(args.sections.split(","))
     scratch = tempfile.mkdtemp(prefix="fp-tiers-", dir=args.dir)
     try:
-        if sections & {"restore", "rss"}:
+        if sections & {"restore", "rss", "flush"}:
             model, opt, nbytes = make_state(args.params_m)
             if "restore" in sections:
                 restore_section(model, opt, nbytes, scratch, args.repeats)
             if "rss" in sections:
                 rss_section(model, opt, nbytes, scratch, args.budget_mb)
+            if "flush" in sections:
+                flush_section(model, opt, nbytes, scratch, args.repeats)
             del model, opt
         if "every-step" in sections:
             every_step_section(scratch, args.steps, args.params_m)
