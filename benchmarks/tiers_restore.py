@@ -28,6 +28,7 @@ import forkpoint as fp
 from forkpoint.engine import SaveOptions
 
 sys.path.insert(0, os.path.dirname(__file__))
+from persist_throughput import dd  # noqa: E402
 from save_load import make_state  # noqa: E402
 from train_overhead import build, train_step, WIDTH  # noqa: E402
 
@@ -189,7 +190,6 @@ def flush_section(model, opt, nbytes, scratch, repeats):
     (objects mapped, written with O_DIRECT) against the same flush reading each object into
     memory first (what tier copies did before stop 13), and dd oflag=direct of as many bytes."""
     import resource
-    import subprocess
 
     from forkpoint.tiers import movement
 
@@ -217,21 +217,11 @@ def flush_section(model, opt, nbytes, scratch, repeats):
             shutil.rmtree(shm, ignore_errors=True)
             shutil.rmtree(disk, ignore_errors=True)
 
-    def dd() -> float:
-        path = os.path.join(scratch, "dd.bin")
-        count = nbytes // (16 << 20)
-        t0 = time.perf_counter()
-        subprocess.run(["dd", "if=/dev/zero", f"of={path}", "bs=16M", f"count={count}", "oflag=direct",
-                        "conv=fsync", "status=none"], check=True)
-        elapsed = time.perf_counter() - t0
-        os.unlink(path)
-        return elapsed * nbytes / (count * (16 << 20))
-
     runs = {"mapped, O_DIRECT": [], "read into memory first": [], "dd": []}
     for _ in range(repeats):
         runs["mapped, O_DIRECT"].append(flush(False))
         runs["read into memory first"].append(flush(True))
-        runs["dd"].append((dd(), 0.0))
+        runs["dd"].append((nbytes / dd(os.path.join(scratch, "dd.bin"), nbytes), 0.0))
     print(f"\n### Flush of a version from a /dev/shm tier to local disk ({nbytes / 1e9:.2f} GB, medians of {repeats})\n")
     print("| flush | seconds (save to shm + flush) | CPU seconds |")
     print("|---|---|---|")
