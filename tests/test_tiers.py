@@ -362,3 +362,16 @@ def test_flush_between_file_tiers_maps_the_source_and_writes_direct(tmp_path, mo
         assert os.path.abspath(disk) in direct, "the flush wrote with O_DIRECT"
     repo.close()
     assert torch.equal(fp.Repo(disk).load(v.id)["w"], fp.Repo(shm).load(v.id)["w"])
+
+
+def test_memory_tier_reserves_only_what_the_machine_can_spare(monkeypatch):
+    from forkpoint.storage import memory
+
+    store = memory.MemoryStore.named(uuid.uuid4().hex)
+    monkeypatch.setattr(memory, "_available_bytes", lambda: 10 << 20)
+    reserved = store.reserve([2 << 20] * 8 + [100])
+    assert reserved == 4 << 20, "two 2 MiB buffers fit in half of 10 MiB; the tiny size is skipped"
+    monkeypatch.setattr(memory, "_available_bytes", lambda: None)
+    assert store.reserve([2 << 20] * 2) == 4 << 20, "unknown availability: reserve as asked"
+    buf = store.object_buffer(2 << 20)
+    assert buf is not None and buf.nbytes == 2 << 20 and store._spare_bytes == 6 << 20

@@ -14,6 +14,18 @@ from .base import Store
 LARGE_BYTES = 1 << 20
 
 
+def _available_bytes() -> int | None:
+    """Memory the system can still give processes (MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def _aligned(size: int) -> np.ndarray:
     """A page-aligned buffer in huge pages where the kernel has them (fewer faults on first
     touch), so a flush can write it to disk with O_DIRECT."""
@@ -95,9 +107,18 @@ class MemoryStore(Store):
             self._keep_spare(buffer)
 
     def reserve(self, sizes: Iterable[int]) -> int:
-        buffers = [_aligned(n) for n in sizes if n >= LARGE_BYTES]
-        for buffer in buffers:
-            buffer.fill(0)
+        """Fault in buffers of these sizes, while they fit in half of the memory the system
+        has available (a reservation must not be what pushes the machine into swap or the
+        OOM killer); return the bytes reserved."""
+        room = _available_bytes()
+        room = None if room is None else room // 2
+        buffers = []
+        for n in sizes:
+            if n < LARGE_BYTES or (room is not None and n > room):
+                continue
+            buffers.append(_aligned(n))
+            buffers[-1].fill(0)
+            room = None if room is None else room - n
         with self._lock:
             self._reserved += sum(b.nbytes for b in buffers)
             for buffer in buffers:
