@@ -5,17 +5,11 @@ by exact size and handed out again. Buffers handed out plus buffers kept never e
 `limit` bytes (the scheduler's staging budget bounds what is handed out).
 """
 
-import mmap
 import threading
 
 import numpy as np
 
-
-def aligned_buffer(nbytes: int) -> np.ndarray:
-    """Return a page-aligned uint8 buffer (anonymous memory mapping)."""
-    if nbytes == 0:
-        return np.empty(0, dtype=np.uint8)
-    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8)
+from ..storage.memory import aligned_buffer
 
 
 class StagingPool:

@@ -26,13 +26,21 @@ def _available_bytes() -> int | None:
     return None
 
 
-def _aligned(size: int) -> np.ndarray:
-    """A page-aligned buffer in huge pages where the kernel has them (fewer faults on first
-    touch), so a flush can write it to disk with O_DIRECT."""
-    region = mmap.mmap(-1, size)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
+def aligned_buffer(nbytes: int, huge_pages: bool = False) -> np.ndarray:
+    """A page-aligned uint8 buffer (anonymous memory mapping: direct I/O can write it), in huge
+    pages where asked and the kernel has them (fewer faults on first touch)."""
+    if nbytes == 0:
+        return np.empty(0, dtype=np.uint8)
+    region = mmap.mmap(-1, nbytes)
+    if huge_pages and hasattr(mmap, "MADV_HUGEPAGE"):
         region.madvise(mmap.MADV_HUGEPAGE)
     return np.frombuffer(region, np.uint8)
+
+
+def _aligned(size: int) -> np.ndarray:
+    return aligned_buffer(size, huge_pages=True)
+
+
 SPARE_BYTES = 4 << 30
 
 
@@ -110,21 +118,20 @@ class MemoryStore(Store):
         """Fault in buffers of these sizes, while they fit in half of the memory the system
         has available (a reservation must not be what pushes the machine into swap or the
         OOM killer); return the bytes reserved."""
-        room = _available_bytes()
-        room = None if room is None else room // 2
+        available = _available_bytes()
+        room = float("inf") if available is None else available // 2
         buffers = []
         for n in sizes:
-            if n < LARGE_BYTES or (room is not None and n > room):
-                continue
-            buffers.append(_aligned(n))
-            buffers[-1].fill(0)
-            room = None if room is None else room - n
+            if LARGE_BYTES <= n <= room:
+                buffers.append(_aligned(n))
+                buffers[-1].fill(0)
+                room -= n
+        reserved = sum(b.nbytes for b in buffers)
         with self._lock:
-            self._reserved += sum(b.nbytes for b in buffers)
+            self._reserved += reserved
             for buffer in buffers:
-                self._spare.setdefault(buffer.nbytes, []).append(buffer)
-                self._spare_bytes += buffer.nbytes
-        return sum(b.nbytes for b in buffers)
+                self._add_spare(buffer)
+        return reserved
 
     def _put(self, key: str, blob) -> None:
         if isinstance(blob, np.ndarray):
@@ -169,8 +176,11 @@ class MemoryStore(Store):
         """Keep a freed buffer for reuse (call with the lock held) while the spare buffers stay
         within 4 GiB, the store's peak or what was reserved, whichever is more."""
         if self._spare_bytes + blob.nbytes <= max(SPARE_BYTES, self._peak - self._held, self._reserved):
-            self._spare.setdefault(blob.nbytes, []).append(blob)
-            self._spare_bytes += blob.nbytes
+            self._add_spare(blob)
+
+    def _add_spare(self, blob: np.ndarray) -> None:
+        self._spare.setdefault(blob.nbytes, []).append(blob)
+        self._spare_bytes += blob.nbytes
 
     def _recycled(self, size: int) -> np.ndarray:
         """A writable buffer of `size` bytes: one freed by delete (already faulted in, so

@@ -11,9 +11,6 @@ from ..format.objects import decode_object, object_key
 from ..storage import Store
 
 
-MAP_MIN_BYTES = 1 << 20
-
-
 def object_keys(manifest) -> set[str]:
     """Return the storage keys of every object a manifest refers to."""
     return {object_key(o) for leaf in manifest.leaves for c in leaf.chunks for o in c.objects}
@@ -44,12 +41,10 @@ def copy_object(sources: list[Store], dst: Store, key: str) -> int:
 
 
 def _source_bytes(src: Store, key: str):
-    """An object's bytes for a copy: large ones mapped where the store can (no read into fresh
-    memory, and page-aligned, so a disk destination writes them with direct I/O)."""
+    """An object's bytes for a copy: mapped where the store can (no read into fresh memory, and
+    page-aligned, so a disk destination writes large ones with direct I/O), else read."""
     mapped = src.map(key, 0, None)
-    if mapped is None or mapped.nbytes < MAP_MIN_BYTES:
-        return src.read(key)
-    return mapped
+    return src.read(key) if mapped is None else mapped
 
 
 def copy_manifest(src: Store, dst: Store, vid: str) -> None:
