@@ -135,12 +135,13 @@ def rss_section(model, opt, nbytes, scratch, budget_mb):
           f"(target: at most B + 5%)")
 
 
-def every_step_section(scratch, steps, params_m):
-    torch.set_num_threads(2)
-    batch = torch.randn(16, WIDTH, generator=torch.Generator().manual_seed(1))
+def every_step_section(scratch, steps, params_m, device="cpu", batch_rows=16):
+    if device == "cpu":
+        torch.set_num_threads(2)
+    batch = torch.randn(batch_rows, WIDTH, generator=torch.Generator().manual_seed(1)).to(device)
     walls, medians, cpu, floor, setup = {}, {}, {}, None, 0.0
     for mode in ("no checkpoint", "every step to memory, every 10th flushed to disk"):
-        model, opt = build(params_m)
+        model, opt = build(params_m, device)
         train_step(model, opt, batch)
         ck = None
         if mode != "no checkpoint":
@@ -170,7 +171,8 @@ def every_step_section(scratch, steps, params_m):
         cpu[mode] = (c1.user - c0.user) + (c1.system - c0.system)
         del model, opt
     base = walls["no checkpoint"]
-    print(f"\n### Checkpoint every step into the memory tier ({params_m}M params, {steps} steps)\n")
+    print(f"\n### Checkpoint every step into the memory tier ({params_m}M params, {steps} steps, "
+          f"{device}, batch {batch_rows})\n")
     print("| loop | wall (s) | s/step | slowdown | median step (s) | median slowdown |")
     print("|---|---|---|---|---|---|")
     for k, v in walls.items():
@@ -238,7 +240,7 @@ def copy_and_hash_seconds(model, opt) -> float:
 
     tensors = [t for t in list(model.state_dict().values()) +
                [v for s in opt.state_dict()["state"].values() for v in s.values()] if t.numel() > 1]
-    bufs = [torch.empty_like(t) for t in tensors]
+    bufs = [torch.empty(t.shape, dtype=t.dtype) for t in tensors]
     times = []
     for _ in range(3):
         t0 = time.perf_counter()
@@ -256,6 +258,8 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--params-m", type=int, default=125)
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--device", default="cpu", help="every-step section: cpu, or cuda to train on the GPU")
+    ap.add_argument("--batch", type=int, default=16, help="every-step section: rows per batch")
     ap.add_argument("--sections", default="restore,rss,flush,every-step",
                     help="comma-separated subset of: restore, rss, flush, every-step")
     args = ap.parse_args()
@@ -272,7 +276,7 @@ def main():
                 flush_section(model, opt, nbytes, scratch, args.repeats)
             del model, opt
         if "every-step" in sections:
-            every_step_section(scratch, args.steps, args.params_m)
+            every_step_section(scratch, args.steps, args.params_m, args.device, args.batch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

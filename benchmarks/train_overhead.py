@@ -27,10 +27,10 @@ warnings.filterwarnings("ignore")
 WIDTH = 3200
 
 
-def build(params_m: int):
+def build(params_m: int, device: str = "cpu"):
     torch.manual_seed(0)
     layers = max(1, round(params_m * 1e6 / (WIDTH * WIDTH + WIDTH)))
-    model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(layers)])
+    model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(layers)]).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     return model, opt
 
@@ -150,9 +150,10 @@ class TorchSnapshotAsync:
             self.pending.wait()
 
 
-def run(method, steps: int, every: int, scratch: str, params_m: int) -> tuple[float, int]:
-    model, opt = build(params_m)
-    batch = torch.randn(16, WIDTH, generator=torch.Generator().manual_seed(1))
+def run(method, steps: int, every: int, scratch: str, params_m: int, device: str = "cpu",
+        batch_rows: int = 16) -> tuple[float, int]:
+    model, opt = build(params_m, device)
+    batch = torch.randn(batch_rows, WIDTH, generator=torch.Generator().manual_seed(1)).to(device)
     path = os.path.join(scratch, method.name.split()[0])
     train_step(model, opt, batch)
     gc.collect()
@@ -180,8 +181,11 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dir", default=None)
     ap.add_argument("--json", default="bench-out/train_overhead.json")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda to train on the GPU")
+    ap.add_argument("--batch", type=int, default=16, help="rows per training batch")
     args = ap.parse_args()
-    torch.set_num_threads(2)
+    if args.device == "cpu":
+        torch.set_num_threads(2)
     methods = [NoCheckpoint(), Forkpoint(), TorchSave(), DCPSave(), DCPAsync()]
     try:
         import torchsnapshot  # noqa: F401
@@ -194,13 +198,14 @@ def main():
     count = {}
     for rep in range(args.repeats):
         for m in methods:
-            wall, n = run(m, args.steps, args.every, scratch, args.params_m)
+            wall, n = run(m, args.steps, args.every, scratch, args.params_m, args.device, args.batch)
             walls[m.name].append(wall)
             count[m.name] = n
             print(f"rep {rep} {m.name}: {wall:.2f} s, {n} checkpoints", file=sys.stderr)
     shutil.rmtree(scratch, ignore_errors=True)
     base = statistics.median(walls["no checkpoint"])
-    print(f"\n{args.steps} steps, checkpoint every {args.every}, {args.repeats} runs, medians; "
+    print(f"\n{args.device}, batch {args.batch}: {args.steps} steps, checkpoint every {args.every}, "
+          f"{args.repeats} runs, medians; "
           f"no-checkpoint loop {base:.2f} s ({base / args.steps:.2f} s/step)\n")
     print("| method | wall (s) | checkpoints | stall per checkpoint (s) |")
     print("|---|---|---|---|")

@@ -29,3 +29,82 @@ def test_restore_into_cuda_model_in_place(repo):
     repo.restore({"model": m2, "optim": o2, "rng": fp.RNGState()}, "main")
     assert m2.weight.data_ptr() == ptr and torch.equal(m2.weight, model.weight)
     assert o2.state_dict()["state"][0]["exp_avg"].device.type == "cuda"
+
+
+def _fences(pending):
+    return [t for ts in pending.capture_map.values() for t in ts if hasattr(t, "order")]
+
+
+def test_async_capture_copies_on_a_side_stream_and_orders_the_optimizer_after_it(tmp_path):
+    repo = fp.Repo(str(tmp_path / "r"), create=True)
+    model = torch.nn.Linear(2048, 2048).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    ck = fp.Checkpointer(repo, {"model": model, "optim": opt}, every=1000)
+    assert repo._device.pool.held >= 2048 * 2048 * 4
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model.weight.grad = torch.ones_like(model.weight)
+    model.bias.grad = torch.ones_like(model.bias)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)
+    pending = ck.save(1)
+    fences = _fences(pending)
+    opt.step()
+    assert fences and all(not f.done() for f in fences), "the host waited for the device"
+    assert all(f.host.is_pinned() for f in fences)
+    ck.close()
+    saved = repo.load()["model"]
+    for k, t in before.items():
+        assert torch.equal(saved[k], t.cpu()), k
+    assert torch.equal(model.weight, before["weight"] - 0.5)
+    repo.close()
+
+
+def test_pinned_buffers_are_reused_across_saves(tmp_path):
+    repo = fp.Repo(str(tmp_path / "r"), create=True)
+    state = {"a": torch.randn(1 << 20, device="cuda"), "b": torch.randn(300, 700, device="cuda")}
+    repo.save(state, sync=False).wait()
+    held = repo._device.pool.held
+    for i in range(3):
+        state["a"].add_(1)
+        repo.save(state, sync=False).wait()
+    assert repo._device.pool.held == held
+    assert torch.equal(repo.load()["a"], state["a"].cpu())
+    repo.close()
+
+
+def test_device_capture_beyond_pinned_budget_copies_synchronously(tmp_path):
+    from forkpoint.engine.save import SaveOptions
+
+    repo = fp.Repo(str(tmp_path / "r"), create=True,
+                   options=SaveOptions(staging_bytes=1 << 20, chunk_bytes=1 << 20))
+    big = torch.randn(4 << 20, device="cuda")
+    small = torch.randn(1000, device="cuda")
+    pending = repo.save({"big": big, "small": small}, sync=False)
+    assert len(_fences(pending)) == 1
+    pending.wait_capture()
+    expected = big.clone()
+    big.zero_()
+    small.zero_()
+    pending.wait()
+    out = repo.load()
+    assert torch.equal(out["big"], expected.cpu()) and out["small"].abs().sum() > 0
+    assert repo._device.pool.held <= 1 << 20
+    repo.close()
+
+
+def test_device_leaves_of_every_layout_round_trip_async(repo):
+    base = torch.randn(512, 384, device="cuda")
+    state = {"t": base.t(), "bf": base.to(torch.bfloat16), "i": torch.arange(10, device="cuda"),
+             "b": base > 0, "c": torch.randn(64, dtype=torch.complex64, device="cuda"),
+             "scalar": torch.tensor(3.5, device="cuda"), "empty": torch.empty(0, device="cuda")}
+    expected = {k: v.cpu().clone() for k, v in state.items()}
+    pending = repo.save(state, sync=False)
+    pending.wait_capture()
+    for v in state.values():
+        if v.numel() and v.dtype != torch.bool:
+            v.zero_()
+    pending.wait()
+    out = repo.load()
+    for k, v in expected.items():
+        assert out[k].dtype == v.dtype and torch.equal(out[k], v), k
+    assert repo.manifest().leaves[0].device == "cuda:0"

@@ -11,6 +11,7 @@ import forkpoint as fp
 from forkpoint.engine import Budget, Priority, Scheduler
 from forkpoint.engine.save import SaveOptions
 from forkpoint.engine.staging import StagingPool
+from forkpoint.state.hooks import CaptureGuard
 
 
 def test_priorities_order_ready_tasks():
@@ -163,3 +164,35 @@ def test_warm_staging_prepares_exactly_the_buffers_a_save_uses(tmp_path):
     assert reused == 4, "every staging buffer of the save came from the warmed pool"
     assert torch.equal(repo.load()["big"], state["big"])
     repo.close()
+
+
+class _DeviceFence:
+    """Stands for a device-to-host copy in flight: records how the guard treated it."""
+
+    def __init__(self):
+        self.ordered = self.waited = 0
+
+    def done(self):
+        return False
+
+    def order(self):
+        self.ordered += 1
+
+    def result(self):
+        self.waited += 1
+
+
+def test_guard_orders_device_copies_in_hooks_and_blocks_only_on_explicit_wait():
+    guard = CaptureGuard()
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    fence = _DeviceFence()
+    guard.add({model.weight.data_ptr(): [fence]})
+    guard.install([opt])
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    assert (fence.ordered, fence.waited) == (1, 0)
+    assert guard.waited == 0.0
+    guard.wait()
+    assert (fence.ordered, fence.waited) == (1, 1)
+    guard.remove()

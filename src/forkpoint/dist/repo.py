@@ -123,8 +123,9 @@ class Repo(BaseRepo):
         `select(leaf index, box)` is True for the pieces this rank writes."""
         tree, objects = capture(state)
         tree, local_trees = split_rank_local(tree, objects)
-        skeleton, shared = flatten(tree, allow_pickle=allow_pickle, copy=False)
-        local_skeleton, local = flatten(local_trees, allow_pickle=allow_pickle, copy=False)
+        skeleton, shared = flatten(tree, allow_pickle=allow_pickle, copy=False, device_capture=self._device)
+        local_skeleton, local = flatten(local_trees, allow_pickle=allow_pickle, copy=False,
+                                        device_capture=self._device)
         n_shared = len(shared)
         for fl in local:
             if fl.alias_of is not None:

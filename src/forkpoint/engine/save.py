@@ -300,7 +300,17 @@ def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf
             i, pieces = item
             plan.large[i] = [_schedule_chunk(sched, plan, i, piece, box, pool, io, tier, staging)
                              for piece, box in pieces]
+    for i, fl in enumerate(flat):
+        if fl.data is not None and fl.data.pending is not None:
+            sched.submit("release", fl.data.pending.release, priority=Priority.CAPTURE,
+                         after=plan.captures.get(i, ()))
     return plan
+
+
+def _await_device(d) -> None:
+    """Wait until a leaf's device-to-host copy (if any) has filled its bytes."""
+    if d.pending is not None:
+        d.pending.wait()
 
 
 def layout(flat: list[FlatLeaf], opts: SaveOptions, select=None):
@@ -403,6 +413,7 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
     head = raw_header_size(n) if policy == "raw" else None
 
     def capture():
+        _await_device(d)
         owned = plan.writer.store.object_buffer(head + n) if head is not None else None
         buf = pool.get(n) if owned is None else owned
         data = buf[:n] if owned is None else owned[head:]
@@ -452,6 +463,7 @@ def _schedule_pack(sched, plan: ScheduledSave, group, total, known, pool, io, ti
         buf = pool.get(total)
         offset, seen, members = 0, {}, []
         for index, data, box in group:
+            _await_device(plan.flat[index].data)
             digest = content_hash(data)
             where = known.get(digest) or seen.get(digest)
             if where is None:

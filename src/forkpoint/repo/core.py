@@ -23,6 +23,7 @@ from ..format.delta import Delta
 from ..format.manifest import FORMAT_VERSION, Manifest, Version, check_format
 from ..format.refs import check_name
 from ..state import capture, flatten
+from ..state.device import DeviceCapture
 from ..storage import Store, open_store
 from ..tiers import Tier, open_tiers
 from .compare import CompareMixin
@@ -73,6 +74,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
                         cpu_workers=2, default_io_slots=self.options.workers)
         self._sched = Scheduler(budget, threads=self.options.workers + 4)
         self._staging = StagingPool(self.options.staging_bytes + self.options.window_bytes)
+        self._device = DeviceCapture(self.options.staging_bytes)
         self._tier = "tier0"
         self._last_commit: Task | None = None
         self._flushed = [0] * len(self.stores)
@@ -117,6 +119,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
             return
         self._sched.shutdown(wait=True)
         self._staging.clear()
+        self._device.clear()
         for store in self.stores:
             store.close()
         self._closed = True
@@ -144,7 +147,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         metrics = _json_safe(metrics or {}, "metrics")
         meta = _json_safe(meta or {}, "meta")
         tree, _ = capture(state)
-        skeleton, flat = flatten(tree, allow_pickle=allow_pickle, copy=False)
+        skeleton, flat = flatten(tree, allow_pickle=allow_pickle, copy=False, device_capture=self._device)
         sharded = next((fl.path for fl in flat if fl.data is not None and fl.data.box is not None), None)
         if sharded is not None:
             raise UnsupportedTypeError(
@@ -171,15 +174,19 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         return pending_save(commit, plan, flat)
 
     def warm_staging(self, state, allow_pickle: bool = False) -> int:
-        """Allocate and fault in the staging buffers an asynchronous save of `state` will use,
-        and, on a memory tier that captures into its own buffers, the buffers of the versions
-        it keeps (`keep` and one being written), so that the first checkpoints do not pay for
-        fresh memory; return the bytes warmed."""
+        """Allocate and fault in the staging buffers an asynchronous save of `state` will use
+        (and the pinned host buffers of its device tensors), and, on a memory tier that captures
+        into its own buffers, the buffers of the versions it keeps (`keep` and one being
+        written), so that the first checkpoints do not pay for fresh memory; return the bytes
+        warmed."""
         tree, _ = capture(state)
-        _, flat = flatten(tree, allow_pickle=allow_pickle, copy=False)
+        _, flat = flatten(tree, allow_pickle=allow_pickle, copy=False, device_capture=self._device)
         return self._warm(flat)
 
     def _warm(self, flat, select=None) -> int:
+        for fl in flat:
+            if fl.data is not None and fl.data.pending is not None:
+                fl.data.pending.release()
         staging, objects = staging_sizes(flat, self.options, select, self.store.adopts_buffers)
         warmed = self._staging.warm(staging if sum(staging) <= self.options.staging_bytes else [])
         versions = (self.tier_specs[0].keep or 1) + 1
@@ -297,9 +304,15 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
 
 def pending_save(commit: Task, plan, flat) -> PendingSave:
     """The PendingSave of an asynchronous save: its commit, and its captures by the address of
-    the live memory each one copies (what the capture hooks wait for)."""
-    by_ptr = {fl.data.data.__array_interface__["data"][0]: plan.captures[i]
-              for i, fl in enumerate(flat) if fl.data is not None and i in plan.captures and fl.data.data.size}
+    the live memory each one copies (what the capture hooks wait for); for a device tensor,
+    its device-to-host copy."""
+    by_ptr = {}
+    for i, fl in enumerate(flat):
+        d = fl.data
+        if d is not None and d.pending is not None:
+            by_ptr[d.live_ptr] = [d.pending]
+        elif d is not None and i in plan.captures and d.data.size:
+            by_ptr[d.data.__array_interface__["data"][0]] = plan.captures[i]
     return PendingSave(commit, plan.capture_tasks(), by_ptr)
 
 

@@ -53,8 +53,10 @@ def _tensor_identity(t):
             t.dtype, str(t.device))
 
 
-def flatten(tree, allow_pickle: bool = False, copy: bool = False) -> tuple[dict, list[FlatLeaf]]:
-    """Return (skeleton, leaves). With copy=True every leaf's bytes are an independent copy."""
+def flatten(tree, allow_pickle: bool = False, copy: bool = False,
+            device_capture=None) -> tuple[dict, list[FlatLeaf]]:
+    """Return (skeleton, leaves). With copy=True every leaf's bytes are an independent copy;
+    `device_capture` copies accelerator tensors in the background (see leaves.torch_leaf)."""
     leaves: list[FlatLeaf] = []
     seen: dict = {}
 
@@ -84,7 +86,7 @@ def flatten(tree, allow_pickle: bool = False, copy: bool = False) -> tuple[dict,
             return {"t": "ranks", "slot": obj.index}
         if is_torch_tensor(obj):
             ident = _tensor_identity(obj) if obj.numel() else None
-            return add_leaf(path, keys, lambda: torch_leaf(obj, path, copy), ident)
+            return add_leaf(path, keys, lambda: torch_leaf(obj, path, copy, device_capture), ident)
         if isinstance(obj, np.ndarray):
             ident = None
             if obj.size:

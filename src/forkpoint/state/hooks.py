@@ -2,7 +2,8 @@
 
 A save registers, for the memory address of each live tensor it has not copied yet, the
 tasks that copy it. Hooks on optimizers (before `step`) and on modules that own buffers
-(before `forward`) wait for exactly what they are about to overwrite.
+(before `forward`) wait for exactly what they are about to overwrite; for a device tensor
+they only order its copy before the device work they launch.
 """
 
 import threading
@@ -37,8 +38,11 @@ class CaptureGuard:
             self._by_ptr = {p: ts for p, ts in self._by_ptr.items() if ts}
             return bool(self._by_ptr)
 
-    def wait(self, tensors=None) -> None:
-        """Wait for the captures of `tensors` (all captures when None); raise a capture's error."""
+    def wait(self, tensors=None, on_device: bool = False) -> None:
+        """Wait for the captures of `tensors` (all captures when None); raise a capture's error.
+        With `on_device`, a device-to-host copy is only ordered before the work queued next on
+        its device's current stream (what a hook about to launch that work needs): the host
+        does not block."""
         if not self._by_ptr:
             return
         with self._lock:
@@ -46,6 +50,11 @@ class CaptureGuard:
                 tasks = [t for ts in self._by_ptr.values() for t in ts]
             else:
                 tasks = [t for x in tensors for t in self._by_ptr.get(_pointer(x), ())]
+        if on_device:
+            for t in tasks:
+                if hasattr(t, "order"):
+                    t.order()
+            tasks = [t for t in tasks if not hasattr(t, "order")]
         blocked = any(not t.done() for t in tasks)
         start = time.perf_counter()
         for t in tasks:
@@ -66,12 +75,12 @@ class CaptureGuard:
                                if isinstance(v, torch.optim.Optimizer) or is_module(v))
         for obj in objects:
             if isinstance(obj, torch.optim.Optimizer):
-                self._handles.append(obj.register_step_pre_hook(lambda *_: self.wait()))
+                self._handles.append(obj.register_step_pre_hook(lambda *_: self.wait(on_device=True)))
             elif is_module(obj):
                 for mod in obj.modules():
                     if any(True for _ in mod.buffers(recurse=False)):
                         self._handles.append(mod.register_forward_pre_hook(
-                            lambda m, _args: self.wait(list(m.buffers(recurse=False)))))
+                            lambda m, _args: self.wait(list(m.buffers(recurse=False)), on_device=True)))
 
     def remove(self) -> None:
         """Remove every hook this guard installed."""

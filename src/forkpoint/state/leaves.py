@@ -23,7 +23,9 @@ def is_torch_tensor(obj) -> bool:
 @dataclass
 class LeafData:
     """A leaf ready to store: format kind, dtype name, global shape, device and the bytes this
-    process holds (uint8 array): the whole leaf, or the shard at `box` ((offsets, lengths))."""
+    process holds (uint8 array): the whole leaf, or the shard at `box` ((offsets, lengths)).
+    `pending` is the device-to-host copy filling `data` (state.device.DeviceCopy) until it is
+    over; `live_ptr` the address of the device memory it copies."""
 
     kind: str
     dtype: str
@@ -33,6 +35,8 @@ class LeafData:
     box: tuple | None = None
     owner: bool = True
     itemsize: int = 0
+    pending: object = None
+    live_ptr: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -81,15 +85,17 @@ def dtensor_layout(t):
     return local, shape, box, owner
 
 
-def torch_leaf(t, path: str, copy: bool) -> LeafData:
+def torch_leaf(t, path: str, copy: bool, device_capture=None) -> LeafData:
     """Describe a tensor; the bytes alias it when it is a contiguous CPU tensor and copy is False.
-    A DTensor is described by its global shape and the box of its local shard."""
+    A DTensor is described by its global shape and the box of its local shard. An accelerator
+    tensor is copied by `device_capture` (state.device.DeviceCapture) in the background when
+    given and its pinned memory allows, else here."""
     import torch
 
     layout = dtensor_layout(t)
     if layout is not None:
         local, shape, box, owner = layout
-        leaf = torch_leaf(local, path, copy)
+        leaf = torch_leaf(local, path, copy, device_capture)
         leaf.shape, leaf.box, leaf.owner, leaf.itemsize = shape, box, owner, local.element_size()
         return leaf
 
@@ -101,7 +107,14 @@ def torch_leaf(t, path: str, copy: bool) -> LeafData:
             "(e.g. .to_dense() / .dequantize()) first"
         )
     device = str(t.device)
+    dtype = str(t.dtype).removeprefix("torch.")
     src = t.detach()
+    if src.device.type != "cpu" and device_capture is not None:
+        live = src.resolve_conj().resolve_neg().contiguous()
+        pending = device_capture.copy(live)
+        if pending is not None:
+            return LeafData("torch", dtype, tuple(t.shape), device, pending.host.numpy(),
+                            pending=pending, live_ptr=src.data_ptr())
     if src.device.type != "cpu":
         src = src.to("cpu")
     elif copy:
@@ -113,7 +126,7 @@ def torch_leaf(t, path: str, copy: bool) -> LeafData:
     if src.is_neg():
         src = src.resolve_neg()
     flat = src.reshape(-1).view(torch.uint8) if src.numel() else torch.empty(0, dtype=torch.uint8)
-    return LeafData("torch", str(t.dtype).removeprefix("torch."), tuple(t.shape), device, flat.numpy())
+    return LeafData("torch", dtype, tuple(t.shape), device, flat.numpy())
 
 
 def numpy_leaf(a: np.ndarray, path: str, copy: bool, kind: str = "numpy") -> LeafData:

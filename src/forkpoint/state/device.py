@@ -1,0 +1,119 @@
+"""Device-to-host capture: accelerator tensors are copied into reused pinned host buffers on a
+side stream, so neither the host nor the caller's stream waits for the copy.
+
+A `DeviceCopy` is the copy of one leaf in flight. Its reader calls `wait()` (the host blocks
+until the bytes are on the host); a hook about to overwrite the live tensor calls `order()`
+(work queued afterwards on the caller's stream runs after the copy, nothing blocks).
+"""
+
+import threading
+
+
+class PinnedPool:
+    """Page-locked uint8 host tensors under one byte limit, kept by exact size and reused
+    (pinning memory costs far more than copying into it)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.free: dict[int, list] = {}
+        self.held = 0
+        self.lock = threading.Lock()
+
+    def get(self, nbytes: int):
+        """A pinned buffer of exactly `nbytes`, or None when the limit does not allow one."""
+        import torch
+
+        with self.lock:
+            bucket = self.free.get(nbytes)
+            if bucket:
+                return bucket.pop()
+            if self.held + nbytes > self.limit:
+                self._trim(self.limit - nbytes)
+                if self.held + nbytes > self.limit:
+                    return None
+            self.held += nbytes
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+    def give(self, buf) -> None:
+        """Return a buffer for reuse."""
+        with self.lock:
+            self.free.setdefault(buf.numel(), []).append(buf)
+
+    def _trim(self, keep: int) -> None:
+        for size in sorted(self.free, reverse=True):
+            bucket = self.free[size]
+            while bucket and self.held > keep:
+                bucket.pop()
+                self.held -= size
+
+    def clear(self) -> None:
+        """Drop every free buffer."""
+        with self.lock:
+            self._trim(0)
+
+
+class DeviceCopy:
+    """One tensor's copy to a pinned host buffer, queued on a side stream."""
+
+    def __init__(self, host, event, device, pool: PinnedPool):
+        self.host, self.event, self.device, self.pool = host, event, device, pool
+        self._released = False
+
+    def done(self) -> bool:
+        """True once the bytes are on the host."""
+        return self.event.query()
+
+    def wait(self) -> None:
+        """Block the calling thread until the bytes are on the host."""
+        self.event.synchronize()
+
+    result = wait
+
+    def order(self) -> None:
+        """Make work queued later on the device's current stream wait for this copy (the host
+        does not block)."""
+        import torch
+
+        torch.cuda.current_stream(self.device).wait_event(self.event)
+
+    def release(self) -> None:
+        """Give the host buffer back to the pool once the copy is over (idempotent)."""
+        if not self._released:
+            self._released = True
+            self.wait()
+            self.pool.give(self.host)
+
+
+class DeviceCapture:
+    """Copies CUDA tensors to pinned host memory on one side stream per device."""
+
+    def __init__(self, limit: int):
+        self.pool = PinnedPool(limit)
+        self._streams: dict = {}
+
+    def copy(self, src) -> DeviceCopy | None:
+        """Queue the copy of contiguous CUDA tensor `src` after the work already queued on its
+        device's current stream; None when it is not a CUDA tensor or no pinned buffer fits."""
+        import torch
+
+        if src.device.type != "cuda" or not src.numel():
+            return None
+        nbytes = src.numel() * src.element_size()
+        host = self.pool.get(nbytes)
+        if host is None:
+            return None
+        device = src.device
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = self._streams[device] = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            host.copy_(src.reshape(-1).view(torch.uint8), non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(stream)
+        src.record_stream(stream)
+        return DeviceCopy(host, event, device, self.pool)
+
+    def clear(self) -> None:
+        """Drop the pinned buffers not in use."""
+        self.pool.clear()
