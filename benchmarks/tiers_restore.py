@@ -180,11 +180,11 @@ def every_step_section(scratch, steps, params_m, device="cpu", batch_rows=16):
               f"{(medians[k] / medians['no checkpoint'] - 1) * 100:.0f}% |")
     extra = (cpu["every step to memory, every 10th flushed to disk"] - cpu["no checkpoint"]) / steps
     print(f"\nProcess CPU time: {cpu['no checkpoint'] / steps:.2f} core-s per step without checkpoints, "
-          f"{extra:.2f} core-s more per step with them (2 cores)")
+          f"{extra:.2f} core-s more per step with them ({os.cpu_count()} cores)")
     print(f"\nBuilding the Checkpointer (it faults in the memory tier's buffers for keep + 1 "
           f"versions, outside the timed loop): {setup:.2f} s")
-    print(f"\nFloor: one copy of the state into staging memory plus blake3 of it (2 threads), with "
-          f"nothing else running: {floor:.3f} s = {floor / medians['no checkpoint'] * 100:.0f}% of a step")
+    print(f"\nFloor: one copy of the state into host staging memory plus blake3 of it (2 threads), "
+          f"with nothing else running: {floor:.3f} s = {floor / medians['no checkpoint'] * 100:.0f}% of a step")
 
 
 def flush_section(model, opt, nbytes, scratch, repeats):

@@ -41,9 +41,12 @@ def test_async_capture_copies_on_a_side_stream_and_orders_the_optimizer_after_it
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     ck = fp.Checkpointer(repo, {"model": model, "optim": opt}, every=1000)
     assert repo._device.pool.held >= 2048 * 2048 * 4
+    model.weight.grad = torch.zeros_like(model.weight)
+    model.bias.grad = torch.zeros_like(model.bias)
+    opt.step()  # loads the step's kernels now: a lazy module load would synchronize the device
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    model.weight.grad = torch.ones_like(model.weight)
-    model.bias.grad = torch.ones_like(model.bias)
+    model.weight.grad.fill_(1)
+    model.bias.grad.fill_(1)
     torch.cuda.synchronize()
     torch.cuda._sleep(2_000_000_000)
     pending = ck.save(1)
