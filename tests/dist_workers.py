@@ -244,3 +244,86 @@ def _tiered_restore(rank, world, out, fast, slow, ids, references_path):
     bad = _mismatches(repo, ids, torch.load(references_path))
     repo.close()
     return {"bad": bad}
+
+
+def _node_tiers(nodes, shared, rank, node_size=2):
+    """Tier 0 local to a simulated node (ranks r // node_size share it), the shared tier below."""
+    node = os.path.join(nodes, f"node{rank // node_size}")
+    return [fp.tier(node, keep=2, flush_every=2, local=True), shared]
+
+
+def _mixed_state(fsdp, fopt, ddp, dopt, rank, step):
+    return {"fsdp": fp.dist.TrainState(fsdp, fopt), "ddp": {"model": ddp, "optim": dopt},
+            "note": fp.RankLocal({"rank": torch.tensor([rank, step])}, on_resize="first")}
+
+
+def _mixed_reference(state) -> dict:
+    reference = full_state(state["fsdp"])
+    reference.update({f"ddp{k}": v.clone() for k, v in state["ddp"]["model"].module.state_dict().items()})
+    return reference
+
+
+def _node_local_saves(rank, world, out, nodes, shared):
+    """Three versions of FSDP + DDP + rank-local state (one asynchronous) into node-local tier 0."""
+    fsdp, fopt = build_fsdp()
+    ddp, dopt = build_ddp()
+    repo = fp.dist.Repo(tiers=_node_tiers(nodes, shared, rank), create=True, timeout=60)
+    ids, references = [], []
+    for step in range(3):
+        train(fsdp, fopt, "fsdp", 1, rank)
+        train(ddp, dopt, "ddp", 1, rank)
+        state = _mixed_state(fsdp, fopt, ddp, dopt, rank, step)
+        saved = repo.save(state, step=step, sync=step != 1)
+        ids.append((saved if step != 1 else saved.wait()).id)
+        references.append(_mixed_reference(state))
+    repo.drain()
+    dist.barrier()
+    result = {"ids": ids, "node_ranks": repo.node_ranks, "where": [repo.where(v) for v in ids]}
+    repo.close()
+    if rank == 0:
+        torch.save(references, os.path.join(out, "references.pt"))
+    return result
+
+
+def _node_local_restore(rank, world, out, nodes, shared, references_path, node_size):
+    """Restore "main" into fresh models through node-local tiers; compare with every reference."""
+    fsdp, fopt = build_fsdp(seed=99)
+    ddp, dopt = build_ddp(seed=98)
+    repo = fp.dist.Repo(tiers=_node_tiers(nodes, shared, rank, node_size), create=True, timeout=60)
+    state = _mixed_state(fsdp, fopt, ddp, dopt, -1, -1)
+    version = repo.restore(state, "main")
+    got = _mixed_reference(state)
+    matches = [i for i, ref in enumerate(torch.load(references_path))
+               if all(torch.equal(ref[k], got[k]) for k in ref)]
+    note = state["note"].obj["rank"].tolist()
+    repo.close()
+    return {"version": version.id, "matches": matches, "note": note}
+
+
+def _memory_tier_saves(rank, world, out, shared):
+    """A Checkpointer saving asynchronously into a process-private memory tier over a shared disk."""
+    fsdp, fopt = build_fsdp()
+    repo = fp.dist.Repo(tiers=[fp.tier("mem://run", keep=1), shared], create=True, timeout=60)
+    ck = fp.Checkpointer(repo, {"fsdp": fp.dist.TrainState(fsdp, fopt)}, every=1)
+    for step in range(3):
+        train(fsdp, fopt, "fsdp", 1, rank)
+        ck.step(step)
+    ck.close()
+    repo.drain()
+    reference = full_state(fp.dist.TrainState(fsdp, fopt))
+    result = {"node_ranks": repo.node_ranks, "head": repo.head()}
+    repo.close()
+    if rank == 0:
+        torch.save(reference, os.path.join(out, "reference.pt"))
+    return result
+
+
+def _shared_restore(rank, world, out, shared, reference_path):
+    """Restore the shared tier's head into a fresh FSDP model; list the tensors that differ."""
+    repo = fp.dist.Repo(shared, timeout=60)
+    fresh, fresh_opt = build_fsdp(seed=7)
+    state = fp.dist.TrainState(fresh, fresh_opt)
+    version = repo.restore({"fsdp": state}, "main")
+    reference, got = torch.load(reference_path), full_state(state)
+    repo.close()
+    return {"version": version.id, "bad": [k for k in reference if not torch.equal(reference[k], got[k])]}

@@ -161,3 +161,70 @@ def test_sharded_saves_flow_through_tiers_and_survive_losing_the_fast_one(tmp_pa
     shutil.rmtree(fast)
     records = launch("tiered_restore", 2, tmp_path / "restore2", fast, slow, ids, references)
     assert all(rec["result"]["bad"] == [] for rec in records), "nothing flushed is lost with the fast tier"
+
+
+def test_node_local_tier_zero_holds_each_nodes_part_and_flushes_coordinated(tmp_path):
+    from forkpoint.format.objects import object_key
+
+    nodes, shared = str(tmp_path / "nodes"), str(tmp_path / "shared")
+    records = launch("node_local_saves", 4, tmp_path / "save", nodes, shared)
+    ids = records[0]["result"]["ids"]
+    assert all(rec["result"]["ids"] == ids for rec in records)
+    assert [rec["result"]["node_ranks"] for rec in records] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    node0, node1, below = (fp.Repo(p) for p in (f"{nodes}/node0", f"{nodes}/node1", shared))
+    newest = node0.manifest(ids[2])
+    assert node1.manifest(ids[2]).to_bytes() == newest.to_bytes(), "every node records the version"
+    checked = set()
+    for leaf in newest.leaves:
+        keys = {object_key(o) for c in leaf.chunks for o in c.objects}
+        on = [all(r.store.exists(k) for k in keys) for r in (node0, node1)]
+        if leaf.path.startswith("ddp/") and leaf.chunks:
+            assert on == [True, True], f"each node holds the whole replicated {leaf.path}"
+            checked.add("replicated")
+        if leaf.path == "fsdp/model/0.weight":
+            assert on == [False, False], "a sharded leaf is spread over the nodes"
+            assert any(node0.store.exists(k) for k in keys) and any(node1.store.exists(k) for k in keys)
+            checked.add("sharded")
+    assert checked == {"replicated", "sharded"}
+    assert below.manifest(ids[1]).leaves and below.verify().ok, "every 2nd version is flushed whole"
+    assert below.head() == ids[1] and not below.store.exists(f"versions/{ids[2]}.json")
+    assert below.version(ids[0]).pruned, "evicted before its flush: a stub below"
+    references = str(tmp_path / "save" / "references.pt")
+    records = launch("node_local_restore", 4, tmp_path / "restore", nodes, shared, references, 2)
+    assert [rec["result"]["matches"] for rec in records] == [[2]] * 4, "the newest, from the nodes"
+    assert [rec["result"]["note"] for rec in records] == [[r, 2] for r in range(4)]
+    records = launch("node_local_restore", 2, tmp_path / "resized", nodes, shared, references, 1)
+    assert [rec["result"]["version"] for rec in records] == [ids[1]] * 2, \
+        "one node's tier lacks the other's shards: the flushed version, from the shared tier"
+    assert all(rec["result"]["matches"] == [1] for rec in records)
+    shutil.rmtree(f"{nodes}/node1")
+    records = launch("node_local_restore", 4, tmp_path / "lost", nodes, shared, references, 2)
+    assert all(rec["result"]["version"] == ids[1] and rec["result"]["matches"] == [1] for rec in records), \
+        "a wiped node loses nothing that was flushed"
+
+
+def test_memory_tier_of_a_distributed_repo_is_private_to_each_process(tmp_path):
+    shared = str(tmp_path / "shared")
+    records = launch("memory_tier_saves", 2, tmp_path / "save", shared)
+    assert [rec["result"]["node_ranks"] for rec in records] == [[0], [1]]
+    assert fp.Repo(shared).head() == records[0]["result"]["head"] and fp.Repo(shared).verify().ok
+    records = launch("shared_restore", 3, tmp_path / "restore", shared, str(tmp_path / "save" / "reference.pt"))
+    assert all(rec["result"]["bad"] == [] for rec in records)
+
+
+def test_replicated_copies_must_agree_and_flush_work_is_spread():
+    from forkpoint.dist.repo import DistSaveError, _one_copy_each, assign_flush
+    from forkpoint.format.manifest import Chunk, Leaf, Manifest, Version
+
+    same = [Chunk([0], [4], "a" * 64, "a" * 64, 0, 16), Chunk([0], [4], "a" * 64, "a" * 64, 0, 16),
+            Chunk([4], [4], "b" * 64, "b" * 64, 0, 16)]
+    leaf = Leaf("w", "numpy", "float32", [8], 32, same, "cpu")
+    assert len(_one_copy_each(leaf)) == 2
+    leaf.chunks = same + [Chunk([4], [4], "c" * 64, "c" * 64, 0, 16)]
+    with pytest.raises(DistSaveError, match="different values"):
+        _one_copy_each(leaf)
+    leaf.chunks = _one_copy_each(Leaf("w", "numpy", "float32", [8], 32, same, "cpu"))
+    manifest = Manifest(Version("", [], "main", 0, 0.0, "", {}, {}), {"t": "leaf", "i": 0}, [leaf], False)
+    parts = [{"held": ["a" * 64, "b" * 64]}, {"held": ["a" * 64, "b" * 64]}]
+    assert sorted(map(len, assign_flush(manifest, parts))) == [1, 1]
+    assert assign_flush(manifest, [{"held": []}, {"held": ["b" * 64]}]) == [["a" * 64], ["b" * 64]]

@@ -4,6 +4,12 @@ Every rank writes its own pieces in parallel: the shards of DTensors it holds (o
 per shard when a mesh dimension replicates them), its share of the replicated tensors
 (spread over ranks by size), and its rank-local state. Rank 0 gathers the parts, checks
 them, and commits one manifest; the version exists only once every rank's data is durable.
+
+With a node-local tier 0 (`fp.tier(path, local=True)`, or `mem://`, private to each
+process), each node keeps a whole copy of the replicated state (spread over its ranks) and
+its ranks' shards there, plus every manifest and head; a flush is coordinated: each rank
+copies the objects rank 0 assigned to it to the shared tier below, and rank 0 commits the
+version there once every rank reported its copies durable.
 """
 
 import json
@@ -16,8 +22,9 @@ import blake3
 
 from ..engine.save import row_split, schedule_save
 from ..engine.scheduler import Priority
-from ..errors import ForkpointError
+from ..errors import CorruptObjectError, ForkpointError, MissingObjectError, RefNotFoundError
 from ..format.manifest import Chunk, Leaf, Manifest, Version
+from ..format.objects import object_key
 from ..format.refs import check_name
 from ..repo import Repo as BaseRepo
 from ..repo.core import _json_safe, pending_save
@@ -30,12 +37,15 @@ from .coordinator import Coordinator, DistSaveError
 class Repo(BaseRepo):
     """`fp.Repo` for a process group: call `save` and `restore` on every rank, in the same
     order (they are collective). `timeout` bounds how long a save waits for slow or dead
-    ranks before failing with DistSaveError; tier 0 must be storage every rank can reach."""
+    ranks before failing with DistSaveError. Tier 0 is either storage every rank reaches or
+    node-local (see the module doc); a local tier needs a shared tier below it. Eviction
+    from a tier other processes write to spares unreferenced objects younger than
+    `sweep_grace` seconds (their saves in flight)."""
 
     collective = True
 
     def __init__(self, url=None, *, group=None, timeout: float = 300.0, kv_store=None,
-                 create: bool = False, **kwargs):
+                 create: bool = False, sweep_grace: float = 300.0, **kwargs):
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
@@ -61,11 +71,36 @@ class Repo(BaseRepo):
             super().__init__(url, create=False, **kwargs)
         base = kv_store if kv_store is not None else dist.distributed_c10d._get_default_store()
         self.coordinator = Coordinator(dist.PrefixStore(f"forkpoint/{status[0]}/", base), rank, world, timeout)
-        self.rank, self.world = rank, world
+        self.rank, self.world, self._group = rank, world, group
         self.local_world = hosts.count(socket.gethostname())
         self._sched.capacity["cpu"] = max(1, min(self._sched.capacity["cpu"],
                                                  (os.cpu_count() or 1) // self.local_world))
         self._saves = 0
+        self.sweep_grace = sweep_grace
+        self.node_ranks = self._node_group(dist, hosts[rank])
+        self._flush_assign: dict[str, list[str]] = {}
+        self._next_assign: list[str] | None = None
+
+    def _node_group(self, dist, host: str) -> list[int] | None:
+        """The ranks that share this rank's node-local tier 0 (None when tier 0 is shared by
+        all): same host and tier-0 URL; a `mem://` tier is private to its process."""
+        spec = self.tier_specs[0]
+        private = spec.url.startswith("mem://")
+        if not (spec.local or private):
+            return None
+        if len(self.stores) < 2:
+            raise ValueError(f"tier 0 ({spec.url}) is node-local: give fp.dist.Repo a shared tier "
+                             "below it (tiers=[fp.tier(local, local=True), shared]), where every node's "
+                             "part of a version goes, or use storage every rank reaches")
+        key = (host, spec.url, self.rank if private else None)
+        keys = [None] * self.world
+        dist.all_gather_object(keys, key, group=self._group)
+        return [r for r, k in enumerate(keys) if k == key]
+
+    @property
+    def node_local(self) -> bool:
+        """True when tier 0 is local to each node (or process)."""
+        return self.node_ranks is not None
 
     def _rank_world(self) -> tuple[int, int]:
         return self.rank, self.world
@@ -89,13 +124,15 @@ class Repo(BaseRepo):
         self._saves += 1
         skeleton, shared, local_skeleton, local, select = self._flat_parts(state, allow_pickle)
         n_shared = len(shared)
+        pack_key = writer_class(shared)
         head = self._head_manifest(branch)
         known, deltas = self._known_chunks(head), self._delta_plan(head)
         with self._sched.batch():
             with self._evict_lock:  # registered before any of its objects can be written
                 plan = schedule_save(self._sched, self.store, self._tier, shared + local, known,
                                      self.options, self._staging, "window" if sync else "staging",
-                                     guard=self._evict_lock, select=select, deltas=deltas)
+                                     guard=self._evict_lock, select=select, deltas=deltas,
+                                     pack_key=pack_key)
                 self._writers.add(plan.writer)
             fingerprint = layout_fingerprint(shared)
             part = self._sched.submit(
@@ -130,7 +167,11 @@ class Repo(BaseRepo):
         for fl in local:
             if fl.alias_of is not None:
                 fl.alias_of += n_shared
-        owners = assign_replicated(shared, self.options, self.world)
+        if self.node_local:
+            writers, me = len(self.node_ranks), self.node_ranks.index(self.rank)
+        else:
+            writers, me = self.world, self.rank
+        owners = assign_replicated(shared, self.options, writers, whole_small=self.node_local)
 
         def select(i: int, box) -> bool:
             if i >= n_shared:
@@ -138,14 +179,14 @@ class Repo(BaseRepo):
             d = shared[i].data
             if d.box is not None:
                 return d.owner
-            return owners.get((i, box[0][0] if box[0] else 0)) == self.rank
+            return owners.get((i, box[0][0] if box[0] else 0)) == me
 
         return skeleton, shared, local_skeleton, local, select
 
     def warm_staging(self, state, allow_pickle: bool = False) -> int:
         """Fault in the staging buffers this rank's asynchronous saves of `state` will use."""
         _, shared, _, local, select = self._flat_parts(state, allow_pickle)
-        return self._warm(shared + local, select)
+        return self._warm(shared + local, select, writer_class(shared))
 
     def _publish_part(self, sid: str, plan, n_shared: int, local_skeleton: dict, fingerprint: str):
         """Make this rank's written chunks durable and hand them to the coordinator."""
@@ -161,11 +202,15 @@ class Repo(BaseRepo):
                 if leaf.alias_of is not None:
                     d["alias_of"] = leaf.alias_of - n_shared
                 locals_.append(d)
-            self.coordinator.publish(sid, {
+            part = {
                 "chunks": {str(i): [asdict(c) for c in leaf.chunks]
                            for i, leaf in enumerate(stored.leaves[:n_shared]) if leaf.chunks},
                 "local_tree": local_skeleton, "local_leaves": locals_,
-                "stored_bytes": stored.stored_bytes, "layout": fingerprint})
+                "stored_bytes": stored.stored_bytes, "layout": fingerprint}
+            if self.node_local:
+                part["held"] = sorted({o for leaf in stored.leaves for c in leaf.chunks for o in c.objects
+                                       if self.store.exists(object_key(o))})
+            self.coordinator.publish(sid, part)
             return stored
         except Exception as e:
             self.coordinator.publish(sid, {"error": f"{type(e).__name__}: {e}"})
@@ -177,22 +222,132 @@ class Repo(BaseRepo):
             parts = self.coordinator.gather(sid)
             own = part.result()
             manifest = assemble_manifest(record, skeleton, own.leaves[:n_shared], parts, allow_pickle)
+            assignment = assign_flush(manifest, parts) if self.node_local else None
+            self._next_assign = assignment[0] if assignment else None
             version = self._commit(manifest)
         except Exception as e:
             self.coordinator.announce(sid, {"error": f"{type(e).__name__}: {e}"})
             if isinstance(e, DistSaveError):
                 raise
             raise DistSaveError(f"save {sid} did not commit: {type(e).__name__}: {e}") from e
-        self.coordinator.announce(sid, {"id": version.id})
+        finally:
+            self._next_assign = None
+        outcome = {"id": version.id}
+        if self.node_local:
+            outcome.update(manifest=manifest.to_bytes().decode(), flush=assignment)
+        self.coordinator.announce(sid, outcome)
         return version
 
     def _await_outcome(self, sid: str, part) -> Version:
-        """(Other ranks) wait for rank 0's outcome; return the committed Version."""
+        """(Other ranks) wait for rank 0's outcome; return the committed Version (with a
+        node-local tier 0, after recording it there)."""
         outcome = self.coordinator.outcome(sid)
         if "error" in outcome:
             raise DistSaveError(f"save {sid} did not commit (reported by rank 0): {outcome['error']}")
         part.result()
+        if "manifest" in outcome:
+            self._record_locally(outcome["id"], outcome["manifest"].encode(), outcome["flush"][self.rank])
         return self._manifest_by_id(outcome["id"]).version
+
+    def _record_locally(self, vid: str, data: bytes, flush: list[str]) -> None:
+        """(Other ranks, node-local tier 0) write a version rank 0 committed into this node's
+        tier 0 and move the branch head there, then flush and evict as after a commit."""
+        manifest = Manifest.from_bytes(data, f"save outcome of version {vid}")
+        key = f"versions/{vid}.json"
+        if not self.store.exists(key):
+            self.store.write(key, [data])
+            self.store.barrier([key])
+        branch = manifest.version.branch
+        with self._tier_locks[0]:
+            if self._ref_state_in(self.store, "heads", branch)[1] != vid:
+                self._move_ref(self.store, "heads", branch, vid)
+        with self._lock:
+            self._manifests[vid] = manifest
+        self._next_assign = flush
+        try:
+            self._after_commit(vid, 0)
+        finally:
+            self._next_assign = None
+
+    # ------------------------------------------------------- node-local tier 0
+    def _after_commit(self, vid: str, k: int) -> None:
+        if k == 0 and self.node_local:
+            self._flush_assign = {vid: list(self._next_assign or [])}
+        super()._after_commit(vid, k)
+
+    def _flush_keys(self, vid: str, k: int, m: Manifest) -> list[str]:
+        if k == 0 and self.node_local:
+            return [object_key(o) for o in self._flush_assign.pop(vid, [])]
+        return super()._flush_keys(vid, k, m)
+
+    def _flush_gate(self, vid: str, k: int, failed: BaseException | None) -> bool:
+        """(Node-local tier 0) report this rank's copies; rank 0 waits for every rank's report
+        and then commits the version below; a failed or missing report fails the flush."""
+        if not (k == 0 and self.node_local):
+            return super()._flush_gate(vid, k, failed)
+        sid = f"flush-{vid}"
+        self.coordinator.publish(sid, {"error": f"{type(failed).__name__}: {failed}"} if failed else {})
+        if failed is not None:
+            raise failed
+        if self.rank != 0:
+            return False
+        self.coordinator.gather(sid)
+        return True
+
+    def _writes_below(self, k: int) -> bool:
+        return not (k == 0 and self.node_local and self.rank != 0)
+
+    def _sweep_min_age(self, k: int) -> float:
+        private = self.stores[k].url.startswith("mem://")
+        return 0.0 if private or (k == 0 and self.node_ranks == [self.rank]) else self.sweep_grace
+
+    def restore(self, state, ref: str = "main", **kwargs) -> Version:
+        """Collective restore. With a node-local tier 0 the ranks agree on the version: `ref`
+        as every rank sees it; if they see it differently (a node lost its tier 0), or some
+        rank misses objects of it (another node wrote them and they were not flushed, e.g.
+        after a change of world size), the version the shared tier below has for `ref`."""
+        if not self.node_local:
+            return super().restore(state, ref, **kwargs)
+        import torch.distributed as dist
+
+        try:
+            mine = self.resolve(ref)
+        except RefNotFoundError:
+            mine = None
+        seen = [None] * self.world
+        dist.all_gather_object(seen, mine, group=self._group)
+        failure, failed = None, []
+        if len(set(seen)) == 1 and mine is not None:
+            try:
+                version = super().restore(state, mine, **kwargs)
+            except (MissingObjectError, CorruptObjectError) as e:
+                failure = e
+            flags = [None] * self.world
+            dist.all_gather_object(flags, failure is not None, group=self._group)
+            failed = [r for r, f in enumerate(flags) if f]
+            if not failed:
+                return version
+        shared = self._shared_version(ref)
+        if shared is None or (failed and shared == mine):
+            if failure is not None:
+                raise failure
+            why = (f"rank(s) {failed} could not read version {mine}" if failed else
+                   f"ranks resolve {ref!r} differently ({sorted(set(map(str, seen)))})")
+            raise MissingObjectError(f"{why}, and no shared tier of {self.url} has another version for "
+                                     f"{ref!r}: a node lost its tier 0 before the version was flushed")
+        return super().restore(state, shared, **kwargs)
+
+    def _shared_version(self, ref: str) -> str | None:
+        """`ref` as the shared tiers (below the node-local one) resolve it, or None."""
+        for store in self.stores[1:]:
+            for kind in ("heads", "tags"):
+                target = self._ref_state_in(store, kind, ref)[1]
+                if target is not None:
+                    return target
+        if all(c in "0123456789abcdef" for c in ref) and any(
+                st.exists(f"versions/{ref}.json") for st in self.stores[1:]):
+            return ref
+        return None
 
 
 def split_rank_local(tree, objects) -> tuple[object, list]:
@@ -212,21 +367,37 @@ def split_rank_local(tree, objects) -> tuple[object, list]:
     return tree, subtrees
 
 
-def assign_replicated(flat, opts, world: int) -> dict[tuple[int, int], int]:
+def writer_class(shared: list):
+    """The pack key of a distributed save's leaves: replicated, sharded or rank-local (leaf
+    indices past `shared`), so that a pack of replicated leaves is the same bytes on every
+    node that writes one."""
+    def key(i: int) -> str:
+        if i >= len(shared):
+            return "rank-local"
+        return "replicated" if shared[i].data.box is None else "sharded"
+    return key
+
+
+def assign_replicated(flat, opts, world: int, whole_small: bool = False) -> dict[tuple[int, int], int]:
     """Give each piece of a replicated leaf ({(leaf index, first row): rank}) to one rank,
-    largest first to the least-loaded rank; every rank computes the same answer."""
-    units = []
+    largest first to the least-loaded rank; every rank computes the same answer. With
+    `whole_small`, every small leaf goes to rank 0, so that its packs are the same bytes
+    whatever the number of writers (one copy per node)."""
+    units, owner = [], {}
     for i, fl in enumerate(flat):
         d = fl.data
         if d is None or d.box is not None:
             continue
         n = int(d.data.nbytes)
         if n < opts.small_leaf_bytes or not d.shape:
-            units.append((n, i, 0))
+            if whole_small:
+                owner[(i, 0)] = 0
+            else:
+                units.append((n, i, 0))
             continue
         row = n // d.shape[0] if d.shape[0] else 0
         units.extend((count * row, i, first) for first, count in row_split(d.shape, n, opts.chunk_bytes))
-    load, owner = [0] * world, {}
+    load = [0] * world
     for n, i, first in sorted(units, key=lambda u: (-u[0], u[1], u[2])):
         rank = min(range(world), key=lambda r: (load[r], r))
         owner[(i, first)] = rank
@@ -254,6 +425,8 @@ def assemble_manifest(record: Version, skeleton, leaves: list[Leaf], parts: list
         for i, chunks in part["chunks"].items():
             leaves[int(i)].chunks.extend(Chunk(**c) for c in chunks)
     for leaf in leaves:
+        leaf.chunks = _one_copy_each(leaf)
+    for leaf in leaves:
         leaf.chunks.sort(key=lambda c: c.offsets)
         if leaf.alias_of is None:
             covered = sum(_count(c.lengths) for c in leaf.chunks)
@@ -274,6 +447,35 @@ def assemble_manifest(record: Version, skeleton, leaves: list[Leaf], parts: list
     record.stored_bytes = sum(p["stored_bytes"] for p in parts)
     has_pickle = any(leaf.kind == "pickle" for leaf in leaves)
     return Manifest(record, tree, leaves, pickle=allow_pickle and has_pickle)
+
+
+def _one_copy_each(leaf: Leaf) -> list[Chunk]:
+    """A leaf's chunks with copies of the same box (each node writes the replicated state)
+    listed once; DistSaveError when two ranks hold different values for one box."""
+    by_box: dict = {}
+    for c in leaf.chunks:
+        box = (tuple(c.offsets), tuple(c.lengths))
+        first = by_box.setdefault(box, c)
+        if first.hash != c.hash:
+            raise DistSaveError(f"leaf {leaf.path!r}: ranks hold different values for the box at "
+                                f"{list(box[0])} (replicated state differs between ranks)")
+    return list(by_box.values())
+
+
+def assign_flush(manifest: Manifest, parts: list[dict]) -> list[list[str]]:
+    """(Node-local tier 0) which objects each rank copies to the shared tier: each object of
+    the manifest goes to the rank holding it that has the fewest so far (rank 0 takes those
+    no rank holds: they must be on the shared tier already)."""
+    holders: dict[str, list[int]] = {}
+    for r, part in enumerate(parts):
+        for o in part.get("held", ()):
+            holders.setdefault(o, []).append(r)
+    out: list[list[str]] = [[] for _ in parts]
+    objects = sorted({o for leaf in manifest.leaves for c in leaf.chunks for o in c.objects})
+    for o in objects:
+        ranks = holders.get(o, [0])
+        out[min(ranks, key=lambda r: (len(out[r]), r))].append(o)
+    return out
 
 
 def _count(shape) -> int:

@@ -277,7 +277,8 @@ class ScheduledSave:
 
 def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf],
                   known: dict[str, KnownChunk], opts: SaveOptions, pool: StagingPool,
-                  staging: str = "staging", guard=None, select=None, deltas=None) -> ScheduledSave:
+                  staging: str = "staging", guard=None, select=None, deltas=None,
+                  pack_key=None) -> ScheduledSave:
     """Queue the capture and write tasks of one save.
 
     Each chunk is copied (captured) into a page-aligned staging buffer, then hashed and
@@ -286,13 +287,14 @@ def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf
     training loop waits for nothing more; a synchronous one hashes each block while in cache. `staging` names the budget resource the buffers
     count against ("staging" for asynchronous saves, "window" for synchronous ones).
     `deltas` (an engine.delta.DeltaPlan) stores chunks against the parent's where smaller.
+    `pack_key(leaf index)` keeps leaves with different keys out of one pack.
     """
     plan = ScheduledSave(flat, ObjectWriter(store, opts.codec, guard), deltas)
     plan.writer.pinned.update(k.object for k in known.values())
     if deltas is not None:
         plan.writer.pinned.update(deltas.pinned())
     io = {f"io:{tier}": 1}
-    for kind, item in layout(flat, opts, select):
+    for kind, item in layout(flat, opts, select, pack_key):
         if kind == "pack":
             group, total = item
             _schedule_pack(sched, plan, group, total, known, pool, io, tier, staging)
@@ -313,12 +315,12 @@ def _await_device(d) -> None:
         d.pending.wait()
 
 
-def layout(flat: list[FlatLeaf], opts: SaveOptions, select=None):
+def layout(flat: list[FlatLeaf], opts: SaveOptions, select=None, pack_key=None):
     """Yield ("pack", (members, total bytes)) and ("chunks", (leaf index, [(piece, box)])) in
     the order a save stores them; members are (leaf index, bytes, box). Boxes are in the
-    leaf's global shape; `select(index, box)` keeps only the pieces this process stores."""
-    group: list[tuple[int, np.ndarray, list]] = []
-    group_bytes = 0
+    leaf's global shape; `select(index, box)` keeps only the pieces this process stores;
+    only leaves with equal `pack_key(index)` share a pack."""
+    groups: dict = {}
     keep = select or (lambda i, box: True)
     for i, fl in enumerate(flat):
         if fl.data is None:
@@ -331,11 +333,12 @@ def layout(flat: list[FlatLeaf], opts: SaveOptions, select=None):
         if nbytes < opts.small_leaf_bytes:
             box = [offsets, list(shape)]
             if keep(i, box):
-                group.append((i, d.data, box))
-                group_bytes += nbytes
-            if group_bytes >= opts.pack_bytes:
-                yield "pack", (group, group_bytes)
-                group, group_bytes = [], 0
+                group = groups.setdefault(pack_key(i) if pack_key else None, [[], 0])
+                group[0].append((i, d.data, box))
+                group[1] += nbytes
+                if group[1] >= opts.pack_bytes:
+                    yield "pack", tuple(group)
+                    group[:] = [[], 0]
             continue
         row = nbytes // shape[0]
         pieces = []
@@ -345,17 +348,19 @@ def layout(flat: list[FlatLeaf], opts: SaveOptions, select=None):
                 pieces.append((d.data[first * row:(first + count) * row], box))
         if pieces:
             yield "chunks", (i, pieces)
-    if group:
-        yield "pack", (group, group_bytes)
+    for members, total in groups.values():
+        if members:
+            yield "pack", (members, total)
 
 
-def staging_sizes(flat: list[FlatLeaf], opts: SaveOptions, select=None, adopts: bool = False) -> tuple[list[int], list[int]]:
+def staging_sizes(flat: list[FlatLeaf], opts: SaveOptions, select=None, adopts: bool = False,
+                  pack_key=None) -> tuple[list[int], list[int]]:
     """(staging buffer sizes, store object buffer sizes) a save of `flat` takes, to warm them
     ahead of time; with `adopts` (the store adopts captured buffers), raw chunks are captured
     into object buffers (header + data) instead of staging."""
     rules = codec_rules(opts.codec)
     staging, objects = [], []
-    for kind, item in layout(flat, opts, select):
+    for kind, item in layout(flat, opts, select, pack_key):
         if kind == "pack":
             staging.append(item[1])
             continue

@@ -183,11 +183,11 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         _, flat = flatten(tree, allow_pickle=allow_pickle, copy=False, device_capture=self._device)
         return self._warm(flat)
 
-    def _warm(self, flat, select=None) -> int:
+    def _warm(self, flat, select=None, pack_key=None) -> int:
         for fl in flat:
             if fl.data is not None and fl.data.pending is not None:
                 fl.data.pending.release()
-        staging, objects = staging_sizes(flat, self.options, select, self.store.adopts_buffers)
+        staging, objects = staging_sizes(flat, self.options, select, self.store.adopts_buffers, pack_key)
         warmed = self._staging.warm(staging if sum(staging) <= self.options.staging_bytes else [])
         versions = (self.tier_specs[0].keep or 1) + 1
         return warmed + self.store.reserve(objects * versions)

@@ -24,7 +24,7 @@ class PlacementMixin:
         m = self._manifest_by_id(vid)
         tier = f"tier{k + 1}"
         src, dst = self.stores[k], self.stores[k + 1]
-        keys = sorted(object_keys(m))
+        keys = self._flush_keys(vid, k, m)
         with self._evict_lock:
             self._flushing.add(vid)
             self._flush_pins[vid] = {key.rsplit("/", 1)[-1] for key in keys}
@@ -33,23 +33,49 @@ class PlacementMixin:
                   for key in keys]
 
         def finish():
+            committed = False
             try:
-                dst.barrier(keys)
-                with self._tier_locks[k + 1]:
-                    copy_manifest(src, dst, vid)
-                    self._stub_ancestors(vid, dst)
-                    head = self._ref_state_in(dst, "heads", m.version.branch)[1]
-                    if head is None or self._descends(vid, head):
-                        self._move_ref(dst, "heads", m.version.branch, vid)
+                failed = next((c.future.exception() for c in copies if c.future.exception()), None)
+                if failed is None:
+                    dst.barrier(keys)
+                if self._flush_gate(vid, k, failed):
+                    with self._tier_locks[k + 1]:
+                        copy_manifest(src, dst, vid)
+                        self._stub_ancestors(vid, dst)
+                        head = self._ref_state_in(dst, "heads", m.version.branch)[1]
+                        if head is None or self._descends(vid, head):
+                            self._move_ref(dst, "heads", m.version.branch, vid)
+                    committed = True
             finally:
                 with self._evict_lock:
                     self._flushing.discard(vid)
                     self._flush_pins.pop(vid, None)
             self._evict(k)
-            self._after_commit(vid, k + 1)
+            if committed:
+                self._after_commit(vid, k + 1)
 
-        return self._sched.submit("flush", finish, priority=Priority.FLUSH, deps=copies,
+        return self._sched.submit("flush", finish, priority=Priority.FLUSH, after=copies,
                                   needs={f"io:{tier}": 1}, tier=tier)
+
+    def _flush_keys(self, vid: str, k: int, m: Manifest) -> list[str]:
+        """The object keys this process copies from tier k to tier k + 1 to flush version `vid`."""
+        return sorted(object_keys(m))
+
+    def _flush_gate(self, vid: str, k: int, failed: BaseException | None) -> bool:
+        """Called once this process's copies of a flush are durable (or one `failed`): True when
+        this process now commits the version on tier k + 1; raise to fail the flush."""
+        if failed is not None:
+            raise failed
+        return True
+
+    def _writes_below(self, k: int) -> bool:
+        """True when this process may write records (stubs, refs) to tier k + 1."""
+        return True
+
+    def _sweep_min_age(self, k: int) -> float:
+        """Seconds an unreferenced object of tier k is spared by eviction (0: this process
+        knows every save in flight that writes there)."""
+        return 0.0
 
     def _stub_ancestors(self, vid: str, dst: Store) -> None:
         """Give `dst` records (stubs) of the ancestors it lacks, so its history stays walkable."""
@@ -131,14 +157,14 @@ class PlacementMixin:
                 self._prune(vid, store)
                 continue
             nxt = self.stores[k + 1]
-            if not nxt.exists(f"versions/{vid}.json"):
+            if self._writes_below(k) and not nxt.exists(f"versions/{vid}.json"):
                 self._prune(vid, nxt)
             store.delete(f"versions/{vid}.json")
         with self._evict_lock:
             live = set()
             for m in self._manifests_in(store):
                 live |= object_keys(m)
-            sweep(store, live, self._pinned)
+            sweep(store, live, self._pinned, self._sweep_min_age(k))
 
     def _manifests_in(self, store: Store) -> list[Manifest]:
         """Every manifest as stored on one tier (stubs included)."""

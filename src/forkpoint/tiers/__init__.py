@@ -2,7 +2,9 @@
 
 Each tier holds a complete repository layout (objects, manifests, refs), so any tier alone
 can be read; `keep` bounds how many versions a tier holds (the last tier prunes), and
-`flush_every` says which versions go on to the next tier.
+`flush_every` says which versions go on to the next tier. A `local` tier (node-local disk,
+/dev/shm) is reached only by the processes of one node: an fp.dist.Repo then keeps each
+node's part of a version there and flushes the parts to the shared tier below.
 """
 
 from dataclasses import dataclass, field
@@ -18,6 +20,7 @@ class Tier:
     keep: int | None = None
     flush_every: int = 1
     storage_options: dict = field(default_factory=dict, hash=False, compare=False)
+    local: bool = False
 
     def __post_init__(self):
         if self.keep is not None and self.keep < 1:
@@ -26,9 +29,11 @@ class Tier:
             raise ValueError(f"tier {self.url}: flush_every must be >= 1, got {self.flush_every}")
 
 
-def tier(url: str, keep: int | None = None, flush_every: int = 1, **storage_options) -> Tier:
-    """Describe a tier: `fp.tier("mem://fast", keep=2)`, `fp.tier("s3://b/run")`."""
-    return Tier(str(url), keep, flush_every, storage_options)
+def tier(url: str, keep: int | None = None, flush_every: int = 1, local: bool = False,
+         **storage_options) -> Tier:
+    """Describe a tier: `fp.tier("mem://fast", keep=2)`, `fp.tier("s3://b/run")`,
+    `fp.tier("/local/nvme/run", keep=2, local=True)` (each node has its own)."""
+    return Tier(str(url), keep, flush_every, storage_options, local)
 
 
 def open_tiers(tiers) -> tuple[list[Tier], list[Store]]:

@@ -4,6 +4,7 @@ Objects are immutable and named by content, so a copy is a plain byte copy that 
 when the destination already has the name; durability comes before the manifest.
 """
 
+import time
 from typing import Callable
 
 from ..errors import CorruptObjectError
@@ -54,17 +55,23 @@ def copy_manifest(src: Store, dst: Store, vid: str) -> None:
     dst.barrier([key])
 
 
-def sweep(store: Store, live: set[str], pinned: Callable[[str], bool]) -> tuple[int, int]:
+def sweep(store: Store, live: set[str], pinned: Callable[[str], bool],
+          min_age: float = 0.0) -> tuple[int, int]:
     """Delete object keys of `store` not in `live` and not pinned; return (objects, bytes).
 
     The caller holds the lock that savers take around their existence checks, and computed
-    `live` under it, so no object can gain a reference while it is being deleted.
+    `live` under it, so no object can gain a reference while it is being deleted. Where other
+    processes write to the store (their saves in flight are unknown here), `min_age` spares
+    objects written or reused in the last `min_age` seconds.
     """
     count = freed = 0
+    recent = time.time() - min_age
     for key in store.list("objects"):
         if key in live or pinned(key.rsplit("/", 1)[-1]):
             continue
         try:
+            if min_age and store.mtime(key) > recent:
+                continue
             size = store.size(key)
         except FileNotFoundError:
             continue
