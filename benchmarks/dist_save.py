@@ -13,7 +13,8 @@ the newest DCP checkpoint into a freshly initialised model and optimizer (page c
 dropped before each when possible), measured whole (from a fresh model: get_state_dict,
 whose optimizer initialisation runs one optimizer step, the read, set_state_dict) and as
 the read alone (into state dicts already initialised). Last, sync saves of a tiny state on 1, 2, 4, 8 and 16
-ranks measure the cost of coordination and commit.
+ranks measure the cost of coordination and commit. With --node-local, only: sync saves to a
+node-local tier 0 in /dev/shm against saves to the shared disk, and the coordinated flush.
 
     python benchmarks/dist_save.py --repeats 3 --dir /work/bench-dist
 """
@@ -267,6 +268,52 @@ def commit_phase(rank, world, args, out):
     return {"times": times[2:], "manifest_bytes": size}
 
 
+def node_local_phase(rank, world, args, out):
+    """Sync saves to a shared disk repository against saves to a node-local tier 0 in /dev/shm
+    (ranks 0-1 and 2-3 as two nodes) over the same disk, and the time until the coordinated
+    flush has committed each version on the disk."""
+    import torch.distributed as dist
+
+    import forkpoint as fp
+
+    model, opt = build(0)
+    step(model, opt)
+    state = {"train": fp.dist.TrainState(model, opt)}
+    shm = os.path.join(args.node_dir, f"fp-bench-{os.getpid() if rank == 0 else ''}")
+    base = [shm]
+    dist.broadcast_object_list(base, src=0)
+    shared = fp.dist.Repo(os.path.join(args.dir, "nl-shared"), create=True, timeout=120)
+    top = "mem://nl" if args.node_dir == "mem" else os.path.join(base[0], f"node{rank // 2}")
+    tiered = fp.dist.Repo(tiers=[fp.tier(top, keep=2, local=True), os.path.join(args.dir, "nl-below")],
+                          create=True, timeout=120)
+    shared.warm_staging(state)
+    tiered.warm_staging(state)
+    results = {"shared_save": [], "local_save": [], "local_flushed": []}
+    try:
+        for r in range(args.repeats):
+            for name in (["shared", "local"] if r % 2 == 0 else ["local", "shared"]):
+                step(model, opt)
+                if name == "shared":
+                    results["shared_save"].append(timed(lambda: shared.save(state, step=r))[0])
+                    continue
+                dist.barrier()
+                start = time.perf_counter()
+                tiered.save(state, step=r)
+                saved = time.perf_counter() - start
+                tiered.drain()
+                dist.barrier()
+                flushed = time.perf_counter() - start
+                results["local_save"].append(slowest(saved))
+                results["local_flushed"].append(slowest(flushed))
+    finally:
+        shared.close()
+        tiered.close()
+        dist.barrier()
+        if rank == 0 and args.node_dir != "mem":
+            shutil.rmtree(base[0], ignore_errors=True)
+    return {"results": results}
+
+
 def worker(rank, world, port, phase, args, out):
     import torch.distributed as dist
 
@@ -300,11 +347,23 @@ def main():
     parser.add_argument("--commits", type=int, default=10)
     parser.add_argument("--dir", default="/tmp/forkpoint-bench-dist")
     parser.add_argument("--skip-save", action="store_true", help="only the commit latency table")
+    parser.add_argument("--node-local", action="store_true",
+                        help="only: sync saves to a node-local tier 0 (--node-dir) against a shared disk")
+    parser.add_argument("--node-dir", default="/dev/shm",
+                        help="where --node-local puts each node's tier 0 (mem: a mem:// tier per process)")
     args = parser.parse_args()
     shutil.rmtree(args.dir, ignore_errors=True)
     os.makedirs(args.dir)
     med = statistics.median
     report = {}
+    if args.node_local:
+        res = {k: med(v) for k, v in launch("node_local", 4, args)["results"].items()}
+        print(f"4 ranks as 2 nodes, medians of {args.repeats}, slowest rank: sync save to the shared disk "
+              f"{res['shared_save']:.3f} s; to a node-local tier 0 in {args.node_dir} {res['local_save']:.3f} s "
+              f"(ratio {res['local_save'] / res['shared_save']:.2f}), committed on the disk below after "
+              f"{res['local_flushed']:.3f} s")
+        print(json.dumps(res))
+        return
     if not args.skip_save:
         saved = launch("save", 4, args)
         res = saved["results"]

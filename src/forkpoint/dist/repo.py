@@ -250,17 +250,16 @@ class Repo(BaseRepo):
         return self._manifest_by_id(outcome["id"]).version
 
     def _record_locally(self, vid: str, data: bytes, flush: list[str]) -> None:
-        """(Other ranks, node-local tier 0) write a version rank 0 committed into this node's
-        tier 0 and move the branch head there, then flush and evict as after a commit."""
+        """(Other ranks, node-local tier 0) the first rank of each node writes a version rank 0
+        committed into the node's tier 0 and moves the branch head there; then every rank
+        flushes and evicts as after a commit."""
         manifest = Manifest.from_bytes(data, f"save outcome of version {vid}")
         key = f"versions/{vid}.json"
-        if not self.store.exists(key):
+        if self.node_ranks[0] == self.rank and not self.store.exists(key):
             self.store.write(key, [data])
             self.store.barrier([key])
-        branch = manifest.version.branch
-        with self._tier_locks[0]:
-            if self._ref_state_in(self.store, "heads", branch)[1] != vid:
-                self._move_ref(self.store, "heads", branch, vid)
+            with self._tier_locks[0]:
+                self._move_ref(self.store, "heads", manifest.version.branch, vid)
         with self._lock:
             self._manifests[vid] = manifest
         self._next_assign = flush
