@@ -327,3 +327,35 @@ def _shared_restore(rank, world, out, shared, reference_path):
     reference, got = torch.load(reference_path), full_state(state)
     repo.close()
     return {"version": version.id, "bad": [k for k in reference if not torch.equal(reference[k], got[k])]}
+
+
+def _node_local_flush_failure(rank, world, out, nodes, shared):
+    """A node-local tier needs a shared tier below; a rank whose flush copies fail makes the
+    coordinated flush fail on every rank, and the version stays on the nodes only."""
+    try:
+        fp.dist.Repo(tiers=[fp.tier(os.path.join(nodes, f"alone{rank}"), local=True)], create=True)
+        alone = None
+    except ValueError as e:
+        alone = str(e)
+    if rank == 1:
+        import forkpoint.repo.placement as placement
+
+        def unreachable(sources, dst, key):
+            raise OSError(f"simulated: {dst.url} unreachable")
+
+        placement.copy_object = unreachable
+    fsdp, fopt = build_fsdp()
+    repo = fp.dist.Repo(tiers=[fp.tier(os.path.join(nodes, f"node{rank}"), keep=2, local=True), shared],
+                        create=True, timeout=20)
+    state = fp.dist.TrainState(fsdp, fopt)
+    vid = repo.save({"fsdp": state}).id
+    repo.drain()
+    dist.barrier()
+    errors = repo.stats()["flush_errors"]
+    where = repo.where(vid)
+    fresh, fresh_opt = build_fsdp(seed=7)
+    restored = fp.dist.TrainState(fresh, fresh_opt)
+    got = repo.restore({"fsdp": restored}, "main").id
+    same = all(torch.equal(a, b) for a, b in zip(full_state(state).values(), full_state(restored).values()))
+    repo.close()
+    return {"alone": alone, "errors": errors, "where": where, "vid": vid, "restored": got, "same": same}

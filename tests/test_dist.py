@@ -228,3 +228,17 @@ def test_replicated_copies_must_agree_and_flush_work_is_spread():
     parts = [{"held": ["a" * 64, "b" * 64]}, {"held": ["a" * 64, "b" * 64]}]
     assert sorted(map(len, assign_flush(manifest, parts))) == [1, 1]
     assert assign_flush(manifest, [{"held": []}, {"held": ["b" * 64]}]) == [["a" * 64], ["b" * 64]]
+
+
+def test_node_local_tier_refuses_to_stand_alone_and_reports_a_failed_flush(tmp_path):
+    nodes, shared = str(tmp_path / "nodes"), str(tmp_path / "shared")
+    records = launch("node_local_flush_failure", 2, tmp_path / "out", nodes, shared)
+    for rec in records:
+        result = rec["result"]
+        assert "shared tier below" in result["alone"]
+        assert result["restored"] == result["vid"] and result["same"], "the nodes still hold it"
+        assert [e["version"] for e in result["errors"]] == [result["vid"]]
+        assert all(not w.endswith("shared") for w in result["where"])
+    assert "unreachable" in records[1]["result"]["errors"][0]["error"]
+    assert "rank 1" in records[0]["result"]["errors"][0]["error"], "rank 0 names the rank that failed"
+    assert fp.Repo(shared).branches() == {}

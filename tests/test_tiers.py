@@ -5,6 +5,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -375,3 +376,16 @@ def test_memory_tier_reserves_only_what_the_machine_can_spare(monkeypatch):
     assert store.reserve([2 << 20] * 2) == 4 << 20, "unknown availability: reserve as asked"
     buf = store.object_buffer(2 << 20)
     assert buf is not None and buf.nbytes == 2 << 20 and store._spare_bytes == 6 << 20
+
+
+def test_sweep_spares_young_unreferenced_objects_when_told(tmp_path):
+    from forkpoint.storage import open_store
+    from forkpoint.tiers.movement import sweep
+
+    store = open_store(str(tmp_path / "s"))
+    for name in ("old", "young", "live"):
+        store.write(f"objects/{name}", [b"x" * 10])
+    os.utime(store._path("objects/old"), (time.time() - 1000, time.time() - 1000))
+    assert sweep(store, {"objects/live"}, lambda d: False, min_age=300) == (1, 10)
+    assert sorted(store.list("objects")) == ["objects/live", "objects/young"]
+    assert sweep(store, {"objects/live"}, lambda d: False) == (1, 10)

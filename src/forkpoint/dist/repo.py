@@ -51,6 +51,7 @@ class Repo(BaseRepo):
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("fp.dist.Repo needs an initialised process group: call "
                                "torch.distributed.init_process_group (or fp.dist.init_from_env()) first")
+        _check_node_local(url, kwargs.get("tiers"))
         rank, world = dist.get_rank(group), dist.get_world_size(group)
         status, error = [None], None
         if rank == 0:
@@ -88,10 +89,6 @@ class Repo(BaseRepo):
         private = spec.url.startswith("mem://")
         if not (spec.local or private):
             return None
-        if len(self.stores) < 2:
-            raise ValueError(f"tier 0 ({spec.url}) is node-local: give fp.dist.Repo a shared tier "
-                             "below it (tiers=[fp.tier(local, local=True), shared]), where every node's "
-                             "part of a version goes, or use storage every rank reaches")
         key = (host, spec.url, self.rank if private else None)
         keys = [None] * self.world
         dist.all_gather_object(keys, key, group=self._group)
@@ -347,6 +344,18 @@ class Repo(BaseRepo):
                 st.exists(f"versions/{ref}.json") for st in self.stores[1:]):
             return ref
         return None
+
+
+def _check_node_local(url, tiers) -> None:
+    """Refuse a node-local (or per-process mem://) tier 0 without a shared tier below it,
+    before any rank opens anything."""
+    tiers = list(tiers) if tiers else [url]
+    first = tiers[0]
+    name = str(getattr(first, "url", first))
+    if (getattr(first, "local", False) or name.startswith("mem://")) and len(tiers) < 2:
+        raise ValueError(f"tier 0 ({name}) is node-local: give fp.dist.Repo a shared tier below it "
+                         "(tiers=[fp.tier(local, local=True), shared]), where every node's part of a "
+                         "version goes, or use storage every rank reaches")
 
 
 def split_rank_local(tree, objects) -> tuple[object, list]:

@@ -81,6 +81,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         self._future_order: list[str] = []
         self._writers: set = set()
         self._flushing: set[str] = set()
+        self._flush_errors: list[dict] = []
         self._flush_pins: dict[str, set[str]] = {}
         self._evict_lock = threading.Lock()
         self._tier_locks = [threading.Lock() for _ in self.stores]
@@ -202,8 +203,12 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         self._sched.drain()
 
     def stats(self) -> dict:
-        """Queue depths, bytes in flight and seconds per stage and per tier, resource use."""
-        return self._sched.stats()
+        """Queue depths, bytes in flight and seconds per stage and per tier, resource use, and
+        the flushes that failed ("flush_errors": version, tier index, error)."""
+        out = self._sched.stats()
+        with self._lock:
+            out["flush_errors"] = list(self._flush_errors)
+        return out
 
     def _submit_read(self, fn, nbytes: int) -> Task:
         return self._sched.submit("restore", fn, priority=Priority.RESTORE,

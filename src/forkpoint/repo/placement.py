@@ -1,5 +1,6 @@
 """Tiers: flush versions down, evict per tier, prefetch up, report where versions live."""
 
+import logging
 
 from ..engine.scheduler import Priority, Task
 from ..errors import FormatError, RefNotFoundError
@@ -7,6 +8,8 @@ from ..format.manifest import Manifest
 from ..storage import Store
 from ..tiers import farthest_next_use
 from ..tiers.movement import copy_manifest, copy_object, object_keys, sweep
+
+log = logging.getLogger("forkpoint")
 
 
 class PlacementMixin:
@@ -33,6 +36,15 @@ class PlacementMixin:
                   for key in keys]
 
         def finish():
+            try:
+                run_finish()
+            except Exception as e:
+                with self._lock:
+                    self._flush_errors.append({"version": vid, "tier": k + 1, "error": f"{type(e).__name__}: {e}"})
+                log.warning("flush of version %s to %s failed: %s", vid, dst.url, e)
+                raise
+
+        def run_finish():
             committed = False
             try:
                 failed = next((c.future.exception() for c in copies if c.future.exception()), None)
