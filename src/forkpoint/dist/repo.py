@@ -297,13 +297,13 @@ class Repo(BaseRepo):
         private = self.stores[k].url.startswith("mem://")
         return 0.0 if private or (k == 0 and self.node_ranks == [self.rank]) else self.sweep_grace
 
-    def restore(self, state, ref: str = "main", **kwargs) -> Version:
+    def restore(self, state, ref: str = "main", *args, **kwargs) -> Version:
         """Collective restore. With a node-local tier 0 the ranks agree on the version: `ref`
         as every rank sees it; if they see it differently (a node lost its tier 0), or some
         rank misses objects of it (another node wrote them and they were not flushed, e.g.
         after a change of world size), the version the shared tier below has for `ref`."""
         if not self.node_local:
-            return super().restore(state, ref, **kwargs)
+            return super().restore(state, ref, *args, **kwargs)
         import torch.distributed as dist
 
         try:
@@ -315,7 +315,7 @@ class Repo(BaseRepo):
         failure, failed = None, []
         if len(set(seen)) == 1 and mine is not None:
             try:
-                version = super().restore(state, mine, **kwargs)
+                version = super().restore(state, mine, *args, **kwargs)
             except (MissingObjectError, CorruptObjectError) as e:
                 failure = e
             flags = [None] * self.world
@@ -331,7 +331,7 @@ class Repo(BaseRepo):
                    f"ranks resolve {ref!r} differently ({sorted(set(map(str, seen)))})")
             raise MissingObjectError(f"{why}, and no shared tier of {self.url} has another version for "
                                      f"{ref!r}: a node lost its tier 0 before the version was flushed")
-        return super().restore(state, shared, **kwargs)
+        return super().restore(state, shared, *args, **kwargs)
 
     def _shared_version(self, ref: str) -> str | None:
         """`ref` as the shared tiers (below the node-local one) resolve it, or None."""
