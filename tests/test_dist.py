@@ -164,6 +164,9 @@ def test_sharded_saves_flow_through_tiers_and_survive_losing_the_fast_one(tmp_pa
 
 
 def test_node_local_tier_zero_holds_each_nodes_part_and_flushes_coordinated(tmp_path):
+    from click.testing import CliRunner
+
+    from forkpoint.cli.main import cli
     from forkpoint.format.objects import object_key
 
     nodes, shared = str(tmp_path / "nodes"), str(tmp_path / "shared")
@@ -174,6 +177,9 @@ def test_node_local_tier_zero_holds_each_nodes_part_and_flushes_coordinated(tmp_
     node0, node1, below = (fp.Repo(p) for p in (f"{nodes}/node0", f"{nodes}/node1", shared))
     newest = node0.manifest(ids[2])
     assert node1.manifest(ids[2]).to_bytes() == newest.to_bytes(), "every node records the version"
+    assert [t.get("local") for t in newest.version.tiers] == [True, None]
+    shown = CliRunner().invoke(cli, ["show", ids[2], "--repo", f"{nodes}/node0"], catch_exceptions=False).output
+    assert "node-local" in shown and "each node's own" in shown
     checked = set()
     for leaf in newest.leaves:
         keys = {object_key(o) for c in leaf.chunks for o in c.objects}

@@ -112,8 +112,9 @@ def show(ref, repo_url, as_json):
     console.print(f"  {'env':8} " + ", ".join(f"{k}={val}" for k, val in v.env.items()))
     held = set(repo.where(v.id))
     for i, t in enumerate(v.tiers):
+        where = "each node's own" if t.get("local") else ("holds it" if t["url"] in held else "does not hold it now")
         console.print(f"  {'tier ' + str(i):8} {t['url']} (keep {t['keep'] or 'all'}, flush every "
-                      f"{t['flush_every']}): {'holds it' if t['url'] in held else 'does not hold it now'}")
+                      f"{t['flush_every']}{', node-local' if t.get('local') else ''}): {where}")
     table = Table("path", "kind", "dtype", "shape", "size", "chunks", "codec")
     for leaf in leaves:
         table.add_row(leaf["path"], leaf["kind"], leaf["dtype"], "x".join(map(str, leaf["shape"])) or "()",

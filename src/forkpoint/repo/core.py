@@ -271,8 +271,8 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
 
     def _commit(self, manifest: Manifest) -> Version:
         record = manifest.version
-        record.tiers = record.tiers or [{"url": t.url, "keep": t.keep, "flush_every": t.flush_every}
-                                        for t in self.tier_specs]
+        record.tiers = record.tiers or [{"url": t.url, "keep": t.keep, "flush_every": t.flush_every,
+                                         **({"local": True} if t.local else {})} for t in self.tier_specs]
         for _ in range(1000):
             seq = self._ref_state_in(self.store, "heads", record.branch)[0]
             head = self._ref_state("heads", record.branch)[1]
