@@ -9,7 +9,7 @@ import threading
 
 import numpy as np
 
-from ..storage.memory import aligned_buffer
+from ..storage.memory import aligned_buffer, drop_free
 
 
 class StagingPool:
@@ -56,11 +56,7 @@ class StagingPool:
         return total
 
     def _trim(self, keep: int) -> None:
-        for size in sorted(self.free, reverse=True):
-            bucket = self.free[size]
-            while bucket and self.kept > keep:
-                bucket.pop()
-                self.kept -= size
+        self.kept = drop_free(self.free, self.kept, keep)
 
     def clear(self) -> None:
         """Drop every kept buffer."""

@@ -8,6 +8,8 @@ until the bytes are on the host); a hook about to overwrite the live tensor call
 
 import threading
 
+from ..storage.memory import drop_free
+
 
 class PinnedPool:
     """Page-locked uint8 host tensors under one byte limit, kept by exact size and reused
@@ -40,11 +42,7 @@ class PinnedPool:
             self.free.setdefault(buf.numel(), []).append(buf)
 
     def _trim(self, keep: int) -> None:
-        for size in sorted(self.free, reverse=True):
-            bucket = self.free[size]
-            while bucket and self.held > keep:
-                bucket.pop()
-                self.held -= size
+        self.held = drop_free(self.free, self.held, keep)
 
     def clear(self) -> None:
         """Drop every free buffer."""

@@ -26,6 +26,17 @@ def _available_bytes() -> int | None:
     return None
 
 
+def drop_free(free: dict, total: int, keep: int) -> int:
+    """Drop buffers from `free` ({size: [buffers]}), largest first, until `total` (the bytes
+    it counts, the dropped ones included) is at most `keep`; return the new total."""
+    for size in sorted(free, reverse=True):
+        bucket = free[size]
+        while bucket and total > keep:
+            bucket.pop()
+            total -= size
+    return total
+
+
 def aligned_buffer(nbytes: int, huge_pages: bool = False) -> np.ndarray:
     """A page-aligned uint8 buffer (anonymous memory mapping: direct I/O can write it), in huge
     pages where asked and the kernel has them (fewer faults on first touch)."""
