@@ -38,8 +38,8 @@ def main():
     ap.add_argument("--dir", default=None)
     args = ap.parse_args()
     scratch = tempfile.mkdtemp(prefix="fp-codecs-", dir=args.dir)
-    print("| dtype | codec | stored / logical | ratio | save (s) | MB/s |")
-    print("|---|---|---|---|---|---|")
+    print("| dtype | codec | stored / logical | ratio | save (s) | MB/s | CPU (core-s) |")
+    print("|---|---|---|---|---|---|---|")
     for dtype in (torch.float32, torch.bfloat16):
         state = trained_state(dtype)
         policies = {"raw": "raw", "zstd": "zstd", "lossless": "lossless", "auto": "auto"}
@@ -50,19 +50,21 @@ def main():
                 "Lossy(rel_error=1e-3) everywhere": fp.Lossy(rel_error=1e-3),
                 "Lossy(dtype=bfloat16) everywhere": fp.Lossy(dtype="bfloat16")})
         for name, codec in policies.items():
-            times, v = [], None
+            times, cpu, v = [], [], None
             for rep in range(args.repeats):
                 path = os.path.join(scratch, f"codec-{rep}")
                 repo = fp.Repo(path, create=True, codec=codec)
-                t0 = time.perf_counter()
+                c0, t0 = os.times(), time.perf_counter()
                 v = repo.save(state)
                 times.append(time.perf_counter() - t0)
+                c1 = os.times()
+                cpu.append(c1.user - c0.user + c1.system - c0.system)
                 repo.close()
                 shutil.rmtree(path)
             t = statistics.median(times)
             print(f"| {str(dtype).removeprefix('torch.')} | {name} | {v.stored_bytes / 2**20:.0f} / "
                   f"{v.logical_bytes / 2**20:.0f} MiB | {v.logical_bytes / v.stored_bytes:.3f} | {t:.2f} | "
-                  f"{v.logical_bytes / t / 1e6:.0f} |")
+                  f"{v.logical_bytes / t / 1e6:.0f} | {statistics.median(cpu):.2f} |")
     shutil.rmtree(scratch, ignore_errors=True)
 
 
