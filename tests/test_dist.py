@@ -199,6 +199,15 @@ def test_node_local_tier_zero_holds_each_nodes_part_and_flushes_coordinated(tmp_
     records = launch("node_local_restore", 4, tmp_path / "restore", nodes, shared, references, 2)
     assert [rec["result"]["matches"] for rec in records] == [[2]] * 4, "the newest, from the nodes"
     assert [rec["result"]["note"] for rec in records] == [[r, 2] for r in range(4)]
+    damaged = next(object_key(o) for leaf in newest.leaves if leaf.path == "fsdp/model/0.weight"
+                   for c in leaf.chunks for o in c.objects
+                   if node0.store.exists(object_key(o)) and not below.store.exists(object_key(o)))
+    with open(os.path.join(nodes, "node0", damaged), "r+b") as f:
+        f.seek(-8, os.SEEK_END)
+        f.write(b"\xff" * 8)
+    records = launch("node_local_restore", 4, tmp_path / "damaged", nodes, shared, references, 2)
+    assert all(rec["result"]["version"] == ids[1] and rec["result"]["matches"] == [1] for rec in records), \
+        "a corrupt object only one node held: every rank falls back to the flushed version"
     records = launch("node_local_restore", 2, tmp_path / "resized", nodes, shared, references, 1)
     assert [rec["result"]["version"] for rec in records] == [ids[1]] * 2, \
         "one node's tier lacks the other's shards: the flushed version, from the shared tier"
