@@ -36,15 +36,6 @@ class PlacementMixin:
                   for key in keys]
 
         def finish():
-            try:
-                run_finish()
-            except Exception as e:
-                with self._lock:
-                    self._flush_errors.append({"version": vid, "tier": k + 1, "error": f"{type(e).__name__}: {e}"})
-                log.warning("flush of version %s to %s failed: %s", vid, dst.url, e)
-                raise
-
-        def run_finish():
             committed = False
             try:
                 failed = next((c.future.exception() for c in copies if c.future.exception()), None)
@@ -58,6 +49,11 @@ class PlacementMixin:
                         if head is None or self._descends(vid, head):
                             self._move_ref(dst, "heads", m.version.branch, vid)
                     committed = True
+            except Exception as e:
+                with self._lock:
+                    self._flush_errors.append({"version": vid, "tier": k + 1, "error": f"{type(e).__name__}: {e}"})
+                log.warning("flush of version %s to %s failed: %s", vid, dst.url, e)
+                raise
             finally:
                 with self._evict_lock:
                     self._flushing.discard(vid)
