@@ -332,11 +332,14 @@ def _shared_restore(rank, world, out, shared, reference_path):
 def _node_local_flush_failure(rank, world, out, nodes, shared):
     """A node-local tier needs a shared tier below; a rank whose flush copies fail makes the
     coordinated flush fail on every rank, and the version stays on the nodes only."""
-    try:
-        fp.dist.Repo(tiers=[fp.tier(os.path.join(nodes, f"alone{rank}"), local=True)], create=True)
-        alone = None
-    except ValueError as e:
-        alone = str(e)
+    refusals = []
+    for tiers in ([fp.tier(os.path.join(nodes, f"alone{rank}"), local=True)],
+                  [fp.tier(os.path.join(nodes, f"unbounded{rank}"), local=True), shared]):
+        try:
+            fp.dist.Repo(tiers=tiers, create=True)
+            refusals.append(None)
+        except ValueError as e:
+            refusals.append(str(e))
     if rank == 1:
         import forkpoint.repo.placement as placement
 
@@ -358,4 +361,4 @@ def _node_local_flush_failure(rank, world, out, nodes, shared):
     got = repo.restore({"fsdp": restored}, "main").id
     same = all(torch.equal(a, b) for a, b in zip(full_state(state).values(), full_state(restored).values()))
     repo.close()
-    return {"alone": alone, "errors": errors, "where": where, "vid": vid, "restored": got, "same": same}
+    return {"refusals": refusals, "errors": errors, "where": where, "vid": vid, "restored": got, "same": same}

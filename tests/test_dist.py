@@ -250,7 +250,8 @@ def test_node_local_tier_refuses_to_stand_alone_and_reports_a_failed_flush(tmp_p
     records = launch("node_local_flush_failure", 2, tmp_path / "out", nodes, shared)
     for rec in records:
         result = rec["result"]
-        assert "shared tier below" in result["alone"]
+        alone, unbounded = result["refusals"]
+        assert "shared tier below" in alone and "give it keep=" in unbounded
         assert result["restored"] == result["vid"] and result["same"], "the nodes still hold it"
         assert [e["version"] for e in result["errors"]] == [result["vid"]]
         assert all(not w.endswith("shared") for w in result["where"])

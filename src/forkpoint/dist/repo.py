@@ -347,15 +347,21 @@ class Repo(BaseRepo):
 
 
 def _check_node_local(url, tiers) -> None:
-    """Refuse a node-local (or per-process mem://) tier 0 without a shared tier below it,
-    before any rank opens anything."""
+    """Refuse a node-local (or per-process mem://) tier 0 without a shared tier below it or
+    without `keep`, before any rank opens anything."""
     tiers = list(tiers) if tiers else [url]
     first = tiers[0]
     name = str(getattr(first, "url", first))
-    if (getattr(first, "local", False) or name.startswith("mem://")) and len(tiers) < 2:
+    if not (getattr(first, "local", False) or name.startswith("mem://")):
+        return
+    if len(tiers) < 2:
         raise ValueError(f"tier 0 ({name}) is node-local: give fp.dist.Repo a shared tier below it "
                          "(tiers=[fp.tier(local, local=True), shared]), where every node's part of a "
                          "version goes, or use storage every rank reaches")
+    if getattr(first, "keep", None) is None:
+        raise ValueError(f"tier 0 ({name}) is node-local: give it keep= (e.g. fp.tier({name!r}, keep=2, "
+                         "local=True)); retention (gc) runs on rank 0 alone, so only the tier's own keep "
+                         "bounds what the other nodes hold")
 
 
 def split_rank_local(tree, objects) -> tuple[object, list]:
