@@ -1,0 +1,167 @@
+"""Node-local tier 0 of a distributed repository: which ranks share it, the per-node record of
+each version, the coordinated flush to the shared tier below, eviction where other processes
+write, and a restore that agrees on a version every rank can read.
+
+Each node keeps a whole copy of the replicated state (spread over its ranks) and its ranks'
+shards; rank 0 gives each object of a flushed version to one rank that holds it, and commits
+the version below once every rank reported its copies durable.
+"""
+
+from ..errors import CorruptObjectError, MissingObjectError, RefNotFoundError
+from ..format.manifest import Manifest, Version
+from ..format.objects import object_key
+
+
+class NodeLocalMixin:
+    """The node-local behaviour of fp.dist.Repo (see the module doc); inert when tier 0 is
+    shared by every rank (`node_ranks` is None)."""
+
+    def _node_group(self, dist, host: str) -> list[int] | None:
+        """The ranks that share this rank's node-local tier 0 (None when tier 0 is shared by
+        all): same host and tier-0 URL; a `mem://` tier is private to its process."""
+        spec = self.tier_specs[0]
+        private = spec.url.startswith("mem://")
+        if not (spec.local or private):
+            return None
+        key = (host, spec.url, self.rank if private else None)
+        keys = [None] * self.world
+        dist.all_gather_object(keys, key, group=self._group)
+        return [r for r, k in enumerate(keys) if k == key]
+
+    @property
+    def node_local(self) -> bool:
+        """True when tier 0 is local to each node (or process)."""
+        return self.node_ranks is not None
+
+    def _record_locally(self, vid: str, data: bytes, flush: list[str]) -> None:
+        """(Other ranks, node-local tier 0) the first rank of each node writes a version rank 0
+        committed into the node's tier 0 and moves the branch head there; then every rank
+        flushes and evicts as after a commit."""
+        manifest = Manifest.from_bytes(data, f"save outcome of version {vid}")
+        key = f"versions/{vid}.json"
+        if self.node_ranks[0] == self.rank and not self.store.exists(key):
+            self.store.write(key, [data])
+            self.store.barrier([key])
+            with self._tier_locks[0]:
+                self._move_ref(self.store, "heads", manifest.version.branch, vid)
+        with self._lock:
+            self._manifests[vid] = manifest
+        self._next_assign = flush
+        try:
+            self._after_commit(vid, 0)
+        finally:
+            self._next_assign = None
+
+    def _after_commit(self, vid: str, k: int) -> None:
+        if k == 0 and self.node_local:
+            self._flush_assign = {vid: list(self._next_assign or [])}
+        super()._after_commit(vid, k)
+
+    def _flush_keys(self, vid: str, k: int, m: Manifest) -> list[str]:
+        if k == 0 and self.node_local:
+            return [object_key(o) for o in self._flush_assign.pop(vid, [])]
+        return super()._flush_keys(vid, k, m)
+
+    def _flush_gate(self, vid: str, k: int, failed: BaseException | None) -> bool:
+        """(Node-local tier 0) report this rank's copies; rank 0 waits for every rank's report
+        and then commits the version below; a failed or missing report fails the flush."""
+        if not (k == 0 and self.node_local):
+            return super()._flush_gate(vid, k, failed)
+        sid = f"flush-{vid}"
+        self.coordinator.publish(sid, {"error": f"{type(failed).__name__}: {failed}"} if failed else {})
+        if failed is not None:
+            raise failed
+        if self.rank != 0:
+            return False
+        self.coordinator.gather(sid)
+        return True
+
+    def _writes_below(self, k: int) -> bool:
+        return not (k == 0 and self.node_local and self.rank != 0)
+
+    def _sweep_min_age(self, k: int) -> float:
+        private = self.stores[k].url.startswith("mem://")
+        return 0.0 if private or (k == 0 and self.node_ranks == [self.rank]) else self.sweep_grace
+
+    def restore(self, state, ref: str = "main", *args, **kwargs) -> Version:
+        """Collective restore. With a node-local tier 0 the ranks agree on the version: `ref`
+        as every rank sees it; if they see it differently (a node lost its tier 0), or some
+        rank misses objects of it (another node wrote them and they were not flushed, e.g.
+        after a change of world size), the version the shared tier below has for `ref`."""
+        if not self.node_local:
+            return super().restore(state, ref, *args, **kwargs)
+        import torch.distributed as dist
+
+        try:
+            mine = self.resolve(ref)
+        except RefNotFoundError:
+            mine = None
+        seen = [None] * self.world
+        dist.all_gather_object(seen, mine, group=self._group)
+        failure, failed = None, []
+        if len(set(seen)) == 1 and mine is not None:
+            try:
+                version = super().restore(state, mine, *args, **kwargs)
+            except (MissingObjectError, CorruptObjectError) as e:
+                failure = e
+            flags = [None] * self.world
+            dist.all_gather_object(flags, failure is not None, group=self._group)
+            failed = [r for r, f in enumerate(flags) if f]
+            if not failed:
+                return version
+        shared = self._shared_version(ref)
+        if shared is None or (failed and shared == mine):
+            if failure is not None:
+                raise failure
+            why = (f"rank(s) {failed} could not read version {mine}" if failed else
+                   f"ranks resolve {ref!r} differently ({sorted(set(map(str, seen)))})")
+            raise MissingObjectError(f"{why}, and no shared tier of {self.url} has another version for "
+                                     f"{ref!r}: a node lost its tier 0 before the version was flushed")
+        return super().restore(state, shared, *args, **kwargs)
+
+    def _shared_version(self, ref: str) -> str | None:
+        """`ref` as the shared tiers (below the node-local one) resolve it, or None."""
+        for store in self.stores[1:]:
+            for kind in ("heads", "tags"):
+                target = self._ref_state_in(store, kind, ref)[1]
+                if target is not None:
+                    return target
+        if all(c in "0123456789abcdef" for c in ref) and any(
+                st.exists(f"versions/{ref}.json") for st in self.stores[1:]):
+            return ref
+        return None
+
+
+
+def check_node_local(url, tiers) -> None:
+    """Refuse a node-local (or per-process mem://) tier 0 without a shared tier below it or
+    without `keep`, before any rank opens anything."""
+    tiers = list(tiers) if tiers else [url]
+    first = tiers[0]
+    name = str(getattr(first, "url", first))
+    if not (getattr(first, "local", False) or name.startswith("mem://")):
+        return
+    if len(tiers) < 2:
+        raise ValueError(f"tier 0 ({name}) is node-local: give fp.dist.Repo a shared tier below it "
+                         "(tiers=[fp.tier(local, local=True), shared]), where every node's part of a "
+                         "version goes, or use storage every rank reaches")
+    if getattr(first, "keep", None) is None:
+        raise ValueError(f"tier 0 ({name}) is node-local: give it keep= (e.g. fp.tier({name!r}, keep=2, "
+                         "local=True)); retention (gc) runs on rank 0 alone, so only the tier's own keep "
+                         "bounds what the other nodes hold")
+
+
+def assign_flush(manifest: Manifest, parts: list[dict]) -> list[list[str]]:
+    """(Node-local tier 0) which objects each rank copies to the shared tier: each object of
+    the manifest goes to the rank holding it that has the fewest so far (rank 0 takes those
+    no rank holds: they must be on the shared tier already)."""
+    holders: dict[str, list[int]] = {}
+    for r, part in enumerate(parts):
+        for o in part.get("held", ()):
+            holders.setdefault(o, []).append(r)
+    out: list[list[str]] = [[] for _ in parts]
+    objects = sorted({o for leaf in manifest.leaves for c in leaf.chunks for o in c.objects})
+    for o in objects:
+        ranks = holders.get(o, [0])
+        out[min(ranks, key=lambda r: (len(out[r]), r))].append(o)
+    return out
