@@ -362,3 +362,39 @@ def _node_local_flush_failure(rank, world, out, nodes, shared):
     same = all(torch.equal(a, b) for a, b in zip(full_state(state).values(), full_state(restored).values()))
     repo.close()
     return {"refusals": refusals, "errors": errors, "where": where, "vid": vid, "restored": got, "same": same}
+
+
+def _node_local_crash(rank, world, out, nodes, shared):
+    """Two versions into node-local tiers (flush every 2nd), then rank 1 is SIGKILLed while its
+    copies for the second version's coordinated flush run (slowed down here so that the kill
+    lands during them); the survivors' flush fails and reports it."""
+    fsdp, fopt = build_fsdp()
+    ddp, dopt = build_ddp()
+    repo = fp.dist.Repo(tiers=_node_tiers(nodes, shared, rank), create=True, timeout=5)
+    if rank == 1:
+        import time
+
+        import forkpoint.repo.placement as placement
+
+        real = placement.copy_object
+
+        def slow(sources, dst, key):
+            time.sleep(60)
+            return real(sources, dst, key)
+
+        placement.copy_object = slow
+    ids, references = [], []
+    for step in range(2):
+        train(fsdp, fopt, "fsdp", 1, rank)
+        train(ddp, dopt, "ddp", 1, rank)
+        state = _mixed_state(fsdp, fopt, ddp, dopt, rank, step)
+        ids.append(repo.save(state, step=step).id)
+        references.append(_mixed_reference(state))
+    if rank == 0:
+        torch.save(references, os.path.join(out, "references.pt"))
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    repo.drain()
+    errors = repo.stats()["flush_errors"]
+    repo.close()
+    return {"ids": ids, "errors": errors}

@@ -259,3 +259,17 @@ def test_node_local_tier_refuses_to_stand_alone_and_reports_a_failed_flush(tmp_p
     assert "unreachable" in records[1]["result"]["errors"][0]["error"]
     assert "rank 1" in records[0]["result"]["errors"][0]["error"], "rank 0 names the rank that failed"
     assert fp.Repo(shared).branches() == {}
+
+
+def test_a_rank_killed_during_a_coordinated_flush_loses_nothing_the_nodes_committed(tmp_path):
+    nodes, shared = str(tmp_path / "nodes"), str(tmp_path / "shared")
+    records = launch("node_local_crash", 4, tmp_path / "crash", nodes, shared)
+    assert records[1] is None, "rank 1 was killed"
+    ids = records[0]["result"]["ids"]
+    assert [e["version"] for e in records[0]["result"]["errors"]] == [ids[1]], "rank 0 reports the flush"
+    assert "rank(s) [1]" in records[0]["result"]["errors"][0]["error"]
+    assert not fp.Repo(shared).store.exists(f"versions/{ids[1]}.json")
+    references = str(tmp_path / "crash" / "references.pt")
+    records = launch("node_local_restore", 4, tmp_path / "restart", nodes, shared, references, 2)
+    assert all(rec["result"]["version"] == ids[1] and rec["result"]["matches"] == [1] for rec in records), \
+        "the restarted job resumes from the version the nodes hold"
