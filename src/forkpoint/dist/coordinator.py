@@ -52,25 +52,29 @@ class Coordinator:
             raise DistSaveError(f"save {sid} failed on {len(failed)} rank(s), no version was committed: {detail}")
         return parts
 
-    def announce(self, sid: str, outcome: dict) -> None:
-        """(Coordinator) tell every rank how save `sid` ended; after a commit, wait (up to the
-        timeout) until every rank has read it, so that the store, which rank 0 may host,
-        outlives their reads; then remove the save's keys."""
+    def announce(self, sid: str, outcome: dict, extras: dict | None = None, cleanup=()) -> None:
+        """(Coordinator) tell every rank how save `sid` ended, with `extras` ({key: value}) for
+        them to fetch; after a commit, wait (up to the timeout) until every rank has read what
+        it needs, so that the store, which rank 0 may host, outlives their reads; then remove
+        the save's keys (and the `cleanup` keys other ranks set)."""
         if self.world == 1:
             return
+        for key, value in (extras or {}).items():
+            self.store.set(f"{sid}/{key}", value)
         self.store.set(f"{sid}/outcome", json.dumps(outcome))
         if "error" in outcome:
             return
         try:
             self.store.wait([f"{sid}/done"], timedelta(seconds=self.timeout))
-            for key in ("outcome", "read", "done"):
+            for key in ("outcome", "read", "done", *(extras or {}), *cleanup):
                 self.store.delete_key(f"{sid}/{key}")
         except Exception:
             pass
 
-    def outcome(self, sid: str) -> dict:
+    def outcome(self, sid: str, fetch=None) -> dict:
         """(Other ranks) wait for the outcome of save `sid`: the coordinator needs up to the
-        timeout to gather parts, so this waits twice as long before giving up."""
+        timeout to gather parts, so this waits twice as long before giving up. `fetch(outcome)`
+        runs before this rank acknowledges it (reads of the save's other keys go there)."""
         key = f"{sid}/outcome"
         try:
             self.store.wait([key], timedelta(seconds=2 * self.timeout))
@@ -81,11 +85,29 @@ class Coordinator:
                 f"({type(e).__name__}: {e}); it may have died. No version is known to have been committed"
             ) from None
         try:
-            if self.store.add(f"{sid}/read", 1) == self.world - 1:
-                self.store.set(f"{sid}/done", "1")
-        except Exception:
-            pass
+            if fetch is not None and "error" not in outcome:
+                fetch(outcome)
+        finally:
+            try:
+                if self.store.add(f"{sid}/read", 1) == self.world - 1:
+                    self.store.set(f"{sid}/done", "1")
+            except Exception:
+                pass
         return outcome
+
+    def get(self, sid: str, key: str, wait: bool = False) -> bytes:
+        """The value of a key of save `sid` (waiting up to the timeout for it with `wait`)."""
+        if wait:
+            try:
+                self.store.wait([f"{sid}/{key}"], timedelta(seconds=self.timeout))
+            except Exception:
+                raise DistSaveError(f"save {sid}: {key} did not appear within {self.timeout:.0f} s; "
+                                    "the rank that sets it may have died") from None
+        return self.store.get(f"{sid}/{key}")
+
+    def set(self, sid: str, key: str, value) -> None:
+        """Set a key of save `sid` for other ranks to read."""
+        self.store.set(f"{sid}/{key}", value)
 
     def _has(self, key: str) -> bool:
         try:

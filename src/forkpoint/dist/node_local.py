@@ -7,6 +7,8 @@ shards; rank 0 gives each object of a flushed version to one rank that holds it,
 the version below once every rank reported its copies durable.
 """
 
+import json
+
 from ..errors import CorruptObjectError, MissingObjectError, RefNotFoundError
 from ..format.manifest import Manifest, Version
 from ..format.objects import object_key
@@ -18,14 +20,17 @@ class NodeLocalMixin:
 
     def _node_group(self, dist, host: str) -> list[int] | None:
         """The ranks that share this rank's node-local tier 0 (None when tier 0 is shared by
-        all): same host and tier-0 URL; a `mem://` tier is private to its process."""
+        all): same host and tier-0 URL; a `mem://` tier is private to its process. Sets
+        `node_leaders`, the first rank of every node."""
         spec = self.tier_specs[0]
         private = spec.url.startswith("mem://")
+        self.node_leaders: list[int] = []
         if not (spec.local or private):
             return None
         key = (host, spec.url, self.rank if private else None)
         keys = [None] * self.world
         dist.all_gather_object(keys, key, group=self._group)
+        self.node_leaders = sorted({keys.index(k) for k in keys})
         return [r for r, k in enumerate(keys) if k == key]
 
     @property
@@ -33,24 +38,30 @@ class NodeLocalMixin:
         """True when tier 0 is local to each node (or process)."""
         return self.node_ranks is not None
 
-    def _record_locally(self, vid: str, data: bytes, flush: list[str]) -> None:
-        """(Other ranks, node-local tier 0) the first rank of each node writes a version rank 0
-        committed into the node's tier 0 and moves the branch head there; then every rank
-        flushes and evicts as after a commit."""
-        manifest = Manifest.from_bytes(data, f"save outcome of version {vid}")
+    def _record_locally(self, sid: str, vid: str) -> list[str]:
+        """(Other ranks, node-local tier 0) the first rank of each node fetches the manifest
+        rank 0 committed, writes it into the node's tier 0, moves the branch head there and
+        says so; the node's other ranks then read it from there (so the process group's store
+        serves the manifest once per node). Return the objects this rank flushes."""
+        flush = json.loads(self.coordinator.get(sid, f"flush/{self.rank}"))
         key = f"versions/{vid}.json"
-        if self.node_ranks[0] == self.rank and not self.store.exists(key):
-            self.store.write(key, [data])
-            self.store.barrier([key])
-            with self._tier_locks[0]:
-                self._move_ref(self.store, "heads", manifest.version.branch, vid)
+        leader = self.node_ranks[0]
+        if leader == self.rank:
+            data = self.coordinator.get(sid, "manifest")
+            manifest = Manifest.from_bytes(data, f"save outcome of version {vid}")
+            if not self.store.exists(key):
+                self.store.write(key, [data])
+                self.store.barrier([key])
+                with self._tier_locks[0]:
+                    self._move_ref(self.store, "heads", manifest.version.branch, vid)
+            self.coordinator.set(sid, f"recorded/{self.rank}", "1")
+        else:
+            if leader != 0:
+                self.coordinator.get(sid, f"recorded/{leader}", wait=True)
+            manifest = Manifest.from_bytes(self.store.read(key), f"{self.store.url}/{key}")
         with self._lock:
             self._manifests[vid] = manifest
-        self._next_assign = flush
-        try:
-            self._after_commit(vid, 0)
-        finally:
-            self._next_assign = None
+        return flush
 
     def _after_commit(self, vid: str, k: int) -> None:
         if k == 0 and self.node_local:

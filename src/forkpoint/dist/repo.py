@@ -210,21 +210,29 @@ class Repo(NodeLocalMixin, BaseRepo):
             raise DistSaveError(f"save {sid} did not commit: {type(e).__name__}: {e}") from e
         finally:
             self._next_assign = None
-        outcome = {"id": version.id}
+        extras, cleanup = {}, []
         if self.node_local:
-            outcome.update(manifest=manifest.to_bytes().decode(), flush=assignment)
-        self.coordinator.announce(sid, outcome)
+            extras = {"manifest": manifest.to_bytes(),
+                      **{f"flush/{r}": json.dumps(keys) for r, keys in enumerate(assignment) if r}}
+            cleanup = [f"recorded/{r}" for r in self.node_leaders if r]
+        self.coordinator.announce(sid, {"id": version.id}, extras, cleanup)
         return version
 
     def _await_outcome(self, sid: str, part) -> Version:
         """(Other ranks) wait for rank 0's outcome; return the committed Version (with a
         node-local tier 0, after recording it there)."""
-        outcome = self.coordinator.outcome(sid)
+        flush = []
+        outcome = self.coordinator.outcome(
+            sid, (lambda o: flush.append(self._record_locally(sid, o["id"]))) if self.node_local else None)
         if "error" in outcome:
             raise DistSaveError(f"save {sid} did not commit (reported by rank 0): {outcome['error']}")
         part.result()
-        if "manifest" in outcome:
-            self._record_locally(outcome["id"], outcome["manifest"].encode(), outcome["flush"][self.rank])
+        if flush:
+            self._next_assign = flush[0]
+            try:
+                self._after_commit(outcome["id"], 0)
+            finally:
+                self._next_assign = None
         return self._manifest_by_id(outcome["id"]).version
 
 def split_rank_local(tree, objects) -> tuple[object, list]:
