@@ -14,6 +14,11 @@ from ..format.manifest import Manifest, Version
 from ..format.objects import object_key
 
 
+def process_private(url: str) -> bool:
+    """True for a store only its own process reaches (the in-memory tier)."""
+    return url.startswith("mem://")
+
+
 class NodeLocalMixin:
     """The node-local behaviour of fp.dist.Repo (see the module doc); inert when tier 0 is
     shared by every rank (`node_ranks` is None)."""
@@ -23,7 +28,7 @@ class NodeLocalMixin:
         all): same host and tier-0 URL; a `mem://` tier is private to its process. Sets
         `node_leaders`, the first rank of every node."""
         spec = self.tier_specs[0]
-        private = spec.url.startswith("mem://")
+        private = process_private(spec.url)
         self.node_leaders: list[int] = []
         if not (spec.local or private):
             return None
@@ -63,14 +68,11 @@ class NodeLocalMixin:
             self._manifests[vid] = manifest
         return flush
 
-    def _after_commit(self, vid: str, k: int) -> None:
-        if k == 0 and self.node_local:
-            self._flush_assign = {vid: list(self._next_assign or [])}
-        super()._after_commit(vid, k)
-
     def _flush_keys(self, vid: str, k: int, m: Manifest) -> list[str]:
+        """(Node-local tier 0) this rank's share of the flush: `_next_assign`, which the commit
+        of `vid` sets around its `_after_commit` call (the flush is scheduled within it)."""
         if k == 0 and self.node_local:
-            return [object_key(o) for o in self._flush_assign.pop(vid, [])]
+            return [object_key(o) for o in self._next_assign or []]
         return super()._flush_keys(vid, k, m)
 
     def _flush_gate(self, vid: str, k: int, failed: BaseException | None) -> bool:
@@ -91,7 +93,7 @@ class NodeLocalMixin:
         return not (k == 0 and self.node_local and self.rank != 0)
 
     def _sweep_min_age(self, k: int) -> float:
-        private = self.stores[k].url.startswith("mem://")
+        private = process_private(self.stores[k].url)
         return 0.0 if private or (k == 0 and self.node_ranks == [self.rank]) else self.sweep_grace
 
     def restore(self, state, ref: str = "main", *args, **kwargs) -> Version:
@@ -150,7 +152,7 @@ def check_node_local(url, tiers) -> None:
     tiers = list(tiers) if tiers else [url]
     first = tiers[0]
     name = str(getattr(first, "url", first))
-    if not (getattr(first, "local", False) or name.startswith("mem://")):
+    if not (getattr(first, "local", False) or process_private(name)):
         return
     if len(tiers) < 2:
         raise ValueError(f"tier 0 ({name}) is node-local: give fp.dist.Repo a shared tier below it "

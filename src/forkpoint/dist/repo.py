@@ -77,7 +77,6 @@ class Repo(NodeLocalMixin, BaseRepo):
         self._saves = 0
         self.sweep_grace = sweep_grace
         self.node_ranks = self._node_group(dist, hosts[rank])
-        self._flush_assign: dict[str, list[str]] = {}
         self._next_assign: list[str] | None = None
 
     def _rank_world(self) -> tuple[int, int]:
