@@ -32,6 +32,28 @@ def test_lossless_round_trip_is_bit_exact(tmp_path, dtype):
     repo.close()
 
 
+def test_synchronous_encoded_saves_read_live_memory_without_staging(tmp_path, monkeypatch):
+    """A synchronous lossless save encodes large chunks straight from the tensors (no staging
+    copy); an asynchronous one still copies them first (the caller may change them)."""
+    from forkpoint.engine.staging import StagingPool
+
+    taken = []
+    real_get = StagingPool.get
+    monkeypatch.setattr(StagingPool, "get", lambda self, n: (taken.append(n), real_get(self, n))[1])
+    big = _trained_like(torch.float32, 1_000_000)
+    repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless")
+    repo.save({"big": big})
+    assert big.nbytes not in taken, "the sync save staged the chunk"
+    assert [c.codec for c in repo.manifest().leaves[0].chunks] == ["float-planes"]
+    pending = repo.save({"big": big * 2}, sync=False)
+    pending.wait_capture()
+    assert big.nbytes in taken, "the async save must copy before the caller may change the tensor"
+    pending.wait()
+    assert torch.equal(repo.load("main~1")["big"], big) and torch.equal(repo.load()["big"], big * 2)
+    assert repo.verify().ok
+    repo.close()
+
+
 def test_byte_planes_beat_plain_zstd_on_float_weights(tmp_path):
     sizes = {}
     for codec in ("raw", "zstd", "lossless"):

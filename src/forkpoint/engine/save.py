@@ -82,6 +82,7 @@ def policy_for(rules: list[tuple[str, str]], path: str) -> str:
 DIRECT_MIN_BYTES = 1 << 20
 AUTO_SAMPLE_BYTES = 256 << 10
 AUTO_MIN_RATIO = 1.05
+ENCODING_POLICIES = ("lossless", "zstd")
 
 
 
@@ -284,8 +285,10 @@ def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf
     Each chunk is copied (captured) into a page-aligned staging buffer, then hashed and
     written from there with direct I/O where the store supports it; the live tensors may
     change once their captures are done. An asynchronous save's capture only copies, so the
-    training loop waits for nothing more; a synchronous one hashes each block while in cache. `staging` names the budget resource the buffers
-    count against ("staging" for asynchronous saves, "window" for synchronous ones).
+    training loop waits for nothing more; a synchronous one hashes each block while in cache,
+    and encodes chunks of an encoding policy (lossless, zstd) straight from live memory (the
+    encoder's output is the copy). `staging` names the budget resource the buffers count
+    against ("staging" for asynchronous saves, "window" for synchronous ones).
     `deltas` (an engine.delta.DeltaPlan) stores chunks against the parent's where smaller.
     `pack_key(leaf index)` keeps leaves with different keys out of one pack.
     """
@@ -416,8 +419,11 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
     d = plan.flat[index].data
     deltas = plan.deltas if plan.deltas is not None and policy != "raw" and d.kind in ("torch", "numpy") else None
     head = raw_header_size(n) if policy == "raw" else None
+    in_place = staging == "window" and lossy is None and policy in ENCODING_POLICIES and d.pending is None
 
     def capture():
+        if in_place:
+            return [None, piece, False, *hash_with_table(piece), None]
         _await_device(d)
         owned = plan.writer.store.object_buffer(head + n) if head is not None else None
         buf = pool.get(n) if owned is None else owned
@@ -455,7 +461,8 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
             codec = plan.writer.put(digest, data, itemsize, floating, policy, table)
             return Chunk(*box, digest, digest, 0, n, codec, info)
         finally:
-            pool.give(buf)
+            if buf is not None:
+                pool.give(buf)
 
     task = sched.submit("write", write_staged, priority=Priority.WRITE, needs=io,
                         frees={**io, staging: n}, deps=[cap], nbytes=n, tier=tier)

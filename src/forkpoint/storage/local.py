@@ -14,7 +14,7 @@ from .base import Store
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 BLOCK = 4096
 DIRECT_PIECE = 16 << 20
-DIRECT_BOUNCE = 1 << 20
+DIRECT_BOUNCE = 4 << 20
 DIRECT_MIN = 1 << 20
 
 
@@ -25,18 +25,21 @@ def _address(view: memoryview) -> int:
 
 
 def direct_eligible(parts) -> bool:
-    """True when `parts` can go to disk with O_DIRECT: each part but the last whole blocks,
-    and each part either block-aligned in memory or small (copied through an aligned buffer);
-    at least 1 MiB in all (smaller files gain nothing from bypassing the page cache)."""
-    views = [memoryview(p).cast("B") for p in parts]
-    if not views or sum(v.nbytes for v in views) < DIRECT_MIN:
-        return False
-    for i, view in enumerate(views):
-        if i < len(views) - 1 and view.nbytes % BLOCK:
-            return False
-        if view.nbytes > DIRECT_BOUNCE and _address(view) % BLOCK:
-            return False
-    return True
+    """True when `parts` are worth writing with O_DIRECT: at least 1 MiB in all (smaller
+    files gain nothing from bypassing the page cache)."""
+    return sum(memoryview(p).nbytes for p in parts) >= DIRECT_MIN
+
+
+_BOUNCE = threading.local()
+
+
+def _bounce() -> memoryview:
+    """This thread's page-aligned buffer for parts that cannot go to disk from where they lie
+    (reused: fresh pages cost more than the copy)."""
+    buf = getattr(_BOUNCE, "buf", None)
+    if buf is None:
+        buf = _BOUNCE.buf = memoryview(mmap.mmap(-1, DIRECT_BOUNCE))
+    return buf
 
 
 _INFLIGHT: set[str] = set()
@@ -92,8 +95,10 @@ class LocalStore(Store):
         return memoryview(mapped)[offset:offset + length]
 
     def _write_direct(self, tmp: str, parts: Sequence) -> bool:
-        """Write `parts` (see direct_eligible) with O_DIRECT, the unaligned tail buffered, and
-        fsync; False if the file system refuses O_DIRECT."""
+        """Write `parts` with O_DIRECT and fsync; False if the file system refuses O_DIRECT.
+        Block-aligned runs of aligned memory go to disk as they lie; everything else is
+        gathered through this thread's aligned bounce buffer; the last partial block is
+        written buffered."""
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o644)
         except OSError as e:
@@ -104,35 +109,38 @@ class LocalStore(Store):
         views = [memoryview(p).cast("B") for p in parts]
         total = sum(v.nbytes for v in views)
         aligned_end = total - total % BLOCK
+        bounce = _bounce()
         tail = bytearray()
+        pos = fill = written = 0
+
+        def put(source: memoryview, offset: int) -> None:
+            nonlocal written
+            done = 0
+            while done < source.nbytes:
+                done += os.pwrite(fd, source[done:done + DIRECT_PIECE], offset + done)
+            written += done
+
         try:
-            offset = 0
             for view in views:
-                whole = max(0, min(view.nbytes, aligned_end - offset))
-                whole -= whole % BLOCK
-                if whole and _address(view) % BLOCK:
-                    bounce = mmap.mmap(-1, whole)
-                    bounce[:] = view[:whole]
-                    source = memoryview(bounce)
-                else:
-                    bounce, source = None, view[:whole]
-                try:
-                    done = 0
-                    while done < whole:
-                        done += os.pwrite(fd, source[done:min(whole, done + DIRECT_PIECE)], offset + done)
-                except OSError as e:
-                    if e.errno != errno.EINVAL or offset:
-                        raise
-                    os.close(fd)
-                    os.unlink(tmp)
-                    self.direct_io = False
-                    return False
-                finally:
-                    source.release()
-                    if bounce is not None:
-                        bounce.close()
-                tail += view[whole:]
-                offset += view.nbytes
+                while view.nbytes and pos < aligned_end:
+                    whole = min(view.nbytes, aligned_end - pos)
+                    whole -= whole % BLOCK
+                    if whole and pos % BLOCK == 0 and _address(view) % BLOCK == 0:
+                        if fill:
+                            put(bounce[:fill], pos - fill)
+                            fill = 0
+                        put(view[:whole], pos)
+                    else:
+                        whole = min(view.nbytes, bounce.nbytes - fill, aligned_end - pos)
+                        bounce[fill:fill + whole] = view[:whole]
+                        fill += whole
+                        if fill == bounce.nbytes or pos + whole == aligned_end:
+                            put(bounce[:fill], pos + whole - fill)
+                            fill = 0
+                    view = view[whole:]
+                    pos += whole
+                tail += view
+                pos += view.nbytes
             if tail:
                 buffered = os.open(tmp, os.O_WRONLY)
                 try:
@@ -143,11 +151,17 @@ class LocalStore(Store):
                 finally:
                     os.close(buffered)
             os.fsync(fd)
+        except OSError as e:
+            if e.errno != errno.EINVAL or written:
+                raise
+            os.close(fd)
+            fd = -1
+            os.unlink(tmp)
+            self.direct_io = False
+            return False
         finally:
-            try:
+            if fd >= 0:
                 os.close(fd)
-            except OSError:
-                pass
         return True
 
     def _write_temp(self, parts: Sequence, durable: bool) -> str:
