@@ -32,24 +32,26 @@ def test_lossless_round_trip_is_bit_exact(tmp_path, dtype):
     repo.close()
 
 
-def test_synchronous_encoded_saves_read_live_memory_without_staging(tmp_path, monkeypatch):
+def test_synchronous_encoded_saves_read_live_memory_without_a_copy(tmp_path, monkeypatch):
     """A synchronous lossless save encodes large chunks straight from the tensors (no staging
-    copy); an asynchronous one still copies them first (the caller may change them)."""
-    from forkpoint.engine.staging import StagingPool
+    copy); an asynchronous one copies them first, so the caller may change them once the
+    capture is done."""
+    from forkpoint.engine import save
 
-    taken = []
-    real_get = StagingPool.get
-    monkeypatch.setattr(StagingPool, "get", lambda self, n: (taken.append(n), real_get(self, n))[1])
+    copied = []
+    real = save._copy_and_hash
+    monkeypatch.setattr(save, "_copy_and_hash", lambda src, dst: (copied.append(src.nbytes), real(src, dst))[1])
     big = _trained_like(torch.float32, 1_000_000)
+    original = big.clone()
     repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless")
     repo.save({"big": big})
-    assert big.nbytes not in taken, "the sync save staged the chunk"
+    assert big.nbytes not in copied, "the sync save copied the chunk before encoding it"
     assert [c.codec for c in repo.manifest().leaves[0].chunks] == ["float-planes"]
-    pending = repo.save({"big": big * 2}, sync=False)
+    pending = repo.save({"big": big}, step=2, sync=False)
     pending.wait_capture()
-    assert big.nbytes in taken, "the async save must copy before the caller may change the tensor"
+    big.mul_(2)
     pending.wait()
-    assert torch.equal(repo.load("main~1")["big"], big) and torch.equal(repo.load()["big"], big * 2)
+    assert torch.equal(repo.load("main~1")["big"], original) and torch.equal(repo.load()["big"], original)
     assert repo.verify().ok
     repo.close()
 
@@ -172,6 +174,9 @@ def test_float_codec_pieces_are_the_payload_and_outlive_later_encodes():
     assert bytes(floatcodec.decode(joined, weights.nbytes)) == weights.tobytes()
     zstd = codec_by_name("zstd")
     assert b"".join(zstd.pieces(memoryview(moments.view(np.uint8)), 4)) == zstd.encode(memoryview(moments.view(np.uint8)), 4)
+    scratch = np.full(weights.nbytes + 100, 0xAB, np.uint8)
+    assert b"".join(codec_by_name("float-planes").pieces(weights.view(np.uint8), 4, 2, scratch)) == joined, \
+        "a caller's scratch buffer gives the same payload"
 
 
 def test_damaged_float_payload_is_refused(tmp_path):

@@ -112,11 +112,12 @@ class ObjectWriter:
         return policy_for(self.rules, path)
 
     def put(self, digest: str, data: np.ndarray, itemsize: int = 1, floating: bool = False,
-            policy: str | None = None, table: bytes | None = None, owned=None) -> str:
+            policy: str | None = None, table: bytes | None = None, owned=None, scratch=None) -> str:
         """Ensure object `digest` holding `data` exists; return the codec name it is stored with.
         `table` is the data's block digest table when the caller has it already. `owned` is a
         buffer from the store's `object_buffer` whose tail is `data` (raw policy): the store
-        adopts it as the object instead of copying, or gets it back when nothing is written."""
+        adopts it as the object instead of copying, or gets it back when nothing is written.
+        `scratch` (uint8, the data's size) is memory the encoder may use (see Codec.pieces)."""
         key = object_key(digest)
         with self.lock:
             event = self.claimed.get(digest)
@@ -144,7 +145,7 @@ class ObjectWriter:
                 codec = codec_for("lossless" if isinstance(policy, Lossy) else policy, itemsize, floating)
                 if policy == "auto" and not self.worth_encoding(data, codec, itemsize):
                     codec = codec_by_name("raw")
-                codec_name = self._write(key, data, codec, itemsize, table)
+                codec_name = self._write(key, data, codec, itemsize, table, scratch)
             self.codecs[digest] = codec_name
             return codec_name
         finally:
@@ -170,11 +171,12 @@ class ObjectWriter:
         ratio = sample.nbytes / max(1, len(encoded))
         return ratio >= AUTO_MIN_RATIO and seconds / sample.nbytes + 1 / (ratio * bandwidth) < 1 / bandwidth
 
-    def _write(self, key: str, data: np.ndarray, codec, itemsize: int, table: bytes | None) -> str:
+    def _write(self, key: str, data: np.ndarray, codec, itemsize: int, table: bytes | None,
+               scratch=None) -> str:
         view = memoryview(data).cast("B")
         payload = [view]
         if codec.id != 0:
-            encoded = codec.pieces(view, itemsize)
+            encoded = codec.pieces(view, itemsize, scratch=scratch)
             if sum(memoryview(p).nbytes for p in encoded) < 0.95 * view.nbytes:
                 payload = encoded
             else:
@@ -458,7 +460,12 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
                                      itemsize, floating, policy, info)
                 if chunk is not None:
                     return chunk
-            codec = plan.writer.put(digest, data, itemsize, floating, policy, table)
+            scratch = pool.get(n) if head is None else None
+            try:
+                codec = plan.writer.put(digest, data, itemsize, floating, policy, table, scratch=scratch)
+            finally:
+                if scratch is not None:
+                    pool.give(scratch)
             return Chunk(*box, digest, digest, 0, n, codec, info)
         finally:
             if buf is not None:

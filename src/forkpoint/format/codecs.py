@@ -24,11 +24,12 @@ class Codec:
     decode: Callable[[bytes | memoryview, int], bytes | memoryview]
     encode_pieces: Callable[..., list] | None = None
 
-    def pieces(self, data, itemsize: int = 1, threads: int | None = None) -> list:
+    def pieces(self, data, itemsize: int = 1, threads: int | None = None, scratch=None) -> list:
         """The encoded payload as a list of buffers to write in order (no final join where
-        the codec produces it in parts)."""
+        the codec produces it in parts); `scratch` (uint8, the data's size) is memory a
+        codec that works in parts may use for them (the payload may refer to it)."""
         if self.encode_pieces is not None:
-            return self.encode_pieces(data, itemsize, threads)
+            return self.encode_pieces(data, itemsize, threads, scratch)
         return [self.encode(data, itemsize, threads)]
 
 

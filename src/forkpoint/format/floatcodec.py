@@ -227,16 +227,18 @@ def encode(data, itemsize: int = 1, threads: int | None = None) -> bytes:
     return b"".join(encode_pieces(data, itemsize, threads))
 
 
-def encode_pieces(data, itemsize: int = 1, threads: int | None = None) -> list:
+def encode_pieces(data, itemsize: int = 1, threads: int | None = None, out=None) -> list:
     """The payload of `encode` as a list of buffers, in order: raw planes are views of one work
-    array per call (no copy out of it, no join into one large freshly faulted buffer)."""
+    array per call (no copy out of it, no join into one large freshly faulted buffer). `out`, a
+    uint8 array of at least the data's size, is that work array when the caller has one to
+    reuse (the payload refers to it until written)."""
     data = np.frombuffer(data, np.uint8)
     if itemsize not in _WORDS or data.nbytes % itemsize:
         itemsize = 1
     count = data.nbytes // itemsize
     per = max(1, SEGMENT_BYTES // itemsize)
     starts = list(range(0, count, per)) or [0]
-    kept = np.empty(data.nbytes, np.uint8)
+    kept = np.empty(data.nbytes, np.uint8) if out is None else out[:data.nbytes]
 
     def segment(lo: int) -> tuple[bytes, list]:
         part = data[lo * itemsize:min(count, lo + per) * itemsize]
