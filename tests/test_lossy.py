@@ -67,3 +67,29 @@ def test_default_is_exact_and_bad_policies_are_refused(tmp_path):
         fp.Lossy(rel_error=2.0)
     with pytest.raises(ValueError):
         fp.Lossy(dtype="int8")
+
+
+@pytest.mark.parametrize("itemsize", [4, 8])
+def test_native_rounding_matches_numpy_on_every_kind_of_value(itemsize):
+    """The native kernel and the numpy fallback round the same bits and report the same
+    error, on random bit patterns (NaNs, infinities, subnormals, zeros, values that would
+    round to infinity) and ordinary values, for small and large drops; bad arguments are refused."""
+    from forkpoint.format import lossy
+
+    if lossy._native is None:
+        pytest.skip("native kernels not built")
+    rng = np.random.default_rng(itemsize)
+    uint, ftype = (np.uint32, np.float32) if itemsize == 4 else (np.uint64, np.float64)
+    patterns = rng.integers(0, np.iinfo(uint).max, 50_000, dtype=uint, endpoint=True)
+    specials = np.array([0, np.inf, -np.inf, np.nan, np.finfo(ftype).max, -np.finfo(ftype).max,
+                         np.finfo(ftype).tiny, np.finfo(ftype).smallest_subnormal, 1.0, -1.5], ftype)
+    values = np.concatenate([patterns.view(ftype), specials, rng.standard_normal(10_000).astype(ftype)])
+    full = lossy.SIGNIFICAND_BITS[itemsize]
+    for drop in (1, 5, full - 1):
+        native, fallback = values.copy().view(np.uint8), values.copy().view(np.uint8)
+        assert lossy._native.round_significand(native, itemsize, drop) == lossy._round_numpy(fallback, itemsize, drop)
+        assert np.array_equal(native, fallback), f"drop {drop}"
+    with pytest.raises(ValueError, match="cannot round"):
+        lossy._native.round_significand(values.copy().view(np.uint8), itemsize, full)
+    with pytest.raises(ValueError, match="cannot round"):
+        lossy._native.round_significand(bytearray(itemsize + 1), itemsize, 3)

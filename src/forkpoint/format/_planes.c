@@ -1,10 +1,11 @@
 /* Native kernels of the float-planes codec (format/floatcodec.py): byte-plane split and join
- * with the rotated top word, and a Huffman-only deflate encoder (RFC 1951 dynamic blocks,
- * literals only). Its output is an ordinary raw deflate stream that zlib inflates; the Python
+ * with the rotated top word, a Huffman-only deflate encoder (RFC 1951 dynamic blocks,
+ * literals only), and the significand rounding of the lossy modes (format/lossy.py). Its output is an ordinary raw deflate stream that zlib inflates; the Python
  * module falls back to zlib-ng's Z_HUFFMAN_ONLY when this extension is not built. Every
  * function releases the GIL. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -384,7 +385,54 @@ static PyObject *byte_counts(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* Round each finite, nonzero, normal element to `drop` fewer significand bits (to nearest,
+ * ties to even), keeping those whose rounding would overflow to infinity; return the largest
+ * relative error made. */
+#define ROUND_KERNEL(NAME, UINT, FLOAT, SHIFT, EXP_MAX)                                      \
+    static double NAME(UINT *bits, size_t n, int drop) {                                     \
+        const UINT mask = ~(((UINT)1 << drop) - 1), half = ((UINT)1 << (drop - 1)) - 1;      \
+        double worst = 0.0;                                                                  \
+        for (size_t i = 0; i < n; i++) {                                                     \
+            UINT b = bits[i], e = (b >> SHIFT) & EXP_MAX;                                     \
+            UINT r = (b + half + ((b >> drop) & 1)) & mask;                                  \
+            if (e == 0 || e == EXP_MAX || ((r >> SHIFT) & EXP_MAX) == EXP_MAX) continue;     \
+            FLOAT before, after;                                                             \
+            memcpy(&before, &b, sizeof b);                                                   \
+            memcpy(&after, &r, sizeof r);                                                    \
+            double err = fabs((double)after - (double)before) / fabs((double)before);        \
+            worst = err > worst ? err : worst;                                               \
+            bits[i] = r;                                                                     \
+        }                                                                                    \
+        return worst;                                                                        \
+    }
+
+ROUND_KERNEL(round32, uint32_t, float, 23, 0xFF)
+ROUND_KERNEL(round64, uint64_t, double, 52, 0x7FF)
+
+static PyObject *round_significand(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    int itemsize, drop;
+    if (!PyArg_ParseTuple(args, "w*ii", &view, &itemsize, &drop)) return NULL;
+    int full = itemsize == 4 ? 23 : itemsize == 8 ? 52 : -1;
+    if (full < 0 || drop < 1 || drop >= full || view.len % itemsize) {
+        PyErr_Format(PyExc_ValueError, "cannot round %zd bytes of %d-byte floats by %d bits", view.len,
+                     itemsize, drop);
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    double worst;
+    size_t n = (size_t)view.len / itemsize;
+    Py_BEGIN_ALLOW_THREADS
+    worst = itemsize == 4 ? round32(view.buf, n, drop) : round64(view.buf, n, drop);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    return PyFloat_FromDouble(worst);
+}
+
 static PyMethodDef methods[] = {
+    {"round_significand", round_significand, METH_VARARGS,
+     "round_significand(data, itemsize, drop) -> float\n"
+     "Round the floats in `data` (changed in place) to `drop` fewer significand bits; return the largest relative error."},
     {"byte_counts", byte_counts, METH_VARARGS,
      "byte_counts(data, counts)\n"
      "Write how often each byte value occurs in `data` into `counts` (256 x uint64)."},

@@ -15,6 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+try:
+    from . import _planes as _native
+except ImportError:  # built by `pip install` where a compiler is; numpy otherwise
+    _native = None
+
 SIGNIFICAND_BITS = {2: 10, 4: 23, 8: 52}
 NARROW_BITS = {"bfloat16": 7, "float16": 10}
 _UINT = {4: np.uint32, 8: np.uint64}
@@ -55,11 +60,17 @@ def supports(itemsize: int, floating: bool) -> bool:
 def round_significand(data: np.ndarray, itemsize: int, keep: int) -> float:
     """Round the floats in `data` (a uint8 array, changed in place) to `keep` significand bits;
     return the largest relative error made (0.0 when nothing changed)."""
-    uint = _UINT[itemsize]
-    shift, exp_max = _EXPONENT[itemsize]
     drop = SIGNIFICAND_BITS[itemsize] - keep
     if drop <= 0 or data.nbytes == 0:
         return 0.0
+    if _native is not None:
+        return _native.round_significand(data, itemsize, drop)
+    return _round_numpy(data, itemsize, drop)
+
+
+def _round_numpy(data: np.ndarray, itemsize: int, drop: int) -> float:
+    uint = _UINT[itemsize]
+    shift, exp_max = _EXPONENT[itemsize]
     bits = data.view(uint)
     original = bits.copy()
     one = uint(1)
