@@ -139,7 +139,7 @@ def every_step_section(scratch, steps, params_m, device="cpu", batch_rows=16):
     if device == "cpu":
         torch.set_num_threads(2)
     batch = torch.randn(batch_rows, WIDTH, generator=torch.Generator().manual_seed(1)).to(device)
-    walls, loops, medians, cpu, floor, setup = {}, {}, {}, {}, None, 0.0
+    walls, loops, medians, cpu, floor, setup, per_step = {}, {}, {}, {}, None, 0.0, {}
     for mode in ("no checkpoint", "every step to memory, every 10th flushed to disk"):
         model, opt = build(params_m, device)
         train_step(model, opt, batch)
@@ -162,6 +162,7 @@ def every_step_section(scratch, steps, params_m, device="cpu", batch_rows=16):
                 ck.step(step)
             durations.append(time.perf_counter() - s0)
         medians[mode] = statistics.median(durations)
+        per_step[mode] = durations
         loops[mode] = time.perf_counter() - t0
         if ck:
             ck.close()
@@ -180,6 +181,8 @@ def every_step_section(scratch, steps, params_m, device="cpu", batch_rows=16):
         print(f"| {k} | {v:.2f} | {v / steps:.2f} | {(v / base - 1) * 100:.0f}% | {loops[k]:.2f} | "
               f"{(loops[k] / loops['no checkpoint'] - 1) * 100:.0f}% | {medians[k]:.2f} | "
               f"{(medians[k] / medians['no checkpoint'] - 1) * 100:.0f}% |")
+    for k, v in per_step.items():
+        print(f"\n{k}, each step (s): " + " ".join(f"{d:.2f}" for d in v))
     print("\nwall: the loop, then closing the Checkpointer and draining (the last saves and flush); "
           "loop alone: the training steps with their `ck.step` calls")
     extra = (cpu["every step to memory, every 10th flushed to disk"] - cpu["no checkpoint"]) / steps
