@@ -422,6 +422,8 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
     deltas = plan.deltas if plan.deltas is not None and policy != "raw" and d.kind in ("torch", "numpy") else None
     head = raw_header_size(n) if policy == "raw" else None
     in_place = staging == "window" and lossy is None and policy in ENCODING_POLICIES and d.pending is None
+    scratch_bytes = n if policy != "auto" and head is None and codec_for(
+        "lossless" if isinstance(policy, Lossy) else policy, itemsize, floating).encode_pieces else 0
 
     def capture():
         if in_place:
@@ -460,7 +462,7 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
                                      itemsize, floating, policy, info)
                 if chunk is not None:
                     return chunk
-            scratch = pool.get(n) if head is None else None
+            scratch = pool.get(scratch_bytes) if scratch_bytes else None
             try:
                 codec = plan.writer.put(digest, data, itemsize, floating, policy, table, scratch=scratch)
             finally:

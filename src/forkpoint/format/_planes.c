@@ -1,8 +1,9 @@
 /* Native kernels of the float-planes codec (format/floatcodec.py): byte-plane split and join
- * with the rotated top word, a Huffman-only deflate encoder (RFC 1951 dynamic blocks,
- * literals only), and the significand rounding of the lossy modes (format/lossy.py). Its output is an ordinary raw deflate stream that zlib inflates; the Python
- * module falls back to zlib-ng's Z_HUFFMAN_ONLY when this extension is not built. Every
- * function releases the GIL. */
+ * with the rotated top word, and a Huffman-only deflate encoder (RFC 1951 dynamic blocks,
+ * literals only). Its output is an ordinary raw deflate stream that zlib inflates; the Python
+ * module falls back to zlib-ng's Z_HUFFMAN_ONLY when this extension is not built. Also the
+ * significand rounding of the lossy modes (format/lossy.py, numpy fallback). Every function
+ * releases the GIL. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
