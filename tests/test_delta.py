@@ -3,6 +3,7 @@ restores of every version, gc keeping the bases a kept version needs, corruption
 
 import json
 import shutil
+import threading
 
 import numpy as np
 import pytest
@@ -160,3 +161,73 @@ def test_bad_delta_options_and_records_are_refused(tmp_path):
     (tmp_path / "r" / "versions" / f"{forged['id']}.json").write_text(json.dumps(forged))
     with pytest.raises(CorruptObjectError, match="invalid delta record"):
         fp.Repo(url).load(forged["id"])
+
+
+def test_cached_bases_are_recycled_and_overlapping_or_failed_saves_stay_exact(tmp_path, monkeypatch):
+    """A save that alone reads the in-memory bases copies its values into them (the cache never
+    holds two versions); saves in flight together share the bases and take none; a save that
+    fails half-way leaves the next one exact (the bases it took are read back from storage)."""
+    from forkpoint.engine.delta import DeltaPlan
+    from forkpoint.engine.save import ObjectWriter
+
+    repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless", delta=fp.Delta(max_chain=50), workers=16)
+    states = list(train_like(6))
+    versions = [repo.save(states[0], step=0), repo.save(states[1], step=1)]
+    before = {a.ctypes.data for a in repo._delta_values.values()}
+    versions.append(repo.save(states[2], step=2))
+    after = {a.ctypes.data for a in repo._delta_values.values()}
+    assert before and after == before, "the new values went into the parent's buffers"
+
+    # Two saves in flight: the second takes a base from the cache and holds it while the first
+    # stores its values; the first must not have copied them into that base.
+    real_put, real_base, real_remember = ObjectWriter.put, DeltaPlan._base, DeltaPlan._remember
+    second_holds_base, first_remembered, first_plan = threading.Event(), threading.Event(), []
+
+    writers = []
+
+    def held_put(self, *args, **kwargs):
+        writers[:] = writers or [self]
+        if writers[0] is self:
+            second_holds_base.wait(10)
+        return real_put(self, *args, **kwargs)
+
+    def held_base(self, leaf, chunk):
+        base = real_base(self, leaf, chunk)
+        if first_plan and self is not first_plan[0]:
+            second_holds_base.set()
+            first_remembered.wait(2)
+        return base
+
+    def remember(self, *args):
+        real_remember(self, *args)
+        if first_plan and self is first_plan[0] and second_holds_base.is_set():
+            first_remembered.set()
+
+    monkeypatch.setattr(ObjectWriter, "put", held_put)
+    monkeypatch.setattr(DeltaPlan, "_base", held_base)
+    monkeypatch.setattr(DeltaPlan, "_remember", remember)
+    first = repo.save(states[3], step=3, sync=False)
+    first_plan.extend(repo._delta_plans)
+    second = repo.save(states[4], step=4, sync=False)
+    versions += [first.wait(), second.wait()]
+    assert second_holds_base.is_set() and first_remembered.is_set(), "the two saves overlapped"
+    monkeypatch.setattr(DeltaPlan, "_base", real_base)
+    calls = []
+
+    def failing_put(self, digest, data, *args, **kwargs):
+        calls.append(digest)
+        if len(calls) == 3:
+            raise OSError("disk went away")
+        return real_put(self, digest, data, *args, **kwargs)
+
+    monkeypatch.setattr(ObjectWriter, "put", failing_put)
+    with pytest.raises(OSError, match="disk went away"):
+        repo.save(states[5], step=5)
+    monkeypatch.setattr(ObjectWriter, "put", real_put)
+    versions.append(repo.save(states[5], step=5))
+    assert any(c[1] for c in chains(repo, versions[-1].id)["w"]), "the last save still stores a delta"
+    fresh = fp.Repo(str(tmp_path / "r"))
+    expected = states[:5] + [states[5]]
+    for v, state in zip(versions, expected):
+        assert same(fresh.load(v.id), state), v.step
+    assert fresh.verify().problems == []

@@ -125,7 +125,7 @@ class Repo(NodeLocalMixin, BaseRepo):
             else:
                 finish = self._sched.submit("commit", lambda: self._adopt_deltas(plan, self._await_outcome(sid, part)),
                                             priority=Priority.COMMIT, after=[part, self._last_commit])
-            self._sched.submit("cleanup", lambda: self._forget_writer(plan.writer),
+            self._sched.submit("cleanup", lambda: self._forget_save(plan),
                                priority=Priority.COMMIT, after=[finish])
         self._last_commit = finish
         if sync:

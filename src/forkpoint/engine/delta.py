@@ -7,6 +7,7 @@ than the same sample of the value. An unchanged chunk reuses the parent's chunk 
 """
 
 import threading
+from collections import Counter
 from dataclasses import replace
 from typing import Callable
 
@@ -36,10 +37,16 @@ def parent_chunks(m: Manifest | None) -> dict[ChunkKey, tuple[Leaf, Chunk]]:
 
 class DeltaPlan:
     """Chooses delta or full storage for the chunks of one save and collects the values the
-    next save will diff against (`next_values`, bounded by `Delta.cache_bytes`)."""
+    next save will diff against (`next_values`, bounded by `Delta.cache_bytes`).
+
+    A plan that `recycles` (no other save reads the same `cache`) copies each new value into
+    the cached value of its chunk's parent once that base is used, taking it out of `cache`,
+    instead of into fresh memory: the cache then never holds two versions. `share()` stops it
+    before another plan is given the same cache."""
 
     def __init__(self, options: Delta, parents: dict[ChunkKey, tuple[Leaf, Chunk]],
-                 cache: dict[str, np.ndarray], read_base: Callable[[Leaf, Chunk], np.ndarray]):
+                 cache: dict[str, np.ndarray], read_base: Callable[[Leaf, Chunk], np.ndarray],
+                 recycles: bool = False):
         self.options = options
         self.parents = parents
         self.cache = cache
@@ -48,15 +55,24 @@ class DeltaPlan:
         self.next_bytes = 0
         self.lock = threading.Lock()
         self.delta_chunks = 0
+        uses = Counter(c.hash for _, c in parents.values())
+        self.recyclable = {h for h, count in uses.items() if count == 1} if recycles else set()
+
+    def share(self) -> None:
+        """From now on, take nothing out of the cache (another plan is about to read it)."""
+        with self.lock:
+            self.recyclable = set()
 
     def pinned(self) -> set[str]:
         """Objects of the parent's chunks (a delta or a reused record may refer to them)."""
         return {o for _, c in self.parents.values() for o in c.objects}
 
     def store(self, writer: ObjectWriter, path: str, dtype: str, box, digest: str, value: np.ndarray,
-              itemsize: int, floating: bool, policy, lossy: dict | None) -> Chunk | None:
+              itemsize: int, floating: bool, policy, lossy: dict | None, buffers=None) -> Chunk | None:
         """The chunk record for `value` (hash `digest`) when it reuses or deltas against the
-        parent's chunk, writing the delta object; None when it should be stored in full."""
+        parent's chunk, writing the delta object; None when it should be stored in full.
+        `buffers`, when given, are (delta, scratch): uint8 arrays of the value's size that the
+        delta and the encoder's work may use instead of fresh memory."""
         found = self.parents.get((path, tuple(box[0]), tuple(box[1])))
         if found is None or found[0].dtype != dtype or found[1].size != value.nbytes:
             self._remember(digest, value)
@@ -65,7 +81,14 @@ class DeltaPlan:
         if pchunk.hash == digest:
             self._carry(digest)
             return replace(pchunk, offsets=list(box[0]), lengths=list(box[1]), lossy=lossy)
-        self._remember(digest, value)
+        try:
+            return self._delta_chunk(writer, pleaf, pchunk, dtype, box, digest, value, itemsize,
+                                     floating, policy, lossy, buffers)
+        finally:
+            self._remember(digest, value, pchunk.hash)
+
+    def _delta_chunk(self, writer, pleaf, pchunk, dtype, box, digest, value, itemsize, floating,
+                     policy, lossy, buffers) -> Chunk | None:
         op = op_for(dtype)
         chain = [*pchunk.delta["chain"], pchunk.object] if pchunk.delta else [pchunk.object]
         if len(chain) >= self.options.max_chain or (pchunk.delta and pchunk.delta.get("op") != op):
@@ -73,14 +96,15 @@ class DeltaPlan:
         base = self._base(pleaf, pchunk)
         if base is None or base.nbytes != value.nbytes:
             return None
-        delta = make_delta(op, value, base, itemsize)
+        delta_out, scratch = buffers or (None, None)
+        delta = make_delta(op, value, base, itemsize, delta_out)
         codec = codec_for("lossless" if isinstance(policy, Lossy) else policy, itemsize, floating)
         if codec.id == 0 or not _smaller(codec, delta, value, itemsize):
             return None
         delta_digest, table = hash_with_table(delta)
         if delta_digest == digest:
             return None
-        stored = writer.put(delta_digest, delta, itemsize, floating, policy, table)
+        stored = writer.put(delta_digest, delta, itemsize, floating, policy, table, scratch=scratch)
         if stored == "raw":
             return None
         with self.lock:
@@ -97,12 +121,22 @@ class DeltaPlan:
         except Exception:  # an unreadable base only means this chunk is stored in full
             return None
 
-    def _remember(self, digest: str, value: np.ndarray) -> None:
+    def _remember(self, digest: str, value: np.ndarray, parent: str | None = None) -> None:
+        """Keep a copy of `value` for the next save: in the parent chunk's cached value when
+        this plan recycles it (its base is used by now), else in new memory."""
         with self.lock:
             if digest in self.next_values or self.next_bytes + value.nbytes > self.options.cache_bytes:
                 return
             self.next_bytes += value.nbytes
-        copy = value.copy()
+            spare = None
+            if parent in self.recyclable and getattr(self.cache.get(parent), "nbytes", -1) == value.nbytes:
+                self.recyclable.discard(parent)
+                spare = self.cache.pop(parent)
+        if spare is None:
+            copy = value.copy()
+        else:
+            copy = spare.reshape(-1).view(np.uint8)
+            np.copyto(copy, value.reshape(-1).view(np.uint8))
         with self.lock:
             self.next_values[digest] = copy
 
@@ -127,6 +161,8 @@ def _sample(data: np.ndarray, itemsize: int) -> np.ndarray:
 
 def _smaller(codec, delta: np.ndarray, value: np.ndarray, itemsize: int) -> bool:
     """True when a sample of the delta encodes clearly smaller than the same sample of the value."""
+    if codec.estimate is not None:
+        return codec.estimate(delta, itemsize) < MIN_GAIN * codec.estimate(value, itemsize)
     d = len(codec.encode(memoryview(_sample(delta, itemsize)), itemsize))
     v = len(codec.encode(memoryview(_sample(value, itemsize)), itemsize))
     return d < MIN_GAIN * v

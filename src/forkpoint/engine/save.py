@@ -456,22 +456,20 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
         if owned:
             codec = plan.writer.put(digest, data, itemsize, floating, policy, table, owned=buf)
             return Chunk(*box, digest, digest, 0, n, codec, info)
+        scratch = pool.get(scratch_bytes) if scratch_bytes else None
+        delta_out = pool.get(n) if deltas is not None else None
         try:
             if deltas is not None:
                 chunk = deltas.store(plan.writer, plan.flat[index].path, d.dtype, box, digest, data,
-                                     itemsize, floating, policy, info)
+                                     itemsize, floating, policy, info, (delta_out, scratch))
                 if chunk is not None:
                     return chunk
-            scratch = pool.get(scratch_bytes) if scratch_bytes else None
-            try:
-                codec = plan.writer.put(digest, data, itemsize, floating, policy, table, scratch=scratch)
-            finally:
-                if scratch is not None:
-                    pool.give(scratch)
+            codec = plan.writer.put(digest, data, itemsize, floating, policy, table, scratch=scratch)
             return Chunk(*box, digest, digest, 0, n, codec, info)
         finally:
-            if buf is not None:
-                pool.give(buf)
+            for held in (buf, scratch, delta_out):
+                if held is not None:
+                    pool.give(held)
 
     task = sched.submit("write", write_staged, priority=Priority.WRITE, needs=io,
                         frees={**io, staging: n}, deps=[cap], nbytes=n, tier=tier)

@@ -16,13 +16,15 @@ from . import floatcodec
 @dataclass(frozen=True)
 class Codec:
     """A lossless transform of an object's bytes, known by id and name: encode(data, itemsize,
-    threads=None) and decode(payload, decoded length)."""
+    threads=None) and decode(payload, decoded length); `estimate(data, itemsize)`, where a
+    codec has one, is the coded size of a sample of the data (cheaper than encoding one)."""
 
     id: int
     name: str
     encode: Callable[..., bytes | memoryview]
     decode: Callable[[bytes | memoryview, int], bytes | memoryview]
     encode_pieces: Callable[..., list] | None = None
+    estimate: Callable[..., int] | None = None
 
     def pieces(self, data, itemsize: int = 1, threads: int | None = None, scratch=None) -> list:
         """The encoded payload as a list of buffers to write in order (no final join where
@@ -67,7 +69,8 @@ CODECS = {
         Codec(0, "raw", lambda b, itemsize=1, threads=None: b, lambda p, n: p),
         Codec(1, "zstd", _zstd_encode, _zstd_decode),
         Codec(2, "planes+zstd", _planes_encode, _planes_decode),
-        Codec(3, "float-planes", floatcodec.encode, floatcodec.decode, floatcodec.encode_pieces),
+        Codec(3, "float-planes", floatcodec.encode, floatcodec.decode, floatcodec.encode_pieces,
+              floatcodec.estimate),
     )
 }
 POLICIES = ("raw", "zstd", "lossless", "auto")

@@ -45,9 +45,10 @@ def _words(data: np.ndarray, op: str, itemsize: int) -> np.ndarray:
     return data
 
 
-def make_delta(op: str, value: np.ndarray, base: np.ndarray, itemsize: int) -> np.ndarray:
-    """The delta (uint8) that turns `base` into `value` (both uint8 of the same length)."""
-    out = np.empty_like(value)
+def make_delta(op: str, value: np.ndarray, base: np.ndarray, itemsize: int, out=None) -> np.ndarray:
+    """The delta (uint8) that turns `base` into `value` (both uint8 of the same length), written
+    into `out` (uint8, at least as long) when given."""
+    out = np.empty_like(value) if out is None else out[:value.nbytes]
     if op == "sub":
         np.subtract(_words(value, op, itemsize), _words(base, op, itemsize), out=_words(out, op, itemsize))
     else:

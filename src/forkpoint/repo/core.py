@@ -67,6 +67,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         if delta:
             self.options.delta = delta if isinstance(delta, Delta) else Delta()
         self._delta_values: dict = {}
+        self._delta_plans: set = set()
         codec_rules(self.options.codec)
         self.writer_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._open_or_create(create)
@@ -167,7 +168,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
                 "commit", lambda: self._finish_save(plan, skeleton, record, allow_pickle),
                 priority=Priority.COMMIT, needs={f"io:{self._tier}": 1}, deps=plan.writes,
                 after=[self._last_commit])
-            self._sched.submit("cleanup", lambda: self._forget_writer(plan.writer),
+            self._sched.submit("cleanup", lambda: self._forget_save(plan),
                                priority=Priority.COMMIT, after=[commit])
         self._last_commit = commit
         if sync:
@@ -252,7 +253,20 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         def read_base(leaf, chunk):
             return self._from_holders(head, lambda store: chunk_value(store, leaf, chunk, head))
 
-        return DeltaPlan(self.options.delta, parent_chunks(m), self._delta_values, read_base)
+        with self._lock:
+            for other in self._delta_plans:
+                other.share()
+            plan = DeltaPlan(self.options.delta, parent_chunks(m), self._delta_values, read_base,
+                             recycles=not self._delta_plans)
+            self._delta_plans.add(plan)
+        return plan
+
+    def _forget_save(self, plan) -> None:
+        """Once a save has ended, either way: its writer and delta plan are no longer in flight."""
+        self._forget_writer(plan.writer)
+        if plan.deltas is not None:
+            with self._lock:
+                self._delta_plans.discard(plan.deltas)
 
     def _finish_save(self, plan, skeleton, record: Version, allow_pickle: bool) -> Version:
         stored = plan.assemble()
