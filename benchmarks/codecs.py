@@ -3,6 +3,8 @@ opt-in lossy modes (value-relative bound, bf16 precision) on fp32.
 
 State: a 24M-parameter MLP trained 20 steps with AdamW, in fp32 and in bf16 (weights and
 both Adam moments), saved synchronously to local disk with each codec. Medians of runs.
+The last row per dtype saves with deltas: each run saves the state, trains one more step
+and times the second save (stored against the first).
 
     python benchmarks/codecs.py --repeats 3
 """
@@ -19,17 +21,22 @@ import torch
 import forkpoint as fp
 
 
+def train_step(state, dtype):
+    model, opt = state["model"], state["optim"]
+    loss = model(torch.randn(32, 1024, dtype=dtype)).float().pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
 def trained_state(dtype):
     torch.manual_seed(0)
     torch.set_num_threads(2)
     model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(24)]).to(dtype)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    state = {"model": model, "optim": torch.optim.AdamW(model.parameters(), lr=1e-3)}
     for _ in range(20):
-        loss = model(torch.randn(32, 1024, dtype=dtype)).float().pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return {"model": model, "optim": opt}
+        train_step(state, dtype)
+    return state
 
 
 def main():
@@ -49,11 +56,17 @@ def main():
                     {"optim/*": fp.Lossy(rel_error=1e-3), "*": "lossless"},
                 "Lossy(rel_error=1e-3) everywhere": fp.Lossy(rel_error=1e-3),
                 "Lossy(dtype=bfloat16) everywhere": fp.Lossy(dtype="bfloat16")})
+        policies["lossless + Delta(), one step after the parent"] = "delta"
         for name, codec in policies.items():
             times, cpu, v = [], [], None
             for rep in range(args.repeats):
                 path = os.path.join(scratch, f"codec-{rep}")
-                repo = fp.Repo(path, create=True, codec=codec)
+                if codec == "delta":
+                    repo = fp.Repo(path, create=True, codec="lossless", delta=fp.Delta())
+                    repo.save(state)
+                    train_step(state, dtype)
+                else:
+                    repo = fp.Repo(path, create=True, codec=codec)
                 c0, t0 = os.times(), time.perf_counter()
                 v = repo.save(state)
                 times.append(time.perf_counter() - t0)
