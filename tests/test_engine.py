@@ -196,3 +196,39 @@ def test_guard_orders_device_copies_in_hooks_and_blocks_only_on_explicit_wait():
     guard.wait()
     assert (fence.ordered, fence.waited) == (1, 1)
     guard.remove()
+
+
+def test_host_leaves_never_wait_for_device_copies_in_a_shared_pack(tmp_path):
+    """Small host leaves (AdamW's step counters) and small device leaves (biases) go to
+    different packs, so the capture of a host leaf, which the optimizer hook waits for on the
+    host, never waits for a device-to-host copy still queued behind the device's work."""
+    from forkpoint.engine.save import layout, schedule_save
+    from forkpoint.state.flatten import flatten
+    from forkpoint.storage.memory import MemoryStore
+
+    released = threading.Event()
+
+    class SlowCopy:
+        def wait(self):
+            released.wait(30)
+
+        def release(self):
+            pass
+
+    state = {"bias": torch.randn(300), "step": torch.tensor(7.0), "other": torch.randn(50)}
+    _, flat = flatten(state, copy=False)
+    flat[0].data.device, flat[0].data.pending = "cuda:0", SlowCopy()
+    packs = [[i for i, _, _ in members] for kind, (members, _) in layout(flat, SaveOptions()) if kind == "pack"]
+    assert sorted(packs) == [[0], [1, 2]], packs
+
+    sched = Scheduler(Budget())
+    try:
+        plan = schedule_save(sched, MemoryStore("mem://pack-test"), "t0", flat, {}, SaveOptions(),
+                             StagingPool(1 << 30), "staging")
+        host_captures = plan.captures[1] + plan.captures[2]
+        for task in host_captures:
+            task.result(timeout=10)
+        assert not any(t.done() for t in plan.captures[0]), "the device leaf's pack waits for its copy"
+    finally:
+        released.set()
+        sched.shutdown()

@@ -324,7 +324,9 @@ def layout(flat: list[FlatLeaf], opts: SaveOptions, select=None, pack_key=None):
     """Yield ("pack", (members, total bytes)) and ("chunks", (leaf index, [(piece, box)])) in
     the order a save stores them; members are (leaf index, bytes, box). Boxes are in the
     leaf's global shape; `select(index, box)` keeps only the pieces this process stores;
-    only leaves with equal `pack_key(index)` share a pack."""
+    only leaves with equal `pack_key(index)` share a pack, and host leaves never share one
+    with accelerator leaves (a pack's capture waits for the device copies of its members,
+    and the capture hooks wait on the host for the captures of host leaves)."""
     groups: dict = {}
     keep = select or (lambda i, box: True)
     for i, fl in enumerate(flat):
@@ -338,7 +340,8 @@ def layout(flat: list[FlatLeaf], opts: SaveOptions, select=None, pack_key=None):
         if nbytes < opts.small_leaf_bytes:
             box = [offsets, list(shape)]
             if keep(i, box):
-                group = groups.setdefault(pack_key(i) if pack_key else None, [[], 0])
+                key = (pack_key(i) if pack_key else None, on_accelerator(d))
+                group = groups.setdefault(key, [[], 0])
                 group[0].append((i, d.data, box))
                 group[1] += nbytes
                 if group[1] >= opts.pack_bytes:
@@ -356,6 +359,11 @@ def layout(flat: list[FlatLeaf], opts: SaveOptions, select=None, pack_key=None):
     for members, total in groups.values():
         if members:
             yield "pack", (members, total)
+
+
+def on_accelerator(d) -> bool:
+    """True for a leaf whose live tensor is on an accelerator (its bytes come from a device copy)."""
+    return d.pending is not None or (d.device or "cpu").split(":")[0] not in ("cpu", "meta")
 
 
 def staging_sizes(flat: list[FlatLeaf], opts: SaveOptions, select=None, adopts: bool = False,
