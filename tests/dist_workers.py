@@ -398,3 +398,23 @@ def _node_local_crash(rank, world, out, nodes, shared):
     errors = repo.stats()["flush_errors"]
     repo.close()
     return {"ids": ids, "errors": errors}
+
+
+def _cuda_replicated_saves(rank, world, out, url, device="cuda"):
+    """Replicated CUDA tensors (identical on every rank) saved asynchronously and synchronously:
+    each rank copies to the host only the pieces it writes."""
+    from forkpoint.engine.save import SaveOptions
+
+    torch.manual_seed(0)
+    state = {"w": torch.randn(512, 1024, device=device), "b": torch.randn(300, device=device)}
+    repo = fp.dist.Repo(url, create=True, timeout=60, options=SaveOptions(chunk_bytes=256 << 10))
+    first = repo.save(state, step=1, sync=False)
+    first.wait_capture()
+    state["w"].mul_(2)
+    first = first.wait()
+    second = repo.save(state, step=2)
+    written = repo.stats()["stages"]["write"]["bytes_done"]
+    repo.close()
+    if rank == 0:
+        torch.save({k: v.cpu() for k, v in state.items()}, os.path.join(out, "reference.pt"))
+    return {"versions": [first.id, second.id], "written": written}

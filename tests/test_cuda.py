@@ -111,3 +111,39 @@ def test_device_leaves_of_every_layout_round_trip_async(repo):
     for k, v in expected.items():
         assert out[k].dtype == v.dtype and torch.equal(out[k], v), k
     assert repo.manifest().leaves[0].device == "cuda:0"
+
+
+def test_deferred_device_copy_fills_only_the_ranges_launched(tmp_path):
+    from forkpoint.state.device import DeviceCapture
+
+    capture = DeviceCapture(64 << 20)
+    src = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
+    copy = capture.copy(src, deferred=True)
+    assert not copy.launched
+    copy.host.fill_(0)
+    copy.launch([(0, 4096), (1 << 20, (1 << 20) + 8192)])
+    copy.wait()
+    expected = src.cpu().view(torch.uint8)
+    assert torch.equal(copy.host[:4096], expected[:4096])
+    assert torch.equal(copy.host[1 << 20:(1 << 20) + 8192], expected[1 << 20:(1 << 20) + 8192])
+    assert not copy.host[4096:1 << 20].any(), "bytes outside the ranges are not copied"
+    copy.release()
+    unused = capture.copy(src, deferred=True)
+    unused.release()
+    nbytes = src.numel() * 4
+    assert capture.pool.held == nbytes and len(capture.pool.free[nbytes]) == 1, \
+        "a copy never launched gives its buffer back, and buffers are reused"
+
+
+def test_distributed_save_of_replicated_cuda_tensors(tmp_path):
+    """Two ranks on one GPU save replicated CUDA tensors; each copies and writes its part, the
+    versions load back exactly (the asynchronous one as it was when captured)."""
+    from test_dist import launch
+
+    records = launch("cuda_replicated_saves", 2, tmp_path / "out", str(tmp_path / "r"))
+    reference = torch.load(tmp_path / "out" / "reference.pt")
+    repo = fp.Repo(str(tmp_path / "r"))
+    first, second = (repo.load(v) for v in records[0]["result"]["versions"])
+    assert torch.equal(second["w"], reference["w"]) and torch.equal(first["w"], reference["w"] / 2)
+    assert torch.equal(first["b"], reference["b"])
+    assert all(0 < r["result"]["written"] < 1.5 * 2 * 512 * 1024 * 4 for r in records), "each rank wrote a part"

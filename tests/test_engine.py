@@ -232,3 +232,36 @@ def test_host_leaves_never_wait_for_device_copies_in_a_shared_pack(tmp_path):
     finally:
         released.set()
         sched.shutdown()
+
+
+def test_deferred_device_copies_cover_exactly_the_bytes_this_process_stores():
+    """A distributed save launches each device copy for the pieces its rank writes: the row
+    ranges of its chunks, whole small leaves of its packs, nothing for leaves it does not write."""
+    from forkpoint.engine.save import launch_device_copies, layout
+    from forkpoint.state.flatten import flatten
+
+    class HeldCopy:
+        launched = False
+
+        def launch(self, ranges):
+            self.launched, self.ranges = True, ranges
+
+    state = {"big": torch.randn(64, 1024), "other": torch.randn(64, 1024), "small": torch.randn(10)}
+    _, flat = flatten(state, copy=False)
+    for fl in flat:
+        fl.data.pending = HeldCopy()
+    opts = SaveOptions(chunk_bytes=16 << 10, small_leaf_bytes=1 << 10)
+    big = next(i for i, fl in enumerate(flat) if fl.path == "big")
+
+    def select(i, box):
+        return i == big and box[0][0] % 8 == 0 or flat[i].path == "small"
+
+    launch_device_copies(flat, opts, select)
+    copies = {fl.path: fl.data.pending for fl in flat}
+    row = 1024 * 4
+    assert copies["big"].ranges == [(r * row, (r + 4) * row) for r in range(0, 64, 8)]
+    assert copies["other"].ranges == [], "a leaf this rank does not write is not copied"
+    assert copies["small"].ranges == [(0, 40)]
+    stored = [(i, piece.__array_interface__["data"][0]) for kind, (i, pieces) in layout(flat, opts, select)
+              if kind == "chunks" for piece, _ in pieces]
+    assert len(stored) == 8 and all(i == big for i, _ in stored)

@@ -17,7 +17,7 @@ from dataclasses import asdict
 
 import blake3
 
-from ..engine.save import row_split, schedule_save
+from ..engine.save import launch_device_copies, row_split, schedule_save
 from ..engine.scheduler import Priority
 from ..errors import ForkpointError
 from ..format.manifest import Chunk, Leaf, Manifest, Version
@@ -137,9 +137,10 @@ class Repo(NodeLocalMixin, BaseRepo):
         `select(leaf index, box)` is True for the pieces this rank writes."""
         tree, objects = capture(state)
         tree, local_trees = split_rank_local(tree, objects)
-        skeleton, shared = flatten(tree, allow_pickle=allow_pickle, copy=False, device_capture=self._device)
+        deferred = self._device.deferring()
+        skeleton, shared = flatten(tree, allow_pickle=allow_pickle, copy=False, device_capture=deferred)
         local_skeleton, local = flatten(local_trees, allow_pickle=allow_pickle, copy=False,
-                                        device_capture=self._device)
+                                        device_capture=deferred)
         n_shared = len(shared)
         for fl in local:
             if fl.alias_of is not None:
@@ -158,6 +159,7 @@ class Repo(NodeLocalMixin, BaseRepo):
                 return d.owner
             return owners.get((i, box[0][0] if box[0] else 0)) == me
 
+        launch_device_copies(shared + local, self.options, select, writer_class(shared))
         return skeleton, shared, local_skeleton, local, select
 
     def warm_staging(self, state, allow_pickle: bool = False) -> int:

@@ -361,6 +361,26 @@ def layout(flat: list[FlatLeaf], opts: SaveOptions, select=None, pack_key=None):
             yield "pack", (members, total)
 
 
+def launch_device_copies(flat: list[FlatLeaf], opts: SaveOptions, select=None, pack_key=None) -> None:
+    """Launch the deferred device-to-host copies of `flat`'s leaves (state.device.DeferredCapture),
+    each for just the bytes this process stores (see `layout`)."""
+    ranges: dict[int, list[tuple[int, int]]] = {}
+    for kind, item in layout(flat, opts, select, pack_key):
+        if kind == "pack":
+            for i, data, _ in item[0]:
+                ranges.setdefault(i, []).append((0, int(data.nbytes)))
+            continue
+        i, pieces = item
+        base = flat[i].data.data.__array_interface__["data"][0]
+        for piece, _ in pieces:
+            lo = piece.__array_interface__["data"][0] - base
+            ranges.setdefault(i, []).append((lo, lo + int(piece.nbytes)))
+    for i, fl in enumerate(flat):
+        pending = fl.data.pending if fl.data is not None else None
+        if pending is not None and not pending.launched:
+            pending.launch(ranges.get(i, []))
+
+
 def on_accelerator(d) -> bool:
     """True for a leaf whose live tensor is on an accelerator (its bytes come from a device copy)."""
     return d.pending is not None or (d.device or "cpu").split(":")[0] not in ("cpu", "meta")

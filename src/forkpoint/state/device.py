@@ -3,7 +3,9 @@ side stream, so neither the host nor the caller's stream waits for the copy.
 
 A `DeviceCopy` is the copy of one leaf in flight. Its reader calls `wait()` (the host blocks
 until the bytes are on the host); a hook about to overwrite the live tensor calls `order()`
-(work queued afterwards on the caller's stream runs after the copy, nothing blocks).
+(work queued afterwards on the caller's stream runs after the copy, nothing blocks). A
+deferred copy is launched later in the same save with the byte ranges the process will
+read (a rank of a distributed save writes only part of each replicated tensor).
 """
 
 import threading
@@ -51,11 +53,33 @@ class PinnedPool:
 
 
 class DeviceCopy:
-    """One tensor's copy to a pinned host buffer, queued on a side stream."""
+    """One tensor's copy to a pinned host buffer, queued on a side stream (`launch`)."""
 
-    def __init__(self, host, event, device, pool: PinnedPool):
-        self.host, self.event, self.device, self.pool = host, event, device, pool
+    def __init__(self, host, source, stream, pool: PinnedPool):
+        self.host, self.source, self.stream, self.pool = host, source, stream, pool
+        self.device = source.device
+        self.event = None
         self._released = False
+
+    def launch(self, ranges=None) -> None:
+        """Queue the copy of byte ranges [(lo, hi)] of the source (all of it when None) after
+        the work already queued on its device's current stream."""
+        import torch
+
+        src, self.source = self.source, None
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            whole = src.reshape(-1).view(torch.uint8)
+            for lo, hi in [(0, whole.numel())] if ranges is None else ranges:
+                if hi > lo:
+                    self.host[lo:hi].copy_(whole[lo:hi], non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record(self.stream)
+        src.record_stream(self.stream)
+
+    @property
+    def launched(self) -> bool:
+        return self.event is not None
 
     def done(self) -> bool:
         """True once the bytes are on the host."""
@@ -75,9 +99,12 @@ class DeviceCopy:
         torch.cuda.current_stream(self.device).wait_event(self.event)
 
     def release(self) -> None:
-        """Give the host buffer back to the pool once the copy is over (idempotent)."""
+        """Give the host buffer back to the pool once the copy is over (idempotent; a copy
+        never launched copies nothing)."""
         if not self._released:
             self._released = True
+            if self.event is None:
+                self.launch([])
             self.wait()
             self.pool.give(self.host)
 
@@ -89,29 +116,39 @@ class DeviceCapture:
         self.pool = PinnedPool(limit)
         self._streams: dict = {}
 
-    def copy(self, src) -> DeviceCopy | None:
+    def copy(self, src, deferred: bool = False) -> DeviceCopy | None:
         """Queue the copy of contiguous CUDA tensor `src` after the work already queued on its
-        device's current stream; None when it is not a CUDA tensor or no pinned buffer fits."""
+        device's current stream (`deferred`: leave it to the caller's `launch`, with ranges);
+        None when it is not a CUDA tensor or no pinned buffer fits."""
         import torch
 
         if src.device.type != "cuda" or not src.numel():
             return None
-        nbytes = src.numel() * src.element_size()
-        host = self.pool.get(nbytes)
+        host = self.pool.get(src.numel() * src.element_size())
         if host is None:
             return None
-        device = src.device
-        stream = self._streams.get(device)
+        stream = self._streams.get(src.device)
         if stream is None:
-            stream = self._streams[device] = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
-            host.copy_(src.reshape(-1).view(torch.uint8), non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(stream)
-        src.record_stream(stream)
-        return DeviceCopy(host, event, device, self.pool)
+            stream = self._streams[src.device] = torch.cuda.Stream(src.device)
+        copy = DeviceCopy(host, src, stream, self.pool)
+        if not deferred:
+            copy.launch()
+        return copy
+
+    def deferring(self) -> "DeferredCapture":
+        """A stand-in for this capture whose copies wait for `launch` (see launch_selected)."""
+        return DeferredCapture(self)
 
     def clear(self) -> None:
         """Drop the pinned buffers not in use."""
         self.pool.clear()
+
+
+class DeferredCapture:
+    """Passed to flatten in place of a DeviceCapture: allocates each copy, launches none."""
+
+    def __init__(self, capture: DeviceCapture):
+        self.capture = capture
+
+    def copy(self, src) -> DeviceCopy | None:
+        return self.capture.copy(src, deferred=True)
