@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 import uuid
+import weakref
 
 
 from ..engine.delta import DeltaPlan, parent_chunks
@@ -67,7 +68,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         if delta:
             self.options.delta = delta if isinstance(delta, Delta) else Delta()
         self._delta_values: dict = {}
-        self._delta_plans: set = set()
+        self._delta_plans = weakref.WeakSet()  # a plan whose save never got scheduled just vanishes
         codec_rules(self.options.codec)
         self.writer_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._open_or_create(create)
