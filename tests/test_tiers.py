@@ -395,16 +395,20 @@ def test_sweep_spares_young_unreferenced_objects_when_told(tmp_path):
 
 def test_direct_writes_of_random_part_layouts_read_back_exactly(tmp_path):
     """Any mix of part sizes and memory alignments (encoded payloads are lists of unaligned
-    views) lands byte for byte, whether its runs go direct or through the bounce buffer."""
+    views) lands byte for byte, whether its runs go direct or through the bounce buffer, also
+    with several threads writing at once."""
     import mmap
 
     import numpy as np
 
     from forkpoint.storage.local import LocalStore
 
-    rng = np.random.default_rng(7)
+    from concurrent.futures import ThreadPoolExecutor
+
     store = LocalStore(str(tmp_path / "s"))
-    for trial in range(60):
+
+    def layout(trial):
+        rng = np.random.default_rng(trial)
         parts = []
         for _ in range(int(rng.integers(1, 9))):
             n = int(rng.choice([0, 1, 100, 4096, 5000, 1 << 20, (3 << 20) + 13, 5 << 20]))
@@ -413,5 +417,9 @@ def test_direct_writes_of_random_part_layouts_read_back_exactly(tmp_path):
             view[:] = rng.integers(0, 256, n, dtype=np.uint8)
             parts.append(view)
         store.write(f"objects/t{trial}", parts)
-        expected = b"".join(bytes(p) for p in parts)
-        assert (tmp_path / "s" / "objects" / f"t{trial}").read_bytes() == expected, f"layout {trial}"
+        return b"".join(bytes(p) for p in parts)
+
+    with ThreadPoolExecutor(4) as pool:  # each writing thread has its own bounce buffer
+        expected = list(pool.map(layout, range(60)))
+    for trial, data in enumerate(expected):
+        assert (tmp_path / "s" / "objects" / f"t{trial}").read_bytes() == data, f"layout {trial}"
