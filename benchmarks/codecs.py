@@ -4,12 +4,15 @@ opt-in lossy modes (value-relative bound, bf16 precision) on fp32.
 State: a 24M-parameter MLP trained 20 steps with AdamW, in fp32 and in bf16 (weights and
 both Adam moments), saved synchronously to local disk with each codec. Medians of runs.
 The last row per dtype saves with deltas: each run saves the state, trains one more step
-and times the second save (stored against the first).
+and times the second save (stored against the first). "restore" is the time to restore that
+version into a copy of the model and optimizer right after the save (large objects were
+written with O_DIRECT, so they are read from the disk).
 
     python benchmarks/codecs.py --repeats 3
 """
 
 import argparse
+import copy
 import os
 import shutil
 import statistics
@@ -45,10 +48,11 @@ def main():
     ap.add_argument("--dir", default=None)
     args = ap.parse_args()
     scratch = tempfile.mkdtemp(prefix="fp-codecs-", dir=args.dir)
-    print("| dtype | codec | stored / logical | ratio | save (s) | MB/s | CPU (core-s) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| dtype | codec | stored / logical | ratio | save (s) | MB/s | CPU (core-s) | restore (s) |")
+    print("|---|---|---|---|---|---|---|---|")
     for dtype in (torch.float32, torch.bfloat16):
         state = trained_state(dtype)
+        target = copy.deepcopy(state)
         policies = {"raw": "raw", "zstd": "zstd", "lossless": "lossless", "auto": "auto"}
         if dtype == torch.float32:
             policies.update({
@@ -58,7 +62,7 @@ def main():
                 "Lossy(dtype=bfloat16) everywhere": fp.Lossy(dtype="bfloat16")})
         policies["lossless + Delta(), one step after the parent"] = "delta"
         for name, codec in policies.items():
-            times, cpu, v = [], [], None
+            times, cpu, restores, v = [], [], [], None
             for rep in range(args.repeats):
                 path = os.path.join(scratch, f"codec-{rep}")
                 if codec == "delta":
@@ -72,12 +76,16 @@ def main():
                 times.append(time.perf_counter() - t0)
                 c1 = os.times()
                 cpu.append(c1.user - c0.user + c1.system - c0.system)
+                t0 = time.perf_counter()
+                repo.restore(target, v.id)
+                restores.append(time.perf_counter() - t0)
                 repo.close()
                 shutil.rmtree(path)
             t = statistics.median(times)
             print(f"| {str(dtype).removeprefix('torch.')} | {name} | {v.stored_bytes / 2**20:.0f} / "
                   f"{v.logical_bytes / 2**20:.0f} MiB | {v.logical_bytes / v.stored_bytes:.3f} | {t:.2f} | "
-                  f"{v.logical_bytes / t / 1e6:.0f} | {statistics.median(cpu):.2f} |")
+                  f"{v.logical_bytes / t / 1e6:.0f} | {statistics.median(cpu):.2f} | "
+                  f"{statistics.median(restores):.2f} |")
     shutil.rmtree(scratch, ignore_errors=True)
 
 

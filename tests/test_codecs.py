@@ -194,6 +194,35 @@ def test_damaged_float_payload_is_refused(tmp_path):
         fp.Repo(str(tmp_path / "r")).load()
 
 
+def test_restore_in_place_decodes_into_the_tensor_and_refuses_damage(tmp_path, monkeypatch):
+    """Restoring encoded chunks into existing tensors decodes straight into their memory (no
+    decoded copy), bit-exactly; a damaged payload or one that decodes to other bytes is
+    refused naming the object; chunks whose codec cannot decode in place still restore."""
+    from forkpoint.errors import CorruptObjectError
+    from forkpoint.format import floatcodec
+
+    weights, moments = _weights_and_moments()
+    state = {"w": torch.from_numpy(weights), "m": torch.from_numpy(moments),
+             "ints": torch.arange(500_000) % 11}
+    repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless")
+    repo.save(state)
+    target = {k: torch.zeros_like(v) for k, v in state.items()}
+    decoded = []
+    real = floatcodec.decode
+    monkeypatch.setattr(floatcodec, "decode", lambda *a, **k: (decoded.append(k.get("out") is not None), real(*a, **k))[1])
+    fresh = fp.Repo(str(tmp_path / "r"))
+    fresh.restore(target, "main")
+    assert all(torch.equal(target[k], state[k]) for k in state)
+    assert decoded and all(decoded), "every float-planes chunk was decoded into the target"
+    leaf = next(lf for lf in repo.manifest().leaves if lf.path == "w")
+    path = tmp_path / "r" / "objects" / leaf.chunks[0].object[:2] / leaf.chunks[0].object
+    data = bytearray(path.read_bytes())
+    data[-100] ^= 0x55
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptObjectError, match=leaf.chunks[0].object):
+        fp.Repo(str(tmp_path / "r")).restore({k: torch.zeros_like(v) for k, v in state.items()}, "main")
+
+
 def test_objects_of_the_previous_float_codec_still_read():
     planes = CODECS[2]
     data = np.arange(10_000, dtype=np.float32).view(np.uint8)

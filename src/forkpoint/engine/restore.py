@@ -17,6 +17,7 @@ import blake3
 import numpy as np
 
 from ..errors import CorruptObjectError, MissingObjectError
+from ..format.codecs import codec_by_id
 from ..format.delta import OPS, apply_delta
 from ..format.manifest import Chunk, Leaf
 from ..format.objects import (ALIGNED_HEADER_SIZE, BLOCK_BYTES, DIGEST_BYTES, OBJECT_HEADER_SIZE,
@@ -103,7 +104,7 @@ class _Reader:
             got = self.store.read_into(key, 0, memoryview(header))
             codec_id, length, header_size = unpack_header(bytes(header[:got]), self.where(leaf, key))
             if codec_id != 0:
-                return self.copy_from_object(leaf, chunk, dest)
+                return self.decode_into(leaf, chunk, dest)
             got = self.store.read_into(key, header_size, memoryview(dest))
         except FileNotFoundError:
             raise MissingObjectError(f"{self.where(leaf, key)} is missing") from None
@@ -112,13 +113,39 @@ class _Reader:
         if self.rehash and content_hash(dest) != chunk.hash:
             raise CorruptObjectError(f"{self.where(leaf, key)} does not match its hash: corrupted")
 
+    def decode_into(self, leaf: Leaf, chunk: Chunk, dest: np.ndarray) -> None:
+        """Decode a standalone chunk straight into `dest` (its codec permitting, else through
+        a decoded copy) and verify it (unless it comes from a trusted store)."""
+        key = object_key(chunk.object)
+        try:
+            blob = memoryview(self.store.read(key))
+        except FileNotFoundError:
+            raise MissingObjectError(f"{self.where(leaf, key)} is missing") from None
+        codec_id, length, header_size = unpack_header(bytes(blob[:OBJECT_HEADER_SIZE]), self.where(leaf, key))
+        codec = codec_by_id(codec_id, self.where(leaf, key))
+        if length != chunk.size or dest.nbytes != length:
+            raise CorruptObjectError(f"{self.where(leaf, key)} holds {length} bytes, the chunk needs {chunk.size}")
+        if codec.decode_into is None:
+            dest[...] = self.chunk_bytes(leaf, chunk, decode_object(blob, chunk.object, self.where(leaf, key),
+                                                                    verify=self.rehash))
+            return
+        try:
+            codec.decode_into(blob[header_size:], length, dest)
+        except Exception as e:  # any decoder failure means the stored bytes are damaged
+            raise CorruptObjectError(f"{self.where(leaf, key)} cannot be decoded as {codec.name} ({e}): corrupted") from None
+        if self.rehash and content_hash(dest) != chunk.hash:
+            raise CorruptObjectError(f"{self.where(leaf, key)} does not match its hash: corrupted")
+
     def chunk_bytes(self, leaf: Leaf, chunk: Chunk, data=None) -> np.ndarray:
         """The verified decoded bytes of a chunk, out of its (possibly packed, encoded or delta)
-        object; `data` is that object's decoded bytes when the caller has read them."""
+        object; `data` is that object's decoded bytes when the caller has read them (a whole
+        verified object is not hashed again)."""
         data = self.read_object(chunk.object, leaf) if data is None else data
         piece = np.frombuffer(data, dtype=np.uint8, count=chunk.size, offset=chunk.start)
         if chunk.delta is not None:
             piece = self.undelta(leaf, chunk, piece)
+        elif chunk.standalone and len(data) == chunk.size:
+            return piece
         if self.rehash and content_hash(piece) != chunk.hash:
             raise CorruptObjectError(
                 f"{self.where(leaf, object_key(chunk.object))}: chunk {chunk.hash} does not match its hash")
@@ -212,6 +239,8 @@ def read_leaves(store: Store, requests: list[ReadRequest], version_id: str,
             standalone = chunk.standalone and chunk.codec == "raw"
             if standalone and region.whole_flat is not None:
                 jobs.append((chunk.size, _bind(reader.read_direct, req.leaf, chunk, region.whole_flat)))
+            elif chunk.standalone and region.whole_flat is not None:
+                jobs.append((chunk.size, _bind(reader.decode_into, req.leaf, chunk, region.whole_flat)))
             elif standalone:
                 jobs.append((chunk.size, _bind(reader.fill_region, req.leaf, chunk, region)))
             else:

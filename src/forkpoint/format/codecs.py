@@ -17,7 +17,8 @@ from . import floatcodec
 class Codec:
     """A lossless transform of an object's bytes, known by id and name: encode(data, itemsize,
     threads=None) and decode(payload, decoded length); `estimate(data, itemsize)`, where a
-    codec has one, is the coded size of a sample of the data (cheaper than encoding one)."""
+    codec has one, is the coded size of a sample of the data (cheaper than encoding one), and
+    `decode_into(payload, decoded length, out)` decodes into a caller's uint8 array."""
 
     id: int
     name: str
@@ -25,6 +26,7 @@ class Codec:
     decode: Callable[[bytes | memoryview, int], bytes | memoryview]
     encode_pieces: Callable[..., list] | None = None
     estimate: Callable[..., int] | None = None
+    decode_into: Callable[..., None] | None = None
 
     def pieces(self, data, itemsize: int = 1, threads: int | None = None, scratch=None) -> list:
         """The encoded payload as a list of buffers to write in order (no final join where
@@ -70,7 +72,7 @@ CODECS = {
         Codec(1, "zstd", _zstd_encode, _zstd_decode),
         Codec(2, "planes+zstd", _planes_encode, _planes_decode),
         Codec(3, "float-planes", floatcodec.encode, floatcodec.decode, floatcodec.encode_pieces,
-              floatcodec.estimate),
+              floatcodec.estimate, floatcodec.decode_into),
     )
 }
 POLICIES = ("raw", "zstd", "lossless", "auto")

@@ -267,9 +267,15 @@ def encode_pieces(data, itemsize: int = 1, threads: int | None = None, out=None)
             *(c for _, planes in coded for c in planes)]
 
 
-def decode(payload, decoded_length: int, threads: int | None = None) -> np.ndarray:
+def decode_into(payload, decoded_length: int, out: np.ndarray) -> None:
+    """Decode a payload of `encode` into `out` (contiguous uint8 of `decoded_length` bytes)."""
+    decode(payload, decoded_length, out=out)
+
+
+def decode(payload, decoded_length: int, threads: int | None = None, out=None) -> np.ndarray:
     """Decode a payload of `encode` into `decoded_length` bytes (a uint8 array: large ones
-    come from numpy's huge-page-backed allocations, not zero-filled fresh pages)."""
+    come from numpy's huge-page-backed allocations, not zero-filled fresh pages; `out` when
+    given)."""
     view = memoryview(payload).cast("B")
     version, itemsize, rotated, count, per = _HEAD.unpack_from(view)
     if version not in (1, 2) or count * itemsize != decoded_length or per < 1 or itemsize not in (1, *_WORDS):
@@ -290,7 +296,11 @@ def decode(payload, decoded_length: int, threads: int | None = None) -> np.ndarr
     offsets = np.concatenate([[pos], pos + np.cumsum(lengths)]).tolist()
     if offsets[-1] != len(view):
         raise ValueError(f"float codec payload holds {len(view)} bytes, its table says {offsets[-1]}")
-    dest = out = np.empty(decoded_length, np.uint8)
+    if out is None:
+        out = np.empty(decoded_length, np.uint8)
+    elif out.dtype != np.uint8 or out.nbytes != decoded_length or not out.flags.c_contiguous:
+        raise ValueError(f"decode target of {out.nbytes} bytes ({out.dtype}), expected {decoded_length} contiguous bytes")
+    dest = out
 
     def segment(j: int) -> None:
         lo = starts[j]
