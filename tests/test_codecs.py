@@ -198,7 +198,7 @@ def test_restore_in_place_decodes_into_the_tensor_and_refuses_damage(tmp_path, m
     """Restoring encoded chunks into existing tensors decodes straight into their memory (no
     decoded copy), bit-exactly; a damaged payload or one that decodes to other bytes is
     refused naming the object; chunks whose codec cannot decode in place still restore."""
-    from forkpoint.errors import CorruptObjectError
+    from forkpoint.errors import CorruptObjectError, MissingObjectError
     from forkpoint.format import floatcodec
 
     weights, moments = _weights_and_moments()
@@ -221,6 +221,14 @@ def test_restore_in_place_decodes_into_the_tensor_and_refuses_damage(tmp_path, m
     path.write_bytes(bytes(data))
     with pytest.raises(CorruptObjectError, match=leaf.chunks[0].object):
         fp.Repo(str(tmp_path / "r")).restore({k: torch.zeros_like(v) for k, v in state.items()}, "main")
+    path.unlink()
+    with pytest.raises(MissingObjectError, match=leaf.chunks[0].object):
+        fp.Repo(str(tmp_path / "r")).restore({k: torch.zeros_like(v) for k, v in state.items()}, "main")
+    payload = floatcodec.encode(weights.view(np.uint8), 4)
+    for wrong in (np.empty(weights.nbytes - 4, np.uint8), np.empty(weights.size, np.float32),
+                  np.empty(2 * weights.nbytes, np.uint8)[::2]):
+        with pytest.raises(ValueError, match="decode target"):
+            floatcodec.decode_into(payload, weights.nbytes, wrong)
 
 
 def test_objects_of_the_previous_float_codec_still_read():
