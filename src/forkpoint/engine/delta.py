@@ -13,11 +13,9 @@ from typing import Callable
 
 import numpy as np
 
-from ..format.codecs import codec_for
 from ..format.delta import Delta, make_delta, op_for
-from ..format.lossy import Lossy
 from ..format.manifest import Chunk, Leaf, Manifest
-from .save import ObjectWriter, hash_with_table
+from .save import ObjectWriter, hash_with_table, policy_codec
 
 SAMPLE_PIECES = 4
 SAMPLE_PIECE_BYTES = 64 << 10
@@ -98,7 +96,7 @@ class DeltaPlan:
             return None
         delta_out, scratch = buffers or (None, None)
         delta = make_delta(op, value, base, itemsize, delta_out)
-        codec = codec_for("lossless" if isinstance(policy, Lossy) else policy, itemsize, floating)
+        codec = policy_codec(policy, itemsize, floating)
         if codec.id == 0 or not _smaller(codec, delta, value, itemsize):
             return None
         delta_digest, table = hash_with_table(delta)

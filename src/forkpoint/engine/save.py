@@ -87,6 +87,12 @@ ENCODING_POLICIES = ("lossless", "zstd")
 
 
 
+def policy_codec(policy, itemsize: int, floating: bool):
+    """The codec a chunk under `policy` is encoded with (a lossy policy's rounded values go
+    through the lossless codec)."""
+    return codec_for("lossless" if isinstance(policy, Lossy) else policy, itemsize, floating)
+
+
 class ObjectWriter:
     """Writes objects once per save, thread-safely, and tallies what was new."""
 
@@ -142,7 +148,7 @@ class ObjectWriter:
                 codec_name = self._adopt(key, data, owned, table)
             else:
                 policy = policy or self.policy
-                codec = codec_for("lossless" if isinstance(policy, Lossy) else policy, itemsize, floating)
+                codec = policy_codec(policy, itemsize, floating)
                 if policy == "auto" and not self.worth_encoding(data, codec, itemsize):
                     codec = codec_by_name("raw")
                 codec_name = self._write(key, data, codec, itemsize, table, scratch)
@@ -450,8 +456,7 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
     deltas = plan.deltas if plan.deltas is not None and policy != "raw" and d.kind in ("torch", "numpy") else None
     head = raw_header_size(n) if policy == "raw" else None
     in_place = staging == "window" and lossy is None and policy in ENCODING_POLICIES and d.pending is None
-    scratch_bytes = n if policy != "auto" and head is None and codec_for(
-        "lossless" if isinstance(policy, Lossy) else policy, itemsize, floating).encode_pieces else 0
+    scratch_bytes = n if policy != "auto" and head is None and policy_codec(policy, itemsize, floating).encode_pieces else 0
 
     def capture():
         if in_place:
