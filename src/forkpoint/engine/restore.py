@@ -86,14 +86,17 @@ class _Reader:
     def where(self, leaf: Leaf, key: str) -> str:
         return f"version {self.version_id}, leaf {leaf.path!r}, object {self.store.url}/{key}"
 
+    def read_stored(self, key: str, leaf: Leaf) -> bytes:
+        """The stored bytes of object `key` (header included); MissingObjectError naming it."""
+        try:
+            return self.store.read(key)
+        except FileNotFoundError:
+            raise MissingObjectError(f"{self.where(leaf, key)} is missing") from None
+
     def read_object(self, digest: str, leaf: Leaf) -> bytes:
         """Read, decode and verify a whole object."""
         key = object_key(digest)
-        try:
-            blob = self.store.read(key)
-        except FileNotFoundError:
-            raise MissingObjectError(f"{self.where(leaf, key)} is missing") from None
-        return decode_object(blob, digest, self.where(leaf, key), verify=self.rehash)
+        return decode_object(self.read_stored(key, leaf), digest, self.where(leaf, key), verify=self.rehash)
 
     def read_direct(self, leaf: Leaf, chunk: Chunk, dest: np.ndarray) -> None:
         """Read a raw standalone chunk straight into `dest` and verify it (unless it comes from
@@ -117,10 +120,7 @@ class _Reader:
         """Decode a standalone chunk straight into `dest` (its codec permitting, else through
         a decoded copy) and verify it (unless it comes from a trusted store)."""
         key = object_key(chunk.object)
-        try:
-            blob = memoryview(self.store.read(key))
-        except FileNotFoundError:
-            raise MissingObjectError(f"{self.where(leaf, key)} is missing") from None
+        blob = memoryview(self.read_stored(key, leaf))
         codec_id, length, header_size = unpack_header(bytes(blob[:OBJECT_HEADER_SIZE]), self.where(leaf, key))
         codec = codec_by_id(codec_id, self.where(leaf, key))
         if length != chunk.size or dest.nbytes != length:
