@@ -6,6 +6,7 @@ budget: a state larger than it streams through.
 """
 
 import fnmatch
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from ..format.objects import (BLOCK_BYTES, DIGEST_BYTES, OBJECT_HEADER_SIZE, blo
                               pack_header, table_header_size, unpack_header)
 from ..state.flatten import FlatLeaf
 from ..storage.base import Store
+from .meter import meter_for
 from .scheduler import Priority, Scheduler, Task
 from .staging import StagingPool
 
@@ -82,9 +84,19 @@ def policy_for(rules: list[tuple[str, str]], path: str) -> str:
 DIRECT_MIN_BYTES = 1 << 20
 AUTO_SAMPLE_BYTES = 256 << 10
 AUTO_MIN_RATIO = 1.05
+ASSUMED_ENCODE_SPEED = 1e9
+PIPELINE_MARGIN = 1.5
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 ENCODING_POLICIES = ("lossless", "zstd")
 
 
+def expected_ratio(data: np.ndarray, codec, itemsize: int) -> float:
+    """Decoded over coded bytes expected for `data`: the codec's estimate where it has one, else
+    the ratio of its first AUTO_SAMPLE_BYTES."""
+    if codec.estimate is not None:
+        return data.nbytes / max(1, codec.estimate(data, itemsize))
+    sample = memoryview(data).cast("B")[:AUTO_SAMPLE_BYTES]
+    return sample.nbytes / max(1, len(codec.encode(sample, itemsize)))
 
 
 def policy_codec(policy, itemsize: int, floating: bool):
@@ -105,7 +117,7 @@ class ObjectWriter:
         self.claimed: dict[str, threading.Event] = {}
         self.codecs: dict[str, str] = {}
         self.stored_bytes = 0
-        self.write_bandwidth: float | None = getattr(store, "measured_bandwidth", None)
+        self.meter = meter_for(store)
         self.written: list[str] = []
         self.pinned: set[str] = set()
 
@@ -159,46 +171,54 @@ class ObjectWriter:
             event.set()
 
     def worth_encoding(self, data: np.ndarray, codec, itemsize: int) -> bool:
-        """(codec="auto") True when encoding is expected to make this write no slower: a
-        sample's ratio r and encode speed E against the store's write bandwidth W (its hint,
-        or measured on this writer's raw writes) must satisfy 1/E + 1/(r W) < 1/W. A codec
-        last seen encoding slower than W is not sampled again (it cannot win)."""
-        sample = memoryview(data).cast("B")[:AUTO_SAMPLE_BYTES]
-        bandwidth = self.store.bandwidth_hint or self.write_bandwidth
-        if sample.nbytes < 4096 or bandwidth is None:
+        """(codec="auto") True when encoding `data` is expected to make the save no slower. It
+        must code at least AUTO_MIN_RATIO smaller (ratio r: the codec's estimate, or a 256 KiB
+        sample), and the encoders must outpace the store: with E the codec's encode speed per
+        thread seen on this store's chunks (under the save's load; ASSUMED_ENCODE_SPEED before
+        the first) and W the store's write bandwidth (its hint, or measured while busy),
+        either the cores together encode faster than the store writes (E * CORES >=
+        PIPELINE_MARGIN * W: encoding overlaps other chunks' writes) or one chunk encoded then
+        written beats it written raw (1/E + 1/(r W) < 1/W). Raw while W is unknown."""
+        bandwidth = self.store.bandwidth_hint or self.meter.bandwidth
+        if data.nbytes < 4096 or bandwidth is None:
             return False
-        speeds = self.store.encode_speeds
-        if speeds.get(codec.name, float("inf")) < bandwidth:
+        speed = self.store.encode_speeds.get(codec.name, ASSUMED_ENCODE_SPEED)
+        if speed * CORES < PIPELINE_MARGIN * bandwidth and speed < bandwidth:
             return False
-        start = time.perf_counter()
-        encoded = codec.encode(sample, itemsize)
-        seconds = max(time.perf_counter() - start, 1e-9)
-        speeds[codec.name] = sample.nbytes / seconds
-        ratio = sample.nbytes / max(1, len(encoded))
-        return ratio >= AUTO_MIN_RATIO and seconds / sample.nbytes + 1 / (ratio * bandwidth) < 1 / bandwidth
+        ratio = expected_ratio(data, codec, itemsize)
+        return ratio >= AUTO_MIN_RATIO and (speed * CORES >= PIPELINE_MARGIN * bandwidth
+                                            or 1 / speed + 1 / (ratio * bandwidth) < 1 / bandwidth)
 
     def _write(self, key: str, data: np.ndarray, codec, itemsize: int, table: bytes | None,
                scratch=None) -> str:
         view = memoryview(data).cast("B")
         payload = [view]
         if codec.id != 0:
+            start = time.perf_counter()
             encoded = codec.pieces(view, itemsize, scratch=scratch)
+            self._encoded(codec, view.nbytes, time.perf_counter() - start)
             if sum(memoryview(p).nbytes for p in encoded) < 0.95 * view.nbytes:
                 payload = encoded
             else:
                 codec = codec_by_name("raw")
         header_size, table = raw_header(view, table) if codec.id == 0 else (OBJECT_HEADER_SIZE, b"")
-        start = time.perf_counter()
-        self.store.write(key, [pack_header(codec.id, view.nbytes, header_size, table), *payload])
-        seconds = time.perf_counter() - start
+        stored = header_size + sum(memoryview(p).nbytes for p in payload)
+        with self.meter.measuring(stored if codec.id == 0 else 0):
+            self.store.write(key, [pack_header(codec.id, view.nbytes, header_size, table), *payload])
         with self.lock:
-            self.stored_bytes += header_size + sum(memoryview(p).nbytes for p in payload)
+            self.stored_bytes += stored
             self.written.append(key)
-            if codec.id == 0 and view.nbytes >= AUTO_SAMPLE_BYTES and seconds > 0:
-                rate = view.nbytes / seconds
-                self.write_bandwidth = rate if self.write_bandwidth is None else 0.7 * self.write_bandwidth + 0.3 * rate
-                self.store.measured_bandwidth = self.write_bandwidth
         return codec.name
+
+    def _encoded(self, codec, nbytes: int, seconds: float) -> None:
+        """Fold one chunk's encode speed into the store's (what codec="auto" expects next),
+        starting from ASSUMED_ENCODE_SPEED (so that one slow first encode, cold caches and
+        fresh memory, does not turn encoding off for good)."""
+        if nbytes < AUTO_SAMPLE_BYTES or seconds <= 0:
+            return
+        speeds = self.store.encode_speeds
+        last = speeds.get(codec.name, ASSUMED_ENCODE_SPEED)
+        speeds[codec.name] = 0.7 * last + 0.3 * nbytes / seconds
 
     def _adopt(self, key: str, data: np.ndarray, owned: np.ndarray, table: bytes | None) -> str:
         """Store raw `data`, the tail of `owned`, by writing its header in front of it and
@@ -206,7 +226,8 @@ class ObjectWriter:
         view = memoryview(data).cast("B")
         header_size, table = raw_header(view, table)
         owned[:header_size] = np.frombuffer(pack_header(0, view.nbytes, header_size, table), np.uint8)
-        self.store.adopt(key, owned)
+        with self.meter.measuring(owned.nbytes):
+            self.store.adopt(key, owned)
         with self.lock:
             self.stored_bytes += owned.nbytes
             self.written.append(key)
@@ -456,7 +477,7 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
     deltas = plan.deltas if plan.deltas is not None and policy != "raw" and d.kind in ("torch", "numpy") else None
     head = raw_header_size(n) if policy == "raw" else None
     in_place = staging == "window" and lossy is None and policy in ENCODING_POLICIES and d.pending is None
-    scratch_bytes = n if policy != "auto" and head is None and policy_codec(policy, itemsize, floating).encode_pieces else 0
+    scratch_bytes = n if head is None and policy_codec(policy, itemsize, floating).encode_pieces else 0
 
     def capture():
         if in_place:

@@ -223,12 +223,13 @@ def choose(data: np.ndarray, itemsize: int) -> tuple[bool, list[int], int]:
 
 
 def estimate(data, itemsize: int = 1) -> int:
-    """Coded bytes of the sample `encode` would choose its layout on: a cheap estimate of how
-    well `data` codes (the same sample positions for buffers of the same size)."""
+    """Expected coded bytes of `data`, from the sample `encode` chooses its layout on (cheaper
+    than encoding; buffers of the same size are sampled at the same positions)."""
     data = np.frombuffer(data, np.uint8)
     if itemsize not in _WORDS or data.nbytes % itemsize:
         itemsize = 1
-    return choose(data, itemsize)[2]
+    sampled = min(data.nbytes, SAMPLE_PIECES * SAMPLE_ELEMENTS * itemsize)
+    return -(-choose(data, itemsize)[2] * data.nbytes // max(1, sampled))
 
 
 def encode(data, itemsize: int = 1, threads: int | None = None) -> bytes:

@@ -15,8 +15,6 @@ class Store(ABC):
 
     bandwidth_hint: float | None = None
     """Expected write bandwidth in bytes/s when known in advance (remote stores); None: measure."""
-    measured_bandwidth: float | None = None
-    """Write bandwidth of raw writes seen so far (kept by the engine, used by codec="auto")."""
     adopts_buffers: bool = False
     """True when `object_buffer` hands out buffers that `adopt` keeps without copying."""
     trusted: bool = False
@@ -25,7 +23,7 @@ class Store(ABC):
 
     @property
     def encode_speeds(self) -> dict:
-        """Encode speed per codec last seen by codec="auto" for this store (bytes/s)."""
+        """Encode speed per codec seen by the engine for this store (bytes/s; codec="auto")."""
         if "_encode_speeds" not in self.__dict__:
             self.__dict__["_encode_speeds"] = {}
         return self.__dict__["_encode_speeds"]
