@@ -10,6 +10,8 @@ written with O_DIRECT, so they are read from the disk).
 
     python benchmarks/codecs.py --repeats 3
     python benchmarks/codecs.py --warm-restores --repeats 9   # restore speed per codec
+    python benchmarks/codecs.py --repeated-saves --repeats 7  # one repo per codec, a save per step
+    sudo bash benchmarks/throttled.sh 500 python benchmarks/codecs.py --repeated-saves  # slower disk
 """
 
 import argparse
@@ -49,10 +51,13 @@ def main():
     ap.add_argument("--dir", default=None)
     ap.add_argument("--warm-restores", action="store_true",
                     help="instead: restore speed per codec with the objects in the page cache")
+    ap.add_argument("--repeated-saves", action="store_true",
+                    help="instead: raw, lossless and auto saving into one repository each, "
+                         "one training step between saves (what auto learns about the store)")
     args = ap.parse_args()
     scratch = tempfile.mkdtemp(prefix="fp-codecs-", dir=args.dir)
-    if args.warm_restores:
-        warm_restores(scratch, args.repeats)
+    if args.warm_restores or args.repeated_saves:
+        (warm_restores if args.warm_restores else repeated_saves)(scratch, args.repeats)
         shutil.rmtree(scratch, ignore_errors=True)
         return
     print("| dtype | codec | stored / logical | ratio | save (s) | MB/s | CPU (core-s) | restore (s) |")
@@ -123,6 +128,42 @@ def warm_restores(scratch: str, repeats: int) -> None:
             t = statistics.median(times)
             print(f"| {str(dtype).removeprefix('torch.')} | {codec} | {t:.3f} | "
                   f"{version.logical_bytes / t / 1e9:.2f} | {statistics.median(cpu):.2f} |")
+
+
+def repeated_saves(scratch: str, repeats: int) -> None:
+    """Per dtype, for each of raw / lossless / auto in turn (the order rotating by round): a
+    repository per codec saves the state once (its first save, reported apart), then `repeats`
+    times, one training step before each save (so every save writes new bytes). Medians of
+    those saves; "encoded saves" counts the saves that encoded their large chunks."""
+    print(f"forkpoint from {os.path.dirname(fp.__file__)}\n")
+    print("| dtype | codec | first save (s) | save (s) | CPU (core-s) | ratio | encoded saves |")
+    print("|---|---|---|---|---|---|---|")
+    codecs = ("raw", "lossless", "auto")
+    for dtype in (torch.float32, torch.bfloat16):
+        state = trained_state(dtype)
+        repos = {c: fp.Repo(os.path.join(scratch, c), create=True, codec=c) for c in codecs}
+        first, times, cpu, ratios, encoded = {}, *({c: [] for c in codecs} for _ in range(4))
+        for rep in range(repeats + 1):
+            for c in codecs[rep % 3:] + codecs[:rep % 3]:
+                train_step(state, dtype)
+                c0, t0 = os.times(), time.perf_counter()
+                v = repos[c].save(state)
+                elapsed = time.perf_counter() - t0
+                c1 = os.times()
+                if rep == 0:
+                    first[c] = elapsed
+                    continue
+                times[c].append(elapsed)
+                cpu[c].append(c1.user - c0.user + c1.system - c0.system)
+                ratios[c].append(v.logical_bytes / v.stored_bytes)
+                encoded[c].append(any(ch.codec != "raw" for leaf in repos[c].manifest(v.id).leaves
+                                      for ch in leaf.chunks if ch.size >= 1 << 20))
+        for c in codecs:
+            print(f"| {str(dtype).removeprefix('torch.')} | {c} | {first[c]:.2f} | "
+                  f"{statistics.median(times[c]):.3f} | {statistics.median(cpu[c]):.2f} | "
+                  f"{statistics.median(ratios[c]):.3f} | {sum(encoded[c])} / {repeats} |")
+            repos[c].close()
+            shutil.rmtree(os.path.join(scratch, c))
 
 
 if __name__ == "__main__":

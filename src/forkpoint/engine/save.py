@@ -6,9 +6,7 @@ budget: a state larger than it streams through.
 """
 
 import fnmatch
-import os
 import threading
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,7 +19,7 @@ from ..format.objects import (BLOCK_BYTES, DIGEST_BYTES, OBJECT_HEADER_SIZE, blo
                               pack_header, table_header_size, unpack_header)
 from ..state.flatten import FlatLeaf
 from ..storage.base import Store
-from .meter import meter_for
+from .autocodec import BusyMeter, choice_for
 from .scheduler import Priority, Scheduler, Task
 from .staging import StagingPool
 
@@ -84,9 +82,6 @@ def policy_for(rules: list[tuple[str, str]], path: str) -> str:
 DIRECT_MIN_BYTES = 1 << 20
 AUTO_SAMPLE_BYTES = 256 << 10
 AUTO_MIN_RATIO = 1.05
-ASSUMED_ENCODE_SPEED = 1e9
-PIPELINE_MARGIN = 1.5
-CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 ENCODING_POLICIES = ("lossless", "zstd")
 
 
@@ -117,7 +112,8 @@ class ObjectWriter:
         self.claimed: dict[str, threading.Event] = {}
         self.codecs: dict[str, str] = {}
         self.stored_bytes = 0
-        self.meter = meter_for(store)
+        self.auto_encodes: bool | None = None
+        self.auto_meter = BusyMeter()
         self.written: list[str] = []
         self.pinned: set[str] = set()
 
@@ -161,64 +157,63 @@ class ObjectWriter:
             else:
                 policy = policy or self.policy
                 codec = policy_codec(policy, itemsize, floating)
-                if policy == "auto" and not self.worth_encoding(data, codec, itemsize):
-                    codec = codec_by_name("raw")
-                codec_name = self._write(key, data, codec, itemsize, table, scratch)
+                if policy == "auto":
+                    codec_name = self._write_auto(key, data, codec, itemsize, table, scratch)
+                else:
+                    codec_name = self._write(key, data, codec, itemsize, table, scratch)
             self.codecs[digest] = codec_name
             return codec_name
         finally:
             self.codecs.setdefault(digest, "raw")
             event.set()
 
-    def worth_encoding(self, data: np.ndarray, codec, itemsize: int) -> bool:
-        """(codec="auto") True when encoding `data` is expected to make the save no slower. It
-        must code at least AUTO_MIN_RATIO smaller (ratio r: the codec's estimate, or a 256 KiB
-        sample), and the encoders must outpace the store: with E the codec's encode speed per
-        thread seen on this store's chunks (under the save's load; ASSUMED_ENCODE_SPEED before
-        the first) and W the store's write bandwidth (its hint, or measured while busy),
-        either the cores together encode faster than the store writes (E * CORES >=
-        PIPELINE_MARGIN * W: encoding overlaps other chunks' writes) or one chunk encoded then
-        written beats it written raw (1/E + 1/(r W) < 1/W). Raw while W is unknown."""
-        bandwidth = self.store.bandwidth_hint or self.meter.bandwidth
-        if data.nbytes < 4096 or bandwidth is None:
-            return False
-        speed = self.store.encode_speeds.get(codec.name, ASSUMED_ENCODE_SPEED)
-        if speed * CORES < PIPELINE_MARGIN * bandwidth and speed < bandwidth:
-            return False
-        ratio = expected_ratio(data, codec, itemsize)
-        return ratio >= AUTO_MIN_RATIO and (speed * CORES >= PIPELINE_MARGIN * bandwidth
-                                            or 1 / speed + 1 / (ratio * bandwidth) < 1 / bandwidth)
+    def encodes_auto(self) -> bool:
+        """Whether this save encodes its auto chunks (the store's AutoChoice, asked once)."""
+        with self.lock:
+            if self.auto_encodes is None:
+                self.auto_encodes = choice_for(self.store).pick(slow_store=self.store.bandwidth_hint is not None)
+            return self.auto_encodes
+
+    def finish(self) -> None:
+        """Report this save's writing of auto chunks to the store's AutoChoice (once every
+        write is done)."""
+        if self.auto_encodes is not None:
+            choice_for(self.store).record(self.auto_encodes, self.auto_meter.nbytes, self.auto_meter.busy)
+
+    def _write_auto(self, key: str, data: np.ndarray, codec, itemsize: int, table: bytes | None,
+                    scratch=None) -> str:
+        """(codec="auto") Write `data` encoded where this save encodes and it is expected to
+        code at least AUTO_MIN_RATIO smaller, else raw; the write counts towards this save's
+        measured rate."""
+        if not (self.encodes_auto() and data.nbytes >= 4096
+                and expected_ratio(data, codec, itemsize) >= AUTO_MIN_RATIO):
+            codec = codec_by_name("raw")
+        self.auto_meter.start()
+        written = 0
+        try:
+            name = self._write(key, data, codec, itemsize, table, scratch)
+            written = data.nbytes
+            return name
+        finally:
+            self.auto_meter.finish(written)
 
     def _write(self, key: str, data: np.ndarray, codec, itemsize: int, table: bytes | None,
                scratch=None) -> str:
         view = memoryview(data).cast("B")
         payload = [view]
         if codec.id != 0:
-            start = time.perf_counter()
             encoded = codec.pieces(view, itemsize, scratch=scratch)
-            self._encoded(codec, view.nbytes, time.perf_counter() - start)
             if sum(memoryview(p).nbytes for p in encoded) < 0.95 * view.nbytes:
                 payload = encoded
             else:
                 codec = codec_by_name("raw")
         header_size, table = raw_header(view, table) if codec.id == 0 else (OBJECT_HEADER_SIZE, b"")
         stored = header_size + sum(memoryview(p).nbytes for p in payload)
-        with self.meter.measuring(stored if codec.id == 0 else 0):
-            self.store.write(key, [pack_header(codec.id, view.nbytes, header_size, table), *payload])
+        self.store.write(key, [pack_header(codec.id, view.nbytes, header_size, table), *payload])
         with self.lock:
             self.stored_bytes += stored
             self.written.append(key)
         return codec.name
-
-    def _encoded(self, codec, nbytes: int, seconds: float) -> None:
-        """Fold one chunk's encode speed into the store's (what codec="auto" expects next),
-        starting from ASSUMED_ENCODE_SPEED (so that one slow first encode, cold caches and
-        fresh memory, does not turn encoding off for good)."""
-        if nbytes < AUTO_SAMPLE_BYTES or seconds <= 0:
-            return
-        speeds = self.store.encode_speeds
-        last = speeds.get(codec.name, ASSUMED_ENCODE_SPEED)
-        speeds[codec.name] = 0.7 * last + 0.3 * nbytes / seconds
 
     def _adopt(self, key: str, data: np.ndarray, owned: np.ndarray, table: bytes | None) -> str:
         """Store raw `data`, the tail of `owned`, by writing its header in front of it and
@@ -226,8 +221,7 @@ class ObjectWriter:
         view = memoryview(data).cast("B")
         header_size, table = raw_header(view, table)
         owned[:header_size] = np.frombuffer(pack_header(0, view.nbytes, header_size, table), np.uint8)
-        with self.meter.measuring(owned.nbytes):
-            self.store.adopt(key, owned)
+        self.store.adopt(key, owned)
         with self.lock:
             self.stored_bytes += owned.nbytes
             self.written.append(key)
@@ -283,6 +277,7 @@ class ScheduledSave:
 
     def assemble(self) -> StoredLeaves:
         """Build the leaf table from finished writes (call once every write is done)."""
+        self.writer.finish()
         leaves: list[Leaf] = []
         small: dict[int, Chunk] = {}
         for task in self.packs:
@@ -476,8 +471,9 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
     d = plan.flat[index].data
     deltas = plan.deltas if plan.deltas is not None and policy != "raw" and d.kind in ("torch", "numpy") else None
     head = raw_header_size(n) if policy == "raw" else None
-    in_place = staging == "window" and lossy is None and policy in ENCODING_POLICIES and d.pending is None
-    scratch_bytes = n if head is None and policy_codec(policy, itemsize, floating).encode_pieces else 0
+    encodes = policy in ENCODING_POLICIES or (policy == "auto" and plan.writer.encodes_auto())
+    in_place = staging == "window" and lossy is None and encodes and d.pending is None
+    scratch_bytes = n if head is None and (policy != "auto" or encodes) and policy_codec(policy, itemsize, floating).encode_pieces else 0
 
     def capture():
         if in_place:

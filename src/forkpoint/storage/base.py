@@ -14,19 +14,13 @@ class Store(ABC):
     url: str
 
     bandwidth_hint: float | None = None
-    """Expected write bandwidth in bytes/s when known in advance (remote stores); None: measure."""
+    """Expected write bandwidth in bytes/s when known in advance (remote stores): such a store
+    is taken to be slow (codec="auto" tries encoding on it first); None: not known."""
     adopts_buffers: bool = False
     """True when `object_buffer` hands out buffers that `adopt` keeps without copying."""
     trusted: bool = False
     """True when an object read back is exactly the bytes that were verified as they were
     stored (this process's memory): readers may skip re-hashing it."""
-
-    @property
-    def encode_speeds(self) -> dict:
-        """Encode speed per codec seen by the engine for this store (bytes/s; codec="auto")."""
-        if "_encode_speeds" not in self.__dict__:
-            self.__dict__["_encode_speeds"] = {}
-        return self.__dict__["_encode_speeds"]
 
     @abstractmethod
     def read(self, key: str) -> bytes:
