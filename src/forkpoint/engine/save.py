@@ -7,6 +7,7 @@ budget: a state larger than it streams through.
 
 import fnmatch
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -148,18 +149,19 @@ class ObjectWriter:
                 present = self.store.exists(key)
                 if present:
                     self.store.touch(key)
+            policy = policy or self.policy
             if present:
                 if owned is not None:
                     self.store.release_buffer(owned)
                 codec_name = stored_codec(self.store, key)
             elif owned is not None:
-                codec_name = self._adopt(key, data, owned, table)
+                with self._measured(data.nbytes, policy == "auto"):
+                    codec_name = self._adopt(key, data, owned, table)
             else:
-                policy = policy or self.policy
                 codec = policy_codec(policy, itemsize, floating)
-                if policy == "auto":
-                    codec_name = self._write_auto(key, data, codec, itemsize, table, scratch)
-                else:
+                if policy == "auto" and not self._encodes(data, codec, itemsize):
+                    codec = codec_by_name("raw")
+                with self._measured(data.nbytes, policy == "auto"):
                     codec_name = self._write(key, data, codec, itemsize, table, scratch)
             self.codecs[digest] = codec_name
             return codec_name
@@ -180,20 +182,24 @@ class ObjectWriter:
         if self.auto_encodes is not None:
             choice_for(self.store).record(self.auto_encodes, self.auto_meter.nbytes, self.auto_meter.busy)
 
-    def _write_auto(self, key: str, data: np.ndarray, codec, itemsize: int, table: bytes | None,
-                    scratch=None) -> str:
-        """(codec="auto") Write `data` encoded where this save encodes and it is expected to
-        code at least AUTO_MIN_RATIO smaller, else raw; the write counts towards this save's
-        measured rate."""
-        if not (self.encodes_auto() and data.nbytes >= 4096
-                and expected_ratio(data, codec, itemsize) >= AUTO_MIN_RATIO):
-            codec = codec_by_name("raw")
+    def _encodes(self, data: np.ndarray, codec, itemsize: int) -> bool:
+        """(codec="auto") True where this save encodes and `data` is expected to code at least
+        AUTO_MIN_RATIO smaller."""
+        return (self.encodes_auto() and data.nbytes >= 4096
+                and expected_ratio(data, codec, itemsize) >= AUTO_MIN_RATIO)
+
+    @contextmanager
+    def _measured(self, nbytes: int, measure: bool):
+        """Count the write in the block towards this save's measured writing of auto chunks
+        (when `measure`): `nbytes` decoded bytes if it does not raise."""
+        if not measure:
+            yield
+            return
         self.auto_meter.start()
         written = 0
         try:
-            name = self._write(key, data, codec, itemsize, table, scratch)
-            written = data.nbytes
-            return name
+            yield
+            written = nbytes
         finally:
             self.auto_meter.finish(written)
 
@@ -470,10 +476,10 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
     lossy = policy if isinstance(policy, Lossy) and supports(itemsize, floating) else None
     d = plan.flat[index].data
     deltas = plan.deltas if plan.deltas is not None and policy != "raw" and d.kind in ("torch", "numpy") else None
-    head = raw_header_size(n) if policy == "raw" else None
     encodes = policy in ENCODING_POLICIES or (policy == "auto" and plan.writer.encodes_auto())
+    head = raw_header_size(n) if policy == "raw" or (policy == "auto" and not encodes and deltas is None) else None
     in_place = staging == "window" and lossy is None and encodes and d.pending is None
-    scratch_bytes = n if head is None and (policy != "auto" or encodes) and policy_codec(policy, itemsize, floating).encode_pieces else 0
+    scratch_bytes = n if head is None and policy_codec(policy, itemsize, floating).encode_pieces else 0
 
     def capture():
         if in_place:
