@@ -79,6 +79,44 @@ def test_oversized_task_runs_alone():
     sched.shutdown()
 
 
+def test_held_resources_inside_tasks_stay_within_their_budget():
+    """Six tasks each encode twice under `hold("encode")` with a budget of two encoders: never
+    more than two hold it at once, a holder that raises gives it back, stats show the peak."""
+    sched = Scheduler(Budget(encoders=2), threads=6)
+    lock, state = threading.Lock(), {"now": 0, "peak": 0}
+
+    def work(fail):
+        for _ in range(2):
+            with sched.hold("encode"):
+                with lock:
+                    state["now"] += 1
+                    state["peak"] = max(state["peak"], state["now"])
+                time.sleep(0.02)
+                with lock:
+                    state["now"] -= 1
+                if fail:
+                    raise RuntimeError("encoder failed")
+
+    tasks = [sched.submit("write", lambda f=(i == 0): work(f), priority=Priority.WRITE) for i in range(6)]
+    for t in tasks[1:]:
+        t.result(timeout=10)
+    with pytest.raises(RuntimeError):
+        tasks[0].result(timeout=10)
+    stats = sched.stats()["resources"]["encode"]
+    assert state["peak"] == 2 and stats["peak"] == 2 and stats["used"] == 0 and stats["capacity"] == 2
+    sched.shutdown()
+
+
+def test_a_lossless_save_encodes_within_the_encoder_budget(tmp_path):
+    repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless")
+    assert repo.stats()["resources"]["encode"]["capacity"] >= 1
+    state = {f"w{i}": torch.randn(1 << 18) for i in range(8)}
+    v = repo.save(state)
+    encode = repo.stats()["resources"]["encode"]
+    assert 1 <= encode["peak"] <= encode["capacity"] and encode["used"] == 0
+    assert {c.codec for leaf in repo.manifest(v.id).leaves for c in leaf.chunks} == {"float-planes"}
+
+
 def test_staging_pool_reuses_and_respects_limit():
     pool = StagingPool(limit=100)
     a = pool.get(60)

@@ -72,8 +72,9 @@ class Repo(NodeLocalMixin, BaseRepo):
         self.coordinator = Coordinator(dist.PrefixStore(f"forkpoint/{status[0]}/", base), rank, world, timeout)
         self.rank, self.world, self._group = rank, world, group
         self.local_world = hosts.count(socket.gethostname())
-        self._sched.capacity["cpu"] = max(1, min(self._sched.capacity["cpu"],
-                                                 (os.cpu_count() or 1) // self.local_world))
+        for shared_by_ranks in ("cpu", "encode"):
+            self._sched.capacity[shared_by_ranks] = max(1, min(self._sched.capacity[shared_by_ranks],
+                                                               (os.cpu_count() or 1) // self.local_world))
         self._saves = 0
         self.sweep_grace = sweep_grace
         self.node_ranks = self._node_group(dist, hosts[rank])

@@ -5,6 +5,7 @@ small leaves are packed into shared objects. Staging memory is bounded by the sc
 budget: a state larger than it streams through.
 """
 
+import contextlib
 import fnmatch
 import threading
 from contextlib import contextmanager
@@ -102,10 +103,13 @@ def policy_codec(policy, itemsize: int, floating: bool):
 
 
 class ObjectWriter:
-    """Writes objects once per save, thread-safely, and tallies what was new."""
+    """Writes objects once per save, thread-safely, and tallies what was new. `encoding()` is
+    held while a chunk is encoded (the scheduler's encoder budget: one encoder per core lets
+    the other write tasks keep the store busy)."""
 
-    def __init__(self, store: Store, codec, guard=None):
+    def __init__(self, store: Store, codec, guard=None, encoding=None):
         self.store = store
+        self.encoding = encoding or contextlib.nullcontext
         self.rules = codec_rules(codec)
         self.policy = self.rules[-1][1]
         self.lock = threading.Lock()
@@ -208,7 +212,8 @@ class ObjectWriter:
         view = memoryview(data).cast("B")
         payload = [view]
         if codec.id != 0:
-            encoded = codec.pieces(view, itemsize, scratch=scratch)
+            with self.encoding():
+                encoded = codec.pieces(view, itemsize, scratch=scratch)
             if sum(memoryview(p).nbytes for p in encoded) < 0.95 * view.nbytes:
                 payload = encoded
             else:
@@ -322,7 +327,7 @@ def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf
     `deltas` (an engine.delta.DeltaPlan) stores chunks against the parent's where smaller.
     `pack_key(leaf index)` keeps leaves with different keys out of one pack.
     """
-    plan = ScheduledSave(flat, ObjectWriter(store, opts.codec, guard), deltas)
+    plan = ScheduledSave(flat, ObjectWriter(store, opts.codec, guard, lambda: sched.hold("encode")), deltas)
     plan.writer.pinned.update(k.object for k in known.values())
     if deltas is not None:
         plan.writer.pinned.update(deltas.pinned())

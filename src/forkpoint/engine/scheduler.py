@@ -32,16 +32,19 @@ class Priority(IntEnum):
 @dataclass
 class Budget:
     """Limits: staging memory for asynchronous saves, the streaming window of synchronous ones
-    (bytes), CPU workers, and I/O slots per tier."""
+    (bytes), CPU workers, chunks encoded at once (held inside write tasks, see
+    Scheduler.hold), and I/O slots per tier."""
 
     staging_bytes: int = 4 << 30
     window_bytes: int = 256 << 20
     cpu_workers: int = 2
+    encoders: int = 2
     io_slots: dict[str, int] = field(default_factory=dict)
     default_io_slots: int = 4
 
     def capacity(self) -> dict[str, int]:
-        caps = {"staging": self.staging_bytes, "window": self.window_bytes, "cpu": self.cpu_workers}
+        caps = {"staging": self.staging_bytes, "window": self.window_bytes, "cpu": self.cpu_workers,
+                "encode": self.encoders}
         caps.update({f"io:{tier}": n for tier, n in self.io_slots.items()})
         return caps
 
@@ -105,7 +108,7 @@ class Scheduler:
             return self.capacity[resource]
         if resource.startswith("io:"):
             return self.budget.default_io_slots
-        raise ValueError(f"unknown resource {resource!r}: use staging, window, cpu or io:<tier>")
+        raise ValueError(f"unknown resource {resource!r}: use staging, window, cpu, encode or io:<tier>")
 
     def submit(self, stage: str, fn: Callable, *, priority: int, needs: dict | None = None,
                frees: dict | None = None, deps=(), after=(), nbytes: int = 0,
@@ -144,6 +147,22 @@ class Scheduler:
                 self.batching -= 1
                 if not self.batching:
                     self.cond.notify_all()
+
+    @contextmanager
+    def hold(self, resource: str, n: int = 1):
+        """Inside a running task: wait until `n` of `resource` fit, hold them for the block
+        (a part of a task that needs a resource the rest does not, such as encoding inside
+        a write)."""
+        self._cap(resource)
+        with self.cond:
+            while not self._fits({resource: n}):
+                self.cond.wait(0.5)
+            self.used[resource] = self.used.get(resource, 0) + n
+            self.peak[resource] = max(self.peak.get(resource, 0), self.used[resource])
+        try:
+            yield
+        finally:
+            self.release({resource: n})
 
     def release(self, resources: dict) -> None:
         """Give back resources held beyond a task (e.g. staging after a failed write)."""

@@ -72,9 +72,10 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         codec_rules(self.options.codec)
         self.writer_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._open_or_create(create)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         budget = Budget(staging_bytes=self.options.staging_bytes, window_bytes=self.options.window_bytes,
-                        cpu_workers=2, default_io_slots=self.options.workers)
-        self._sched = Scheduler(budget, threads=self.options.workers + 4)
+                        cpu_workers=2, encoders=cores, default_io_slots=self.options.workers + cores)
+        self._sched = Scheduler(budget, threads=self.options.workers + cores + 4)
         self._staging = StagingPool(self.options.staging_bytes + self.options.window_bytes)
         self._device = DeviceCapture(self.options.staging_bytes)
         self._tier = "tier0"
