@@ -92,15 +92,15 @@ def test_saves_to_a_real_disk_measure_both_ways_and_follow_the_faster(tmp_path):
     repo = fp.Repo(str(tmp_path / "r"), create=True, codec="auto")
     noise = np.random.default_rng(1).integers(0, 255, 4 * MiB, dtype=np.uint8)
     states = [{"w": compressible(4 * MiB, seed), "noise": noise + seed} for seed in range(3)]
-    v1 = repo.save(states[0])
-    assert chunk_codecs(repo, v1) == {"w": {"raw"}, "noise": {"raw"}}
-    v2 = repo.save(states[1])
-    assert chunk_codecs(repo, v2) == {"w": {"float-planes"}, "noise": {"raw"}}, "incompressible stays raw"
     choice = choice_for(repo.store)
-    assert set(choice.rates) == {False, True} and all(r > 0 for r in choice.rates.values())
-    v3 = repo.save(states[2])
+    v1 = repo.save(states[0])
+    assert chunk_codecs(repo, v1) == {"w": {"raw"}, "noise": {"raw"}}, choice
+    v2 = repo.save(states[1])
+    assert chunk_codecs(repo, v2) == {"w": {"float-planes"}, "noise": {"raw"}}, ("incompressible stays raw", choice)
+    assert set(choice.rates) == {False, True} and all(r > 0 for r in choice.rates.values()), choice
     expected = "float-planes" if choice.faster() else "raw"
-    assert chunk_codecs(repo, v3)["w"] == {expected}
+    v3 = repo.save(states[2])
+    assert chunk_codecs(repo, v3)["w"] == {expected}, choice
     for v, state in zip((v1, v2, v3), states):
         back = repo.load(v.id)
         assert np.array_equal(back["w"], state["w"]) and np.array_equal(back["noise"], state["noise"])
@@ -116,3 +116,37 @@ def test_auto_encodes_first_on_a_store_known_to_be_slow(tmp_path):
     assert np.array_equal(back["w"], state["w"]) and np.array_equal(back["noise"], state["noise"])
     assert chunk_codecs(repo, v) == {"w": {"float-planes"}, "noise": {"raw"}}
     assert repo.verify(v.id).ok
+
+
+def test_what_auto_learnt_carries_over_to_the_next_job(tmp_path):
+    """A job's saves leave the rates in the repository; the next job (a new Repo on the same
+    path) starts from them instead of trying both ways again; gc keeps the record."""
+    path = str(tmp_path / "r")
+    repo = fp.Repo(path, create=True, codec="auto")
+    for seed in range(2):
+        repo.save({"w": compressible(4 * MiB, seed)})
+    learnt = dict(choice_for(repo.store).rates)
+    repo.close()
+    again = fp.Repo(path, codec="auto")
+    choice = choice_for(again.store)
+    assert choice.rates.keys() == learnt.keys() and all(
+        choice.rates[k] == pytest.approx(learnt[k]) for k in learnt)
+    v = again.save({"w": compressible(4 * MiB, 7)})
+    assert chunk_codecs(again, v)["w"] == {"float-planes" if choice.faster() else "raw"}
+    again.gc()
+    assert again.store.exists("stats/auto-codec.json")
+    assert again.verify(v.id).ok
+
+
+@pytest.mark.parametrize("record", [b"not json", b'{"format": "forkpoint.auto-codec", "rates": {"raw": -1}, "interval": 8}',
+                                    b'{"format": "something else", "rates": {}, "interval": 8}'])
+def test_a_damaged_auto_record_is_ignored_with_a_warning(tmp_path, caplog, record):
+    path = str(tmp_path / "r")
+    fp.Repo(path, create=True).close()
+    repo = fp.Repo(path, codec="auto")
+    repo.store.write("stats/auto-codec.json", [record])
+    with caplog.at_level("WARNING", logger="forkpoint"):
+        v = repo.save({"w": compressible(4 * MiB)})
+    assert "auto-codec.json" in caplog.text
+    assert chunk_codecs(repo, v)["w"] == {"raw"}, "starts afresh: raw first"
+    assert choice_for(repo.store).rates.keys() == {False}

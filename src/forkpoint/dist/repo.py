@@ -17,6 +17,7 @@ from dataclasses import asdict
 
 import blake3
 
+from ..engine.autocodec import choice_for
 from ..engine.save import launch_device_copies, row_split, schedule_save
 from ..engine.scheduler import Priority
 from ..errors import ForkpointError
@@ -72,6 +73,7 @@ class Repo(NodeLocalMixin, BaseRepo):
         self.coordinator = Coordinator(dist.PrefixStore(f"forkpoint/{status[0]}/", base), rank, world, timeout)
         self.rank, self.world, self._group = rank, world, group
         self.local_world = hosts.count(socket.gethostname())
+        choice_for(self.store).persist = rank == 0  # one writer of the advice, not every rank
         for shared_by_ranks in ("cpu", "encode"):
             self._sched.capacity[shared_by_ranks] = max(1, min(self._sched.capacity[shared_by_ranks],
                                                                (os.cpu_count() or 1) // self.local_world))

@@ -1,6 +1,10 @@
 """codec="auto": learn, per store, whether saves write faster with their chunks encoded or raw,
-by timing both on the saves themselves (no model of the disk, the cores or the codec)."""
+by timing both on the saves themselves (no model of the disk, the cores or the codec). What
+was learnt is kept in the store (STATE_KEY), so that the next job of a chain starts from it."""
 
+import json
+import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -8,6 +12,11 @@ from dataclasses import dataclass, field
 MIN_MEASURED_BYTES = 8 << 20
 EXPLORE_FIRST, EXPLORE_MAX = 8, 64
 SMOOTHING = 0.5
+STATE_KEY = "stats/auto-codec.json"
+STATE_FORMAT = "forkpoint.auto-codec"
+WAYS = {False: "raw", True: "encoded"}
+
+log = logging.getLogger("forkpoint")
 
 
 @dataclass
@@ -48,7 +57,26 @@ class AutoChoice:
     rates: dict = field(default_factory=dict)
     interval: int = EXPLORE_FIRST
     since: int = 0
+    store: object = field(default=None, repr=False)
+    persist: bool = True
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @classmethod
+    def load(cls, store) -> "AutoChoice":
+        """The choice kept in `store` by an earlier process, or a fresh one (none kept, or a
+        record that is unreadable or not one of these: it is only advice)."""
+        try:
+            record = json.loads(store.read(STATE_KEY))
+            rates = {way: float(record["rates"][name]) for way, name in WAYS.items() if name in record["rates"]}
+            interval = int(record["interval"])
+            if record.get("format") != STATE_FORMAT or not all(math.isfinite(r) and r > 0 for r in rates.values()):
+                raise ValueError("not an auto-codec record")
+        except FileNotFoundError:
+            return cls(store=store)
+        except Exception as e:  # a damaged record only costs relearning
+            log.warning("ignoring %s in %s: %s", STATE_KEY, getattr(store, "url", store), e)
+            return cls(store=store)
+        return cls(rates=rates, interval=min(EXPLORE_MAX, max(EXPLORE_FIRST, interval)), store=store)
 
     def faster(self) -> bool | None:
         """True when encoding measured faster, False when raw did, None until both measured."""
@@ -81,11 +109,24 @@ class AutoChoice:
             after = self.faster()
             if before is not None and encoded != before:
                 self.interval = EXPLORE_FIRST if after != before else min(EXPLORE_MAX, 2 * self.interval)
+            record = {"format": STATE_FORMAT, "format_version": [1, 1], "interval": self.interval,
+                      "rates": {WAYS[way]: rate for way, rate in self.rates.items()}}
+        self._keep(record)
+
+    def _keep(self, record: dict) -> None:
+        """Write `record` to the store (not durably: it is advice; a failure is only logged)."""
+        if self.store is None or not self.persist:
+            return
+        try:
+            self.store.write(STATE_KEY, [json.dumps(record).encode()], durable=False)
+        except Exception as e:
+            log.warning("could not keep %s in %s: %s", STATE_KEY, getattr(self.store, "url", self.store), e)
 
 
 def choice_for(store) -> AutoChoice:
-    """The one AutoChoice of `store` (kept on the store object, shared by every save to it)."""
+    """The one AutoChoice of `store` in this process (kept on the store object, shared by every
+    save to it), loaded from the store the first time."""
     choice = store.__dict__.get("_auto_choice")
     if choice is None:
-        choice = store.__dict__.setdefault("_auto_choice", AutoChoice())
+        choice = store.__dict__.setdefault("_auto_choice", AutoChoice.load(store))
     return choice
