@@ -138,8 +138,9 @@ def test_what_auto_learnt_carries_over_to_the_next_job(tmp_path):
     assert again.verify(v.id).ok
 
 
-@pytest.mark.parametrize("record", [b"not json", b'{"format": "forkpoint.auto-codec", "rates": {"raw": -1}, "interval": 8}',
-                                    b'{"format": "something else", "rates": {}, "interval": 8}'])
+@pytest.mark.parametrize("record", [b"not json", b'{"format": "forkpoint.auto-codec", "format_version": [1, 1], "rates": {"raw": -1}, "interval": 8}',
+                                    b'{"format": "something else", "rates": {}, "interval": 8}',
+                                    b'{"format": "forkpoint.auto-codec", "format_version": [2, 0], "rates": {}, "interval": 8}'])
 def test_a_damaged_auto_record_is_ignored_with_a_warning(tmp_path, caplog, record):
     path = str(tmp_path / "r")
     fp.Repo(path, create=True).close()

@@ -69,8 +69,10 @@ class AutoChoice:
             record = json.loads(store.read(STATE_KEY))
             rates = {way: float(record["rates"][name]) for way, name in WAYS.items() if name in record["rates"]}
             interval = int(record["interval"])
-            if record.get("format") != STATE_FORMAT or not all(math.isfinite(r) and r > 0 for r in rates.values()):
-                raise ValueError("not an auto-codec record")
+            if record.get("format") != STATE_FORMAT or int(record["format_version"][0]) > 1:
+                raise ValueError("not an auto-codec record this forkpoint reads")
+            if not all(math.isfinite(r) and r > 0 for r in rates.values()):
+                raise ValueError(f"bad rates {record['rates']}")
         except FileNotFoundError:
             return cls(store=store)
         except Exception as e:  # a damaged record only costs relearning

@@ -38,6 +38,9 @@ from .refs import RefsMixin
 REPO_MARKER = "forkpoint.json"
 RECENT_COMMITS = 256
 REPO_KIND = "forkpoint.repository"
+MAX_ENCODERS = 8
+"""Chunks one process encodes at once: one per core, at most this many (each also gets an I/O
+slot of its own, so that the other write tasks keep the store busy meanwhile)."""
 
 
 class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin, PlacementMixin):
@@ -72,10 +75,11 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         codec_rules(self.options.codec)
         self.writer_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._open_or_create(create)
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        encoders = min(MAX_ENCODERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                       else os.cpu_count() or 1)
         budget = Budget(staging_bytes=self.options.staging_bytes, window_bytes=self.options.window_bytes,
-                        cpu_workers=2, encoders=cores, default_io_slots=self.options.workers + cores)
-        self._sched = Scheduler(budget, threads=self.options.workers + cores + 4)
+                        cpu_workers=2, encoders=encoders, default_io_slots=self.options.workers + encoders)
+        self._sched = Scheduler(budget, threads=self.options.workers + encoders + 4)
         self._staging = StagingPool(self.options.staging_bytes + self.options.window_bytes)
         self._device = DeviceCapture(self.options.staging_bytes)
         self._tier = "tier0"
