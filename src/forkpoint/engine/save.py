@@ -8,7 +8,6 @@ budget: a state larger than it streams through.
 import contextlib
 import fnmatch
 import threading
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -192,7 +191,7 @@ class ObjectWriter:
         return (self.encodes_auto() and data.nbytes >= 4096
                 and expected_ratio(data, codec, itemsize) >= AUTO_MIN_RATIO)
 
-    @contextmanager
+    @contextlib.contextmanager
     def _measured(self, nbytes: int, measure: bool):
         """Count the write in the block towards this save's measured writing of auto chunks
         (when `measure`): `nbytes` decoded bytes if it does not raise."""
