@@ -10,8 +10,6 @@ import pytest
 
 import forkpoint as fp
 from forkpoint.engine.autocodec import EXPLORE_FIRST, EXPLORE_MAX, AutoChoice, BusyMeter, choice_for
-from forkpoint.engine.save import expected_ratio
-from forkpoint.format.codecs import codec_for
 
 MiB = 1 << 20
 
@@ -71,15 +69,6 @@ def test_busy_meter_counts_only_time_with_writes_in_progress():
         time.sleep(0.2)
     assert meter.nbytes == 8 * MiB and meter.active == 0
     assert 0.09 < meter.busy < 0.3, "two overlapped bursts of ~50 ms; the 0.4 s of gaps not counted"
-
-
-def test_expected_ratio_is_close_to_the_encoded_ratio():
-    data = compressible(1 << 22).view(np.uint8)
-    codec = codec_for("lossless", 4, True)
-    actual = data.nbytes / len(codec.encode(memoryview(data), 4))
-    assert expected_ratio(data, codec, 4) == pytest.approx(actual, rel=0.1)
-    ints = np.arange(1 << 20, dtype=np.int64).view(np.uint8)
-    assert expected_ratio(ints, codec_for("lossless", 8, False), 8) > 2
 
 
 def chunk_codecs(repo, v):

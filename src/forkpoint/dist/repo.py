@@ -17,7 +17,6 @@ from dataclasses import asdict
 
 import blake3
 
-from ..engine.autocodec import choice_for
 from ..engine.save import launch_device_copies, row_split, schedule_save
 from ..engine.scheduler import Priority
 from ..errors import ForkpointError
@@ -73,7 +72,6 @@ class Repo(NodeLocalMixin, BaseRepo):
         self.coordinator = Coordinator(dist.PrefixStore(f"forkpoint/{status[0]}/", base), rank, world, timeout)
         self.rank, self.world, self._group = rank, world, group
         self.local_world = hosts.count(socket.gethostname())
-        choice_for(self.store).persist = rank == 0  # one writer of the advice, not every rank
         for shared_by_ranks in ("cpu", "encode"):
             self._sched.capacity[shared_by_ranks] = max(1, min(self._sched.capacity[shared_by_ranks],
                                                                (os.cpu_count() or 1) // self.local_world))
@@ -113,6 +111,7 @@ class Repo(NodeLocalMixin, BaseRepo):
                                      self.options, self._staging, "window" if sync else "staging",
                                      guard=self._evict_lock, select=select, deltas=deltas,
                                      pack_key=pack_key)
+                plan.writer.keeps_advice = self.rank == 0  # one writer of codec="auto"'s advice
                 self._writers.add(plan.writer)
             fingerprint = layout_fingerprint(shared)
             part = self._sched.submit(

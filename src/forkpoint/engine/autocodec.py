@@ -58,7 +58,6 @@ class AutoChoice:
     interval: int = EXPLORE_FIRST
     since: int = 0
     store: object = field(default=None, repr=False)
-    persist: bool = True
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -99,8 +98,9 @@ class AutoChoice:
                 return not best
             return best
 
-    def record(self, encoded: bool, nbytes: int, seconds: float) -> None:
-        """Fold one save's measured writing (auto chunks only) into the rates."""
+    def record(self, encoded: bool, nbytes: int, seconds: float, keep: bool = True) -> None:
+        """Fold one save's measured writing (auto chunks only) into the rates, and (`keep`)
+        write them to the store."""
         if nbytes < MIN_MEASURED_BYTES or seconds <= 0:
             return
         with self.lock:
@@ -113,11 +113,12 @@ class AutoChoice:
                 self.interval = EXPLORE_FIRST if after != before else min(EXPLORE_MAX, 2 * self.interval)
             record = {"format": STATE_FORMAT, "format_version": [1, 1], "interval": self.interval,
                       "rates": {WAYS[way]: rate for way, rate in self.rates.items()}}
-        self._keep(record)
+        if keep:
+            self._keep(record)
 
     def _keep(self, record: dict) -> None:
         """Write `record` to the store (not durably: it is advice; a failure is only logged)."""
-        if self.store is None or not self.persist:
+        if self.store is None:
             return
         try:
             self.store.write(STATE_KEY, [json.dumps(record).encode()], durable=False)

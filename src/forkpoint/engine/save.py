@@ -81,18 +81,7 @@ def policy_for(rules: list[tuple[str, str]], path: str) -> str:
 
 
 DIRECT_MIN_BYTES = 1 << 20
-AUTO_SAMPLE_BYTES = 256 << 10
-AUTO_MIN_RATIO = 1.05
 ENCODING_POLICIES = ("lossless", "zstd")
-
-
-def expected_ratio(data: np.ndarray, codec, itemsize: int) -> float:
-    """Decoded over coded bytes expected for `data`: the codec's estimate where it has one, else
-    the ratio of its first AUTO_SAMPLE_BYTES."""
-    if codec.estimate is not None:
-        return data.nbytes / max(1, codec.estimate(data, itemsize))
-    sample = memoryview(data).cast("B")[:AUTO_SAMPLE_BYTES]
-    return sample.nbytes / max(1, len(codec.encode(sample, itemsize)))
 
 
 def policy_codec(policy, itemsize: int, floating: bool):
@@ -118,6 +107,7 @@ class ObjectWriter:
         self.stored_bytes = 0
         self.auto_encodes: bool | None = None
         self.auto_meter = BusyMeter()
+        self.keeps_advice = True
         self.written: list[str] = []
         self.pinned: set[str] = set()
 
@@ -162,7 +152,7 @@ class ObjectWriter:
                     codec_name = self._adopt(key, data, owned, table)
             else:
                 codec = policy_codec(policy, itemsize, floating)
-                if policy == "auto" and not self._encodes(data, codec, itemsize):
+                if policy == "auto" and not self._encodes(data):
                     codec = codec_by_name("raw")
                 with self._measured(data.nbytes, policy == "auto"):
                     codec_name = self._write(key, data, codec, itemsize, table, scratch)
@@ -181,15 +171,15 @@ class ObjectWriter:
 
     def finish(self) -> None:
         """Report this save's writing of auto chunks to the store's AutoChoice (once every
-        write is done)."""
+        write is done), which writes what it learnt to the store when `keeps_advice`."""
         if self.auto_encodes is not None:
-            choice_for(self.store).record(self.auto_encodes, self.auto_meter.nbytes, self.auto_meter.busy)
+            choice_for(self.store).record(self.auto_encodes, self.auto_meter.nbytes, self.auto_meter.busy,
+                                          keep=self.keeps_advice)
 
-    def _encodes(self, data: np.ndarray, codec, itemsize: int) -> bool:
-        """(codec="auto") True where this save encodes and `data` is expected to code at least
-        AUTO_MIN_RATIO smaller."""
-        return (self.encodes_auto() and data.nbytes >= 4096
-                and expected_ratio(data, codec, itemsize) >= AUTO_MIN_RATIO)
+    def _encodes(self, data: np.ndarray) -> bool:
+        """(codec="auto") True where this save encodes and `data` is not tiny (what does not code
+        5% smaller is then stored raw, as under every policy)."""
+        return self.encodes_auto() and data.nbytes >= 4096
 
     @contextlib.contextmanager
     def _measured(self, nbytes: int, measure: bool):
