@@ -140,3 +140,18 @@ def test_a_damaged_auto_record_is_ignored_with_a_warning(tmp_path, caplog, recor
     assert "auto-codec.json" in caplog.text
     assert chunk_codecs(repo, v)["w"] == {"raw"}, "starts afresh: raw first"
     assert choice_for(repo.store).rates.keys() == {False}
+
+
+def test_a_failed_write_counts_no_bytes(tmp_path):
+    from forkpoint.engine.save import ObjectWriter
+
+    repo = fp.Repo(str(tmp_path / "r"), create=True, codec="auto")
+    writer = ObjectWriter(repo.store, "auto")
+    with pytest.raises(OSError):
+        with writer._measured(8 * MiB, True):
+            raise OSError("No space left on device")
+    with writer._measured(MiB, True):
+        pass
+    with writer._measured(MiB, False):
+        pass
+    assert writer.auto_meter.nbytes == MiB and writer.auto_meter.active == 0
