@@ -17,7 +17,7 @@ from . import floatcodec
 class Codec:
     """A lossless transform of an object's bytes, known by id and name: encode(data, itemsize,
     threads=None) and decode(payload, decoded length); `estimate(data, itemsize)`, where a
-    codec has one, is the data's expected coded size from a sample (cheaper than encoding), and
+    codec has one, is the coded size of a sample of the data (cheaper than encoding one), and
     `decode_into(payload, decoded length, out)` decodes into a caller's uint8 array."""
 
     id: int

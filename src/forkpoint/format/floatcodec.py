@@ -223,13 +223,12 @@ def choose(data: np.ndarray, itemsize: int) -> tuple[bool, list[int], int]:
 
 
 def estimate(data, itemsize: int = 1) -> int:
-    """Expected coded bytes of `data`, from the sample `encode` chooses its layout on (cheaper
-    than encoding; buffers of the same size are sampled at the same positions)."""
+    """Coded bytes of the sample `encode` would choose its layout on: a cheap estimate of how
+    well `data` codes (the same sample positions for buffers of the same size)."""
     data = np.frombuffer(data, np.uint8)
     if itemsize not in _WORDS or data.nbytes % itemsize:
         itemsize = 1
-    sampled = min(data.nbytes, SAMPLE_PIECES * SAMPLE_ELEMENTS * itemsize)
-    return -(-choose(data, itemsize)[2] * data.nbytes // max(1, sampled))
+    return choose(data, itemsize)[2]
 
 
 def encode(data, itemsize: int = 1, threads: int | None = None) -> bytes:
