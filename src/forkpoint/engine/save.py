@@ -21,6 +21,7 @@ from ..format.objects import (BLOCK_BYTES, DIGEST_BYTES, OBJECT_HEADER_SIZE, blo
 from ..state.flatten import FlatLeaf
 from ..storage.base import Store
 from .autocodec import BusyMeter, choice_for
+from .reencode import LaterEncode
 from .scheduler import Priority, Scheduler, Task
 from .staging import StagingPool
 
@@ -37,6 +38,9 @@ class SaveOptions:
     staging_bytes: int = 4 << 30
     window_bytes: int = 256 << 20
     delta: Delta | None = None
+    encode_later: bool = True
+    """Under lossless/zstd, where raw saves measure faster on the store (learnt as for
+    codec="auto"), store chunks raw and encode them in place after the commit."""
 
 
 @dataclass
@@ -93,9 +97,11 @@ def policy_codec(policy, itemsize: int, floating: bool):
 class ObjectWriter:
     """Writes objects once per save, thread-safely, and tallies what was new. `encoding()` is
     held while a chunk is encoded (the scheduler's encoder budget: one encoder per core lets
-    the other write tasks keep the store busy)."""
+    the other write tasks keep the store busy). With `defers`, chunks of an encoding policy
+    are written raw when raw saves measure faster on the store, and listed in `later` for
+    encoding after the commit (engine.reencode)."""
 
-    def __init__(self, store: Store, codec, guard=None, encoding=None):
+    def __init__(self, store: Store, codec, guard=None, encoding=None, defers: bool = False):
         self.store = store
         self.encoding = encoding or contextlib.nullcontext
         self.rules = codec_rules(codec)
@@ -110,6 +116,8 @@ class ObjectWriter:
         self.keeps_advice = True
         self.written: list[str] = []
         self.pinned: set[str] = set()
+        self.defers = defers
+        self.later: list[LaterEncode] = []
 
     def holds(self, digest: str) -> bool:
         """True when this save wrote, is writing or refers to object `digest`."""
@@ -148,14 +156,18 @@ class ObjectWriter:
                     self.store.release_buffer(owned)
                 codec_name = stored_codec(self.store, key)
             elif owned is not None:
-                with self._measured(data.nbytes, policy == "auto"):
+                with self._measured(data.nbytes, self.learns(policy)):
                     codec_name = self._adopt(key, data, owned, table)
+                self._defer(key, policy, itemsize, floating, data.nbytes)
             else:
                 codec = policy_codec(policy, itemsize, floating)
-                if policy == "auto" and not self._encodes(data):
+                later = self.encodes_later(policy)
+                if later or (policy == "auto" and not self._encodes(data)):
                     codec = codec_by_name("raw")
-                with self._measured(data.nbytes, policy == "auto"):
+                with self._measured(data.nbytes, self.learns(policy)):
                     codec_name = self._write(key, data, codec, itemsize, table, scratch)
+                if later:
+                    self._defer(key, policy, itemsize, floating, data.nbytes)
             self.codecs[digest] = codec_name
             return codec_name
         finally:
@@ -168,6 +180,21 @@ class ObjectWriter:
             if self.auto_encodes is None:
                 self.auto_encodes = choice_for(self.store).pick(slow_store=self.store.bandwidth_hint is not None)
             return self.auto_encodes
+
+    def learns(self, policy) -> bool:
+        """Whether chunks under `policy` are timed for the store's AutoChoice: auto's, and
+        those of an encoding policy that may be encoded later."""
+        return policy == "auto" or (self.defers and policy in ENCODING_POLICIES)
+
+    def encodes_later(self, policy) -> bool:
+        """True when chunks under `policy` (an encoding one) are written raw by this save and
+        encoded after its commit: the writer `defers`, and raw saves measure faster here."""
+        return self.defers and policy in ENCODING_POLICIES and not self.encodes_auto()
+
+    def _defer(self, key: str, policy, itemsize: int, floating: bool, nbytes: int) -> None:
+        if self.encodes_later(policy):
+            with self.lock:
+                self.later.append(LaterEncode(key, policy_codec(policy, itemsize, floating), itemsize, nbytes))
 
     def finish(self) -> None:
         """Report this save's writing of auto chunks to the store's AutoChoice (once every
@@ -303,7 +330,7 @@ class ScheduledSave:
 def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf],
                   known: dict[str, KnownChunk], opts: SaveOptions, pool: StagingPool,
                   staging: str = "staging", guard=None, select=None, deltas=None,
-                  pack_key=None) -> ScheduledSave:
+                  pack_key=None, encode_later: bool = False) -> ScheduledSave:
     """Queue the capture and write tasks of one save.
 
     Each chunk is copied (captured) into a page-aligned staging buffer, then hashed and
@@ -314,9 +341,13 @@ def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf
     encoder's output is the copy). `staging` names the budget resource the buffers count
     against ("staging" for asynchronous saves, "window" for synchronous ones).
     `deltas` (an engine.delta.DeltaPlan) stores chunks against the parent's where smaller.
-    `pack_key(leaf index)` keeps leaves with different keys out of one pack.
+    `pack_key(leaf index)` keeps leaves with different keys out of one pack. With
+    `encode_later` (and no deltas), chunks may be written raw for encoding after the commit
+    (the writer's `later`, which the caller must queue).
     """
-    plan = ScheduledSave(flat, ObjectWriter(store, opts.codec, guard, lambda: sched.hold("encode")), deltas)
+    writer = ObjectWriter(store, opts.codec, guard, lambda: sched.hold("encode"),
+                          defers=encode_later and deltas is None)
+    plan = ScheduledSave(flat, writer, deltas)
     plan.writer.pinned.update(k.object for k in known.values())
     if deltas is not None:
         plan.writer.pinned.update(deltas.pinned())
@@ -470,8 +501,10 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
     lossy = policy if isinstance(policy, Lossy) and supports(itemsize, floating) else None
     d = plan.flat[index].data
     deltas = plan.deltas if plan.deltas is not None and policy != "raw" and d.kind in ("torch", "numpy") else None
-    encodes = policy in ENCODING_POLICIES or (policy == "auto" and plan.writer.encodes_auto())
-    head = raw_header_size(n) if policy == "raw" or (policy == "auto" and not encodes and deltas is None) else None
+    later = lossy is None and deltas is None and plan.writer.encodes_later(policy)
+    encodes = not later and (policy in ENCODING_POLICIES or (policy == "auto" and plan.writer.encodes_auto()))
+    raw_now = policy == "raw" or later or (policy == "auto" and not encodes and deltas is None)
+    head = raw_header_size(n) if raw_now else None
     in_place = staging == "window" and lossy is None and encodes and d.pending is None
     scratch_bytes = n if head is None and policy_codec(policy, itemsize, floating).encode_pieces else 0
 

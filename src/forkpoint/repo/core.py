@@ -6,6 +6,7 @@ A version is visible once its manifest is durable and a ref record points at it.
 
 import collections
 import json
+import logging
 import os
 import socket
 import threading
@@ -15,11 +16,12 @@ import weakref
 
 
 from ..engine.delta import DeltaPlan, parent_chunks
+from ..engine.reencode import LaterEncode, encode_in_place
 from ..engine.restore import chunk_value
 from ..engine.save import KnownChunk, SaveOptions, codec_rules, object_key, schedule_save, staging_sizes
 from ..engine.scheduler import Budget, Priority, Scheduler, Task
 from ..engine.staging import StagingPool
-from ..errors import ConflictError, FormatError, RefNotFoundError, RepoNotFoundError, UnsupportedTypeError
+from ..errors import ConflictError, CorruptObjectError, FormatError, RefNotFoundError, RepoNotFoundError, UnsupportedTypeError
 from ..format.delta import Delta
 from ..format.manifest import FORMAT_VERSION, Manifest, Version, check_format
 from ..format.refs import check_name
@@ -35,6 +37,8 @@ from .reading import ReadingMixin
 from .records import PendingSave, _environment
 from .refs import RefsMixin
 
+log = logging.getLogger("forkpoint")
+
 REPO_MARKER = "forkpoint.json"
 RECENT_COMMITS = 256
 REPO_KIND = "forkpoint.repository"
@@ -45,12 +49,14 @@ slot of its own, so that the other write tasks keep the store busy meanwhile).""
 
 class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin, PlacementMixin):
     """A forkpoint repository at `url`: a local path, file://, mem://name, or an fsspec URL
-    such as s3://bucket/prefix (`storage_options` go to the fsspec file system)."""
+    such as s3://bucket/prefix (`storage_options` go to the fsspec file system).
+    `encode_later=False` makes lossless/zstd saves always encode before their commit (by
+    default a save writes raw where that measures faster and encodes after the commit)."""
 
     def __init__(self, url: str | Store | None = None, create: bool = False, codec: str | dict = "raw",
                  on_conflict: str = "retry", workers: int = 4, options: SaveOptions | None = None,
                  storage_options: dict | None = None, tiers: list | None = None,
-                 delta: "Delta | bool | None" = None):
+                 delta: "Delta | bool | None" = None, encode_later: bool | None = None):
         if tiers is not None:
             if url is not None:
                 raise ValueError("give either url or tiers, not both")
@@ -70,6 +76,8 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
             raise TypeError(f"delta must be True, False, None or fp.Delta(...), got {delta!r}")
         if delta:
             self.options.delta = delta if isinstance(delta, Delta) else Delta()
+        if encode_later is not None:
+            self.options.encode_later = bool(encode_later)
         self._delta_values: dict = {}
         self._delta_plans = weakref.WeakSet()  # a plan whose save never got scheduled just vanishes
         codec_rules(self.options.codec)
@@ -90,6 +98,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         self._flushing: set[str] = set()
         self._flush_errors: list[dict] = []
         self._flush_pins: dict[str, set[str]] = {}
+        self._encoding: dict[str, Task] = {}
         self._evict_lock = threading.Lock()
         self._tier_locks = [threading.Lock() for _ in self.stores]
         self._manifests: dict[str, Manifest] = {}
@@ -168,7 +177,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
             with self._evict_lock:  # registered before any of its objects can be written
                 plan = schedule_save(self._sched, self.store, self._tier, flat, known, self.options,
                                      self._staging, "window" if sync else "staging", guard=self._evict_lock,
-                                     deltas=deltas)
+                                     deltas=deltas, encode_later=self.options.encode_later)
                 self._writers.add(plan.writer)
             commit = self._sched.submit(
                 "commit", lambda: self._finish_save(plan, skeleton, record, allow_pickle),
@@ -277,11 +286,31 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
     def _finish_save(self, plan, skeleton, record: Version, allow_pickle: bool) -> Version:
         stored = plan.assemble()
         self.store.barrier(stored.written_keys)
+        self._encode_later(plan.writer.later)
         record.logical_bytes = sum(leaf.nbytes for leaf in stored.leaves if leaf.alias_of is None)
         record.stored_bytes = stored.stored_bytes
         has_pickle = any(leaf.kind == "pickle" for leaf in stored.leaves)
         manifest = Manifest(record, skeleton, stored.leaves, pickle=allow_pickle and has_pickle)
         return self._adopt_deltas(plan, self._commit(manifest))
+
+    def _encode_later(self, items: list[LaterEncode]) -> None:
+        """Queue the in-place encoding of objects a save stored raw for its policy to encode
+        (engine.reencode); a flush of one waits for it, and eviction spares it meanwhile."""
+        for item in items:
+            def run(item=item):
+                try:
+                    return encode_in_place(self.store, item, lambda: self._sched.hold("encode"))
+                except CorruptObjectError as e:
+                    log.warning("left %s as stored: %s", item.key, e)
+                    return 0
+                finally:
+                    with self._evict_lock:
+                        self._encoding.pop(item.key, None)
+
+            with self._evict_lock:
+                self._encoding[item.key] = self._sched.submit(
+                    "encode", run, priority=Priority.FLUSH, needs={f"io:{self._tier}": 1},
+                    nbytes=item.nbytes, tier=self._tier)
 
     def _adopt_deltas(self, plan, version):
         """After a committed save: its chunk values become the bases of the next save's deltas."""

@@ -4,6 +4,8 @@ import time
 
 
 from ..engine.restore import ReadRequest, read_leaves
+from ..engine.save import stored_codec
+from ..errors import CorruptObjectError, FormatError
 from ..format.manifest import Manifest, Version
 from ..format.objects import object_key
 from ..format.refs import seq_of
@@ -180,7 +182,9 @@ class MaintenanceMixin:
 
     def du(self) -> dict:
         """Logical and stored bytes per version and branch, the objects' total, and per codec
-        the decoded and stored bytes of the distinct objects in use."""
+        (as the object headers say now) the decoded and stored bytes of the distinct objects in
+        use. A version's `stored_bytes` is what its save wrote (before any encoding after the
+        commit)."""
         versions = {v.id: v for v in self.versions()}
         branches = {}
         for name, chain in self._chains().items():
@@ -194,16 +198,19 @@ class MaintenanceMixin:
                 continue
             for leaf in self._manifest_by_id(vid).leaves:
                 for c in leaf.chunks:
-                    size = objects.get(c.object, (c.codec, 0))[1]
-                    objects[c.object] = ("delta+" + c.codec if c.delta else c.codec, max(size, c.start + c.size))
+                    size = objects.get(c.object, ("", 0))[1]
+                    objects[c.object] = ("delta+" if c.delta else "", max(size, c.start + c.size))
                     for base in (c.delta or {}).get("chain", []):
-                        objects.setdefault(base, ("delta chain (pruned version)", c.size))
+                        objects.setdefault(base, ("delta chain (pruned version): ", c.size))
         codecs: dict[str, dict] = {}
-        for digest, (codec, decoded) in objects.items():
+        for digest, (label, decoded) in objects.items():
             try:
                 stored = self.store.size(object_key(digest))
+                codec = label + stored_codec(self.store, object_key(digest))
             except FileNotFoundError:
                 continue
+            except (CorruptObjectError, FormatError):
+                codec = label + "damaged (unreadable header)"
             entry = codecs.setdefault(codec, {"objects": 0, "decoded_bytes": 0, "stored_bytes": 0})
             entry["objects"] += 1
             entry["decoded_bytes"] += decoded

@@ -5,6 +5,7 @@ import logging
 from ..engine.scheduler import Priority, Task
 from ..errors import FormatError, RefNotFoundError
 from ..format.manifest import Manifest
+from ..format.objects import object_key
 from ..storage import Store
 from ..tiers import farthest_next_use
 from ..tiers.movement import copy_manifest, copy_object, object_keys, sweep
@@ -31,8 +32,10 @@ class PlacementMixin:
         with self._evict_lock:
             self._flushing.add(vid)
             self._flush_pins[vid] = {key.rsplit("/", 1)[-1] for key in keys}
+            encoding = dict(self._encoding) if k == 0 else {}
         copies = [self._sched.submit("flush", lambda key=key: copy_object(self.stores[k:], dst, key),
-                                     priority=Priority.FLUSH, needs={f"io:{tier}": 1}, tier=tier)
+                                     priority=Priority.FLUSH, needs={f"io:{tier}": 1}, tier=tier,
+                                     after=[encoding[key]] if key in encoding else ())
                   for key in keys]
 
         def finish():
@@ -106,7 +109,8 @@ class PlacementMixin:
     def _pinned(self, digest: str) -> bool:
         """True for objects a save or flush in flight relies on (call with the evict lock held)."""
         return (any(w.holds(digest) for w in self._writers)
-                or any(digest in pins for pins in self._flush_pins.values()))
+                or any(digest in pins for pins in self._flush_pins.values())
+                or object_key(digest) in self._encoding)
 
     def _reachable(self, heads: set[str]) -> set[str]:
         """Versions reachable from `heads` through first parents. A manifest that no ref reaches

@@ -1,0 +1,57 @@
+"""Encoding after the commit: a save under an encoding policy (lossless, zstd) on a store where
+raw saves measure faster stores those chunks raw, and these tasks then rewrite each object in
+place with the policy's codec, so the save costs no more than a raw one.
+
+An object's name is the hash of its decoded bytes and its header names its codec, so the raw
+file and the encoded one are the same object to every reader; the encoded bytes are durable
+before they atomically replace the raw ones, and a crash at any instant leaves one or the other.
+"""
+
+import contextlib
+from dataclasses import dataclass
+
+from ..format.codecs import Codec
+from ..format.objects import OBJECT_HEADER_SIZE, decode_object, pack_header, unpack_header
+from ..storage.base import Store
+
+MIN_GAIN = 0.95
+"""A rewrite is kept only when the encoded object is smaller than this share of the raw one
+(the rule every save applies to its encoded chunks)."""
+
+
+@dataclass
+class LaterEncode:
+    """An object a save stored raw for its policy to encode afterwards: its storage key, the
+    policy's codec for it, the element size the codec splits by and its decoded bytes."""
+
+    key: str
+    codec: Codec
+    itemsize: int = 1
+    nbytes: int = 0
+
+
+def encode_in_place(store: Store, item: LaterEncode, encoding=contextlib.nullcontext) -> int:
+    """Rewrite the raw object `item.key` of `store` encoded with `item.codec` when that codes
+    it at least 5% smaller; return the bytes saved (0 when it is gone, no longer raw, or did not
+    code smaller). The raw bytes are verified against the object's name first: a damaged object
+    raises CorruptObjectError and stays as it is. `encoding()` is held while encoding."""
+    where = f"{store.url}/{item.key}"
+    digest = item.key.rsplit("/", 1)[-1]
+    try:
+        blob = store.map(item.key, 0, None)
+        if blob is None:
+            blob = store.read(item.key)
+    except FileNotFoundError:
+        return 0
+    view = memoryview(blob)
+    codec_id, length, _ = unpack_header(bytes(view[:OBJECT_HEADER_SIZE]), where)
+    if codec_id != 0:
+        return 0
+    data = memoryview(decode_object(view, digest, where)).cast("B")
+    with encoding():
+        payload = item.codec.pieces(data, item.itemsize)
+    coded = OBJECT_HEADER_SIZE + sum(memoryview(p).nbytes for p in payload)
+    if coded >= MIN_GAIN * view.nbytes:
+        return 0
+    store.write(item.key, [pack_header(item.codec.id, length), *payload])
+    return view.nbytes - coded
