@@ -35,6 +35,23 @@ def train_step(state, dtype):
     opt.step()
 
 
+def stored_now(repo, vid: str) -> int:
+    """Bytes the objects of version `vid` take in the store now (after any encoding that
+    followed the commit)."""
+    from forkpoint.format.objects import object_key
+
+    objects = {c.object for leaf in repo.manifest(vid).leaves for c in leaf.chunks}
+    return sum(repo.store.size(object_key(o)) for o in objects)
+
+
+def timed(fn):
+    """(result, seconds, core-seconds of this process) of `fn()`."""
+    c0, t0 = os.times(), time.perf_counter()
+    out = fn()
+    elapsed, c1 = time.perf_counter() - t0, os.times()
+    return out, elapsed, c1.user - c0.user + c1.system - c0.system
+
+
 def trained_state(dtype):
     torch.manual_seed(0)
     torch.set_num_threads(2)
@@ -52,7 +69,8 @@ def main():
     ap.add_argument("--warm-restores", action="store_true",
                     help="instead: restore speed per codec with the objects in the page cache")
     ap.add_argument("--repeated-saves", action="store_true",
-                    help="instead: raw, lossless and auto saving into one repository each, "
+                    help="instead: raw, lossless (encoding after or before the commit) and auto "
+                         "saving into one repository each, "
                          "one training step between saves (what auto learns about the store)")
     args = ap.parse_args()
     scratch = tempfile.mkdtemp(prefix="fp-codecs-", dir=args.dir)
@@ -60,8 +78,9 @@ def main():
         (warm_restores if args.warm_restores else repeated_saves)(scratch, args.repeats)
         shutil.rmtree(scratch, ignore_errors=True)
         return
-    print("| dtype | codec | stored / logical | ratio | save (s) | MB/s | CPU (core-s) | restore (s) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| dtype | codec | stored / logical | ratio | save (s) | MB/s | encoding after commit (s) | "
+          "CPU (core-s) | restore (s) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for dtype in (torch.float32, torch.bfloat16):
         state = trained_state(dtype)
         target = copy.deepcopy(state)
@@ -74,7 +93,7 @@ def main():
                 "Lossy(dtype=bfloat16) everywhere": fp.Lossy(dtype="bfloat16")})
         policies["lossless + Delta(), one step after the parent"] = "delta"
         for name, codec in policies.items():
-            times, cpu, restores, v = [], [], [], None
+            times, later, cpu, restores, v, stored = [], [], [], [], None, 0
             for rep in range(args.repeats):
                 path = os.path.join(scratch, f"codec-{rep}")
                 if codec == "delta":
@@ -83,21 +102,22 @@ def main():
                     train_step(state, dtype)
                 else:
                     repo = fp.Repo(path, create=True, codec=codec)
-                c0, t0 = os.times(), time.perf_counter()
-                v = repo.save(state)
-                times.append(time.perf_counter() - t0)
-                c1 = os.times()
-                cpu.append(c1.user - c0.user + c1.system - c0.system)
+                v, elapsed, core_s = timed(lambda: repo.save(state))
+                _, after, after_core_s = timed(repo.drain)
+                times.append(elapsed)
+                later.append(after)
+                cpu.append(core_s + after_core_s)
+                stored = v.stored_bytes if codec == "delta" else stored_now(repo, v.id)
                 t0 = time.perf_counter()
                 repo.restore(target, v.id)
                 restores.append(time.perf_counter() - t0)
                 repo.close()
                 shutil.rmtree(path)
             t = statistics.median(times)
-            print(f"| {str(dtype).removeprefix('torch.')} | {name} | {v.stored_bytes / 2**20:.0f} / "
-                  f"{v.logical_bytes / 2**20:.0f} MiB | {v.logical_bytes / v.stored_bytes:.3f} | {t:.2f} | "
-                  f"{v.logical_bytes / t / 1e6:.0f} | {statistics.median(cpu):.2f} | "
-                  f"{statistics.median(restores):.2f} |")
+            print(f"| {str(dtype).removeprefix('torch.')} | {name} | {stored / 2**20:.0f} / "
+                  f"{v.logical_bytes / 2**20:.0f} MiB | {v.logical_bytes / stored:.3f} | {t:.2f} | "
+                  f"{v.logical_bytes / t / 1e6:.0f} | {statistics.median(later):.2f} | "
+                  f"{statistics.median(cpu):.2f} | {statistics.median(restores):.2f} |")
     shutil.rmtree(scratch, ignore_errors=True)
 
 
@@ -131,39 +151,46 @@ def warm_restores(scratch: str, repeats: int) -> None:
 
 
 def repeated_saves(scratch: str, repeats: int) -> None:
-    """Per dtype, for each of raw / lossless / auto in turn (the order rotating by round): a
-    repository per codec saves the state once (its first save, reported apart), then `repeats`
-    times, one training step before each save (so every save writes new bytes). Medians of
-    those saves; "encoded saves" counts the saves that encoded their large chunks."""
+    """Per dtype, for each of raw / lossless / lossless encoding before the commit / auto in
+    turn (the order rotating by round): a repository per codec saves the state once (its first
+    save, reported apart), then `repeats` times, one training step before each save (so every
+    save writes new bytes). After each save, what it left to encode after its commit is
+    drained and timed apart (so it slows no other repository's save). Medians of those saves;
+    "ratio" is logical over stored bytes once encoded; "encoded saves" counts the saves that
+    encoded their large chunks before the commit; "CPU" includes the encoding after it."""
     print(f"forkpoint from {os.path.dirname(fp.__file__)}\n")
-    print("| dtype | codec | first save (s) | save (s) | CPU (core-s) | ratio | encoded saves |")
-    print("|---|---|---|---|---|---|---|")
-    codecs = ("raw", "lossless", "auto")
+    print("| dtype | codec | first save (s) | save (s) | encoding after commit (s) | CPU (core-s) | ratio "
+          "| encoded saves |")
+    print("|---|---|---|---|---|---|---|---|")
+    configs = {"raw": {"codec": "raw"}, "lossless": {"codec": "lossless"},
+               "lossless, encode_later=False": {"codec": "lossless", "encode_later": False},
+               "auto": {"codec": "auto"}}
+    names = list(configs)
     for dtype in (torch.float32, torch.bfloat16):
         state = trained_state(dtype)
-        repos = {c: fp.Repo(os.path.join(scratch, c), create=True, codec=c) for c in codecs}
-        first, times, cpu, ratios, encoded = {}, *({c: [] for c in codecs} for _ in range(4))
+        repos = {c: fp.Repo(os.path.join(scratch, str(i)), create=True, **configs[c]) for i, c in enumerate(names)}
+        first, times, later, cpu, ratios, encoded = {}, *({c: [] for c in names} for _ in range(5))
         for rep in range(repeats + 1):
-            for c in codecs[rep % 3:] + codecs[:rep % 3]:
+            for c in names[rep % len(names):] + names[:rep % len(names)]:
                 train_step(state, dtype)
-                c0, t0 = os.times(), time.perf_counter()
-                v = repos[c].save(state)
-                elapsed = time.perf_counter() - t0
-                c1 = os.times()
+                v, elapsed, core_s = timed(lambda: repos[c].save(state))
+                _, after, after_core_s = timed(repos[c].drain)
                 if rep == 0:
                     first[c] = elapsed
                     continue
                 times[c].append(elapsed)
-                cpu[c].append(c1.user - c0.user + c1.system - c0.system)
-                ratios[c].append(v.logical_bytes / v.stored_bytes)
+                later[c].append(after)
+                cpu[c].append(core_s + after_core_s)
+                ratios[c].append(v.logical_bytes / stored_now(repos[c], v.id))
                 encoded[c].append(any(ch.codec != "raw" for leaf in repos[c].manifest(v.id).leaves
                                       for ch in leaf.chunks if ch.size >= 1 << 20))
-        for c in codecs:
+        for i, c in enumerate(names):
             print(f"| {str(dtype).removeprefix('torch.')} | {c} | {first[c]:.2f} | "
-                  f"{statistics.median(times[c]):.3f} | {statistics.median(cpu[c]):.2f} | "
-                  f"{statistics.median(ratios[c]):.3f} | {sum(encoded[c])} / {repeats} |")
+                  f"{statistics.median(times[c]):.3f} | {statistics.median(later[c]):.3f} | "
+                  f"{statistics.median(cpu[c]):.2f} | {statistics.median(ratios[c]):.3f} | "
+                  f"{sum(encoded[c])} / {repeats} |")
             repos[c].close()
-            shutil.rmtree(os.path.join(scratch, c))
+            shutil.rmtree(os.path.join(scratch, str(i)))
 
 
 if __name__ == "__main__":

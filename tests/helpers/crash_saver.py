@@ -17,8 +17,9 @@ def state_for(step: int) -> dict:
             "step": step}
 
 
-def main(url: str, branch: str) -> None:
-    repo = fp.Repo(url, create=True, options=SaveOptions(chunk_bytes=2 << 20, small_leaf_bytes=64 << 10))
+def main(url: str, branch: str, codec: str = "raw") -> None:
+    repo = fp.Repo(url, create=True, options=SaveOptions(chunk_bytes=2 << 20, small_leaf_bytes=64 << 10,
+                                                         codec=codec))
     head = repo.head(branch)
     step = repo.version(head).step + 1 if head else 0
     while True:
@@ -28,4 +29,4 @@ def main(url: str, branch: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:])

@@ -1,0 +1,108 @@
+"""Encoding after the commit: lossless saves write raw where raw saves measure faster, and
+their objects are rewritten encoded in place afterwards, never losing or changing a byte."""
+
+import numpy as np
+import pytest
+
+import forkpoint as fp
+from forkpoint.engine.autocodec import choice_for
+from forkpoint.engine.reencode import LaterEncode, encode_in_place
+from forkpoint.engine.save import stored_codec
+from forkpoint.errors import CorruptObjectError
+from forkpoint.format.codecs import codec_by_name
+from forkpoint.format.objects import object_key
+
+
+def _state(seed=0, n=4_000_000):
+    rng = np.random.default_rng(seed)
+    return {"w": (rng.standard_normal(n) * 0.02).astype(np.float32), "ints": np.arange(300_000) % 7}
+
+
+def _codecs_now(repo, vid="main") -> set[str]:
+    return {stored_codec(repo.store, object_key(c.object)) for leaf in repo.manifest(vid).leaves for c in leaf.chunks}
+
+
+def test_a_save_writes_raw_first_then_its_objects_are_encoded(tmp_path):
+    repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless")
+    state = _state()
+    v1 = repo.save(state, step=1)  # the store's first save tries raw writing
+    assert v1.stored_bytes >= v1.logical_bytes, "the first save should have written raw"
+    assert np.array_equal(repo.load(v1.id)["w"], state["w"])
+    repo.drain()
+    assert _codecs_now(repo, v1.id) == {"float-planes", "zstd"}
+    assert repo.du()["objects_bytes"] < 0.95 * v1.logical_bytes
+    assert repo.stats()["stages"]["encode"]["done"] >= 2
+    out = fp.Repo(str(tmp_path / "r")).load(v1.id)
+    assert np.array_equal(out["w"], state["w"]) and np.array_equal(out["ints"], state["ints"])
+    assert choice_for(repo.store).rates.keys() == {False}
+    v2 = repo.save(_state(1), step=2)  # then encoded writing, timed
+    assert v2.stored_bytes < 0.95 * v2.logical_bytes, "the second save should have encoded inline"
+    assert choice_for(repo.store).rates.keys() == {False, True}
+    assert repo.verify().ok
+    repo.close()
+
+
+def test_encode_later_off_encodes_before_the_commit(tmp_path):
+    repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless", encode_later=False)
+    v = repo.save(_state())
+    assert v.stored_bytes < 0.95 * v.logical_bytes
+    assert "encode" not in repo.stats()["stages"]
+    repo.close()
+
+
+def test_raw_and_auto_encode_nothing_later_and_async_saves_do(tmp_path):
+    state = _state()
+    for codec in ("raw", "auto"):
+        repo = fp.Repo(str(tmp_path / codec), create=True, codec=codec)
+        repo.save(state)
+        repo.drain()
+        assert "encode" not in repo.stats()["stages"]
+        repo.close()
+    repo = fp.Repo(str(tmp_path / "async"), create=True, codec="lossless")
+    repo.save(state, sync=False).wait()
+    repo.drain()
+    assert _codecs_now(repo) == {"float-planes", "zstd"}
+    assert np.array_equal(repo.load()["w"], state["w"])
+    repo.close()
+
+
+def test_a_flush_carries_the_encoded_objects(tmp_path):
+    fast, slow = tmp_path / "fast", tmp_path / "slow"
+    repo = fp.Repo(tiers=[str(fast), str(slow)], create=True, codec="lossless")
+    state = _state()
+    v = repo.save(state)
+    repo.drain()
+    below = fp.Repo(str(slow))
+    assert _codecs_now(below, v.id) == {"float-planes", "zstd"}, "the flush copied raw objects"
+    assert np.array_equal(below.load(v.id)["w"], state["w"])
+    repo.close()
+
+
+def test_encoding_in_place_refuses_damage_and_skips_what_is_gone_or_encoded(tmp_path):
+    repo = fp.Repo(str(tmp_path / "r"), create=True)
+    state = _state()
+    repo.save(state)
+    chunk = next(leaf for leaf in repo.manifest().leaves if leaf.path == "w").chunks[0]
+    key = object_key(chunk.object)
+    item = LaterEncode(key, codec_by_name("float-planes"), 4, chunk.size)
+    path = tmp_path / "r" / key
+    damaged = bytearray(path.read_bytes())
+    damaged[-10] ^= 0x40
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(CorruptObjectError, match=chunk.object):
+        encode_in_place(repo.store, item)
+    assert path.read_bytes() == bytes(damaged), "a damaged object was rewritten"
+    damaged[-10] ^= 0x40
+    path.write_bytes(bytes(damaged))
+    saved = encode_in_place(repo.store, item)
+    assert saved > 0 and path.stat().st_size == len(damaged) - saved
+    assert stored_codec(repo.store, key) == "float-planes"
+    assert encode_in_place(repo.store, item) == 0, "an encoded object was encoded again"
+    assert np.array_equal(repo.load()["w"], state["w"])
+    assert encode_in_place(repo.store, LaterEncode("objects/00/" + "0" * 64, item.codec, 4)) == 0
+    noise = np.random.default_rng(0).integers(0, 256, 4 << 20, dtype=np.uint8)
+    repo.save({"noise": noise.view(np.float32)})
+    nkey = object_key(repo.manifest().leaves[0].chunks[0].object)
+    assert encode_in_place(repo.store, LaterEncode(nkey, item.codec, 4)) == 0
+    assert stored_codec(repo.store, nkey) == "raw", "an incompressible object was rewritten"
+    repo.close()
