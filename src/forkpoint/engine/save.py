@@ -297,6 +297,7 @@ class ScheduledSave:
         self.writes: list[Task] = []
         self.large: dict[int, list[Task]] = {}
         self.packs: list[Task] = []
+        self.commit: Task | None = None
 
     def capture_tasks(self) -> list[Task]:
         """Every capture task (empty for a save that writes from live memory)."""

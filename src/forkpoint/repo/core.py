@@ -183,6 +183,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
                 "commit", lambda: self._finish_save(plan, skeleton, record, allow_pickle),
                 priority=Priority.COMMIT, needs={f"io:{self._tier}": 1}, deps=plan.writes,
                 after=[self._last_commit])
+            plan.commit = commit
             self._sched.submit("cleanup", lambda: self._forget_save(plan),
                                priority=Priority.COMMIT, after=[commit])
         self._last_commit = commit
@@ -286,16 +287,17 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
     def _finish_save(self, plan, skeleton, record: Version, allow_pickle: bool) -> Version:
         stored = plan.assemble()
         self.store.barrier(stored.written_keys)
-        self._encode_later(plan.writer.later)
+        self._encode_later(plan.writer.later, plan.commit)
         record.logical_bytes = sum(leaf.nbytes for leaf in stored.leaves if leaf.alias_of is None)
         record.stored_bytes = stored.stored_bytes
         has_pickle = any(leaf.kind == "pickle" for leaf in stored.leaves)
         manifest = Manifest(record, skeleton, stored.leaves, pickle=allow_pickle and has_pickle)
         return self._adopt_deltas(plan, self._commit(manifest))
 
-    def _encode_later(self, items: list[LaterEncode]) -> None:
+    def _encode_later(self, items: list[LaterEncode], commit: Task | None) -> None:
         """Queue the in-place encoding of objects a save stored raw for its policy to encode
-        (engine.reencode); a flush of one waits for it, and eviction spares it meanwhile."""
+        (engine.reencode), to start once the save's `commit` task has ended (so that it does
+        not delay the commit); a flush of one waits for it, and eviction spares it meanwhile."""
         for item in items:
             def run(item=item):
                 try:
@@ -310,7 +312,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
             with self._evict_lock:
                 self._encoding[item.key] = self._sched.submit(
                     "encode", run, priority=Priority.FLUSH, needs={f"io:{self._tier}": 1},
-                    nbytes=item.nbytes, tier=self._tier)
+                    after=[commit], nbytes=item.nbytes, tier=self._tier)
 
     def _adopt_deltas(self, plan, version):
         """After a committed save: its chunk values become the bases of the next save's deltas."""
