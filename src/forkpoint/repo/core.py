@@ -296,12 +296,13 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
 
     def _encode_later(self, items: list[LaterEncode], commit: Task | None) -> None:
         """Queue the in-place encoding of objects a save stored raw for its policy to encode
-        (engine.reencode), to start once the save's `commit` task has ended (so that it does
-        not delay the commit); a flush of one waits for it, and eviction spares it meanwhile."""
+        (engine.reencode), each holding an encoder from its start, to start once the save's
+        `commit` task has ended (so that it does not delay the commit); a flush of one waits for
+        it, and eviction spares it meanwhile."""
         for item in items:
             def run(item=item):
                 try:
-                    return encode_in_place(self.store, item, lambda: self._sched.hold("encode"))
+                    return encode_in_place(self.store, item)
                 except CorruptObjectError as e:
                     log.warning("left %s as stored: %s", item.key, e)
                     return 0
@@ -311,7 +312,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
 
             with self._evict_lock:
                 self._encoding[item.key] = self._sched.submit(
-                    "encode", run, priority=Priority.FLUSH, needs={f"io:{self._tier}": 1},
+                    "encode", run, priority=Priority.FLUSH, needs={"encode": 1, f"io:{self._tier}": 1},
                     after=[commit], nbytes=item.nbytes, tier=self._tier)
 
     def _adopt_deltas(self, plan, version):
