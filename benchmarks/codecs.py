@@ -11,6 +11,7 @@ written with O_DIRECT, so they are read from the disk).
     python benchmarks/codecs.py --repeats 3
     python benchmarks/codecs.py --warm-restores --repeats 9   # restore speed per codec
     python benchmarks/codecs.py --repeated-saves --repeats 7  # one repo per codec, a save per step
+    python benchmarks/codecs.py --training-loop --repeats 3   # loop time with a save every 5 steps
     sudo bash benchmarks/throttled.sh 500 python benchmarks/codecs.py --repeated-saves  # slower disk
 """
 
@@ -72,10 +73,14 @@ def main():
                     help="instead: raw, lossless (encoding after or before the commit) and auto "
                          "saving into one repository each, "
                          "one training step between saves (what auto learns about the store)")
+    ap.add_argument("--training-loop", action="store_true",
+                    help="instead: a training loop with a synchronous save every 5 steps per codec, "
+                         "against the loop without checkpoints (what encoding costs the loop)")
     args = ap.parse_args()
     scratch = tempfile.mkdtemp(prefix="fp-codecs-", dir=args.dir)
-    if args.warm_restores or args.repeated_saves:
-        (warm_restores if args.warm_restores else repeated_saves)(scratch, args.repeats)
+    if args.warm_restores or args.repeated_saves or args.training_loop:
+        mode = warm_restores if args.warm_restores else repeated_saves if args.repeated_saves else training_loop
+        mode(scratch, args.repeats)
         shutil.rmtree(scratch, ignore_errors=True)
         return
     print("| dtype | codec | stored / logical | ratio | save (s) | MB/s | encoding after commit (s) | "
@@ -191,6 +196,56 @@ def repeated_saves(scratch: str, repeats: int) -> None:
                   f"{sum(encoded[c])} / {repeats} |")
             repos[c].close()
             shutil.rmtree(os.path.join(scratch, str(i)))
+
+
+def training_loop(scratch: str, repeats: int, steps: int = 40, every: int = 5, batch: int = 256) -> None:
+    """Per dtype: `steps` training steps (batch `batch`) with a synchronous save every `every`
+    steps into a fresh repository, per codec, and once without saving; the wall time of the
+    loop including `close` (which waits for any encoding after the commits). The order of the
+    codecs rotates by round; medians of `repeats` rounds. Overhead per checkpoint = (loop -
+    loop without checkpoints) / checkpoints."""
+    print(f"forkpoint from {os.path.dirname(fp.__file__)}\n")
+    print("| dtype | codec | loop (s) | overhead per checkpoint (s) | CPU (core-s) | ratio |")
+    print("|---|---|---|---|---|---|")
+    configs = {"no checkpoint": None, "raw": {"codec": "raw"}, "lossless": {"codec": "lossless"},
+               "lossless, encode_later=False": {"codec": "lossless", "encode_later": False},
+               "auto": {"codec": "auto"}}
+    names = list(configs)
+    saves = steps // every
+    for dtype in (torch.float32, torch.bfloat16):
+        state = trained_state(dtype)
+        model, opt = state["model"], state["optim"]
+        walls, cpu, ratios = ({c: [] for c in names} for _ in range(3))
+        for rep in range(repeats):
+            for c in names[rep % len(names):] + names[:rep % len(names)]:
+                path = os.path.join(scratch, f"loop-{names.index(c)}")
+                repo = fp.Repo(path, create=True, **configs[c]) if configs[c] else None
+
+                def loop():
+                    for step in range(1, steps + 1):
+                        loss = model(torch.randn(batch, 1024, dtype=dtype)).float().pow(2).mean()
+                        opt.zero_grad()
+                        loss.backward()
+                        opt.step()
+                        if repo is not None and step % every == 0:
+                            repo.save(state, step=step)
+                    if repo is not None:
+                        repo.close()
+
+                _, wall, core_s = timed(loop)
+                walls[c].append(wall)
+                cpu[c].append(core_s)
+                if repo is not None:
+                    with fp.Repo(path) as done:
+                        v = done.version("main")
+                        ratios[c].append(v.logical_bytes / stored_now(done, v.id))
+                    shutil.rmtree(path)
+        base = statistics.median(walls["no checkpoint"])
+        for c in names:
+            wall = statistics.median(walls[c])
+            print(f"| {str(dtype).removeprefix('torch.')} | {c} | {wall:.2f} | "
+                  f"{(wall - base) / saves if configs[c] else 0:.3f} | {statistics.median(cpu[c]):.1f} | "
+                  f"{statistics.median(ratios[c]) if ratios[c] else float('nan'):.3f} |")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ import contextlib
 from dataclasses import dataclass
 
 from ..format.codecs import Codec
-from ..format.objects import OBJECT_HEADER_SIZE, decode_object, pack_header, unpack_header
+from ..errors import CorruptObjectError
+from ..format.objects import OBJECT_HEADER_SIZE, content_hash, pack_header, unpack_header
 from ..storage.base import Store
 
 MIN_GAIN = 0.95
@@ -34,7 +35,8 @@ def encode_in_place(store: Store, item: LaterEncode, encoding=contextlib.nullcon
     """Rewrite the raw object `item.key` of `store` encoded with `item.codec` when that codes
     it at least 5% smaller; return the bytes saved (0 when it is gone, no longer raw, or did not
     code smaller). The raw bytes are verified against the object's name first: a damaged object
-    raises CorruptObjectError and stays as it is. `encoding()` is held while encoding."""
+    raises CorruptObjectError and stays as it is. All of it runs in the calling thread (the
+    scheduler's background lane); `encoding()` is held while encoding."""
     where = f"{store.url}/{item.key}"
     digest = item.key.rsplit("/", 1)[-1]
     try:
@@ -43,13 +45,15 @@ def encode_in_place(store: Store, item: LaterEncode, encoding=contextlib.nullcon
             blob = store.read(item.key)
     except FileNotFoundError:
         return 0
-    view = memoryview(blob)
-    codec_id, length, _ = unpack_header(bytes(view[:OBJECT_HEADER_SIZE]), where)
+    view = memoryview(blob).cast("B")
+    codec_id, length, header_size = unpack_header(bytes(view[:OBJECT_HEADER_SIZE]), where)
     if codec_id != 0:
         return 0
-    data = memoryview(decode_object(view, digest, where)).cast("B")
+    data = view[header_size:]
+    if data.nbytes != length or content_hash(data, parallel=False) != digest:
+        raise CorruptObjectError(f"{where} does not match its hash: corrupted")
     with encoding():
-        payload = item.codec.pieces(data, item.itemsize)
+        payload = item.codec.pieces(data, item.itemsize, threads=1)
     coded = OBJECT_HEADER_SIZE + sum(memoryview(p).nbytes for p in payload)
     if coded >= MIN_GAIN * view.nbytes:
         return 0

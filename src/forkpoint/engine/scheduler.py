@@ -7,6 +7,7 @@ staging memory can be held from a capture until the write that empties it.
 """
 
 import bisect
+import os
 import threading
 import time
 from concurrent.futures import Future
@@ -66,10 +67,11 @@ class Task:
     """A unit of work in the DAG; `future` holds its result."""
 
     __slots__ = ("stage", "priority", "fn", "needs", "frees", "deps", "after", "nbytes", "tier", "seq",
-                 "future", "ready", "failed")
+                 "future", "ready", "failed", "background")
 
-    def __init__(self, stage, priority, fn, needs, frees, deps, after, nbytes, tier, seq):
+    def __init__(self, stage, priority, fn, needs, frees, deps, after, nbytes, tier, seq, background=False):
         self.stage, self.priority, self.fn = stage, priority, fn
+        self.background = background
         self.needs, self.frees, self.deps, self.after = needs, frees, deps, after
         self.nbytes, self.tier, self.seq = nbytes, tier, seq
         self.future: Future = Future()
@@ -83,10 +85,17 @@ class Task:
         return self.future.result(timeout)
 
 
-class Scheduler:
-    """Runs tasks on a fixed set of threads under a Budget."""
+BACKGROUND_NICE = 19
+"""How much lower the OS priority of the background lane's threads is than the process's."""
 
-    def __init__(self, budget: Budget | None = None, threads: int = 8, name: str = "forkpoint"):
+
+class Scheduler:
+    """Runs tasks on a fixed set of threads under a Budget. Tasks submitted as `background`
+    run only on the background lane: `background_threads` threads at the lowest OS priority,
+    so that they use cores the process's other threads (a training loop) leave idle."""
+
+    def __init__(self, budget: Budget | None = None, threads: int = 8, name: str = "forkpoint",
+                 background_threads: int = 1):
         self.budget = budget or Budget()
         self.capacity = self.budget.capacity()
         self.used: dict[str, int] = {}
@@ -100,6 +109,8 @@ class Scheduler:
         self.closed = False
         self.threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
                         for i in range(threads)]
+        self.threads += [threading.Thread(target=self._work, args=(True,), name=f"{name}-background-{i}",
+                                          daemon=True) for i in range(background_threads)]
         for t in self.threads:
             t.start()
 
@@ -112,8 +123,9 @@ class Scheduler:
 
     def submit(self, stage: str, fn: Callable, *, priority: int, needs: dict | None = None,
                frees: dict | None = None, deps=(), after=(), nbytes: int = 0,
-               tier: str | None = None) -> Task:
-        """Queue `fn()`; it runs once `deps` succeeded, `after` finished (either way) and `needs` fit.
+               tier: str | None = None, background: bool = False) -> Task:
+        """Queue `fn()`; it runs once `deps` succeeded, `after` finished (either way) and `needs` fit
+        (on the background lane when `background`).
 
         A failed dependency fails the task with the same exception without running it.
         """
@@ -126,7 +138,7 @@ class Scheduler:
             self.seq += 1
             task = Task(stage, int(priority), fn, needs, needs if frees is None else dict(frees),
                         [d for d in deps if d is not None], [a for a in after if a is not None],
-                        nbytes, tier, self.seq)
+                        nbytes, tier, self.seq, background)
             bisect.insort(self.queue, task, key=lambda t: (t.priority, t.seq))
             st = self.stages.setdefault(stage, StageStats())
             st.queued += 1
@@ -178,8 +190,10 @@ class Scheduler:
                 return False
         return True
 
-    def _pick(self) -> Task | None:
+    def _pick(self, background: bool = False) -> Task | None:
         for i, task in enumerate(self.queue):
+            if task.background != background:
+                continue
             if not task.ready:
                 if any(not d.done() for d in task.deps) or any(not a.done() for a in task.after):
                     continue
@@ -189,14 +203,16 @@ class Scheduler:
                 return self.queue.pop(i)
         return None
 
-    def _work(self) -> None:
+    def _work(self, background: bool = False) -> None:
+        if background:
+            lower_priority(BACKGROUND_NICE)
         while True:
             with self.cond:
                 task = None
                 while task is None:
                     if self.closed and not self.queue:
                         return
-                    task = self._pick()
+                    task = self._pick(background)
                     if task is None:
                         self.cond.wait(0.5)
                 failed = task.failed
@@ -277,3 +293,13 @@ class Scheduler:
         if wait:
             for t in self.threads:
                 t.join()
+
+
+def lower_priority(steps: int) -> None:
+    """Lower the calling thread's OS scheduling priority by `steps` nice levels (Linux threads
+    have their own; elsewhere, or where refused, nothing changes)."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + steps))
+    except (AttributeError, OSError):
+        pass

@@ -38,7 +38,7 @@ class Codec:
 
 
 def _zstd_encode(data: memoryview, itemsize: int = 1, threads: int | None = None) -> bytes:
-    return zstandard.ZstdCompressor(level=3, threads=-1).compress(data)
+    return zstandard.ZstdCompressor(level=3, threads=0 if threads == 1 else -1).compress(data)
 
 
 def _zstd_decode(payload, decoded_length: int) -> bytes:

@@ -34,24 +34,25 @@ def object_key(digest: str) -> str:
     return f"objects/{digest[:2]}/{digest}"
 
 
-def content_hash(data) -> str:
+def content_hash(data, parallel: bool = True) -> str:
     """Return the content hash of a bytes-like object: blake3 of the bytes up to one block,
     else `block_root` of the blake3 digests of its 1 MiB blocks (so any block range verifies)."""
     view = memoryview(data).cast("B")
     if view.nbytes <= BLOCK_BYTES:
         return blake3.blake3(view).hexdigest()
-    return block_root(block_digests(view), view.nbytes)
+    return block_root(block_digests(view, parallel=parallel), view.nbytes)
 
 
-def block_digests(view: memoryview, first_block: int = 0) -> bytes:
-    """Concatenated 32-byte blake3 digests of the 1 MiB blocks of `view` (two threads when large)."""
+def block_digests(view: memoryview, first_block: int = 0, parallel: bool = True) -> bytes:
+    """Concatenated 32-byte blake3 digests of the 1 MiB blocks of `view` (two threads when large
+    and `parallel`, else in the calling thread)."""
     view = memoryview(view).cast("B")
     starts = range(0, view.nbytes, BLOCK_BYTES)
 
     def run(part: range) -> bytes:
         return b"".join(blake3.blake3(view[lo:lo + BLOCK_BYTES]).digest() for lo in part)
 
-    if view.nbytes < HASH_THREADS_MIN_BYTES:
+    if view.nbytes < HASH_THREADS_MIN_BYTES or not parallel:
         return run(starts)
     global _hash_pool
     if _hash_pool is None:

@@ -296,9 +296,9 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
 
     def _encode_later(self, items: list[LaterEncode], commit: Task | None) -> None:
         """Queue the in-place encoding of objects a save stored raw for its policy to encode
-        (engine.reencode), each holding an encoder from its start, to start once the save's
-        `commit` task has ended (so that it does not delay the commit); a flush of one waits for
-        it, and eviction spares it meanwhile."""
+        (engine.reencode) on the scheduler's background lane (cores the training loop leaves
+        idle), once the save's `commit` task has ended; a flush of one waits for it, and
+        eviction spares it meanwhile."""
         for item in items:
             def run(item=item):
                 try:
@@ -312,8 +312,8 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
 
             with self._evict_lock:
                 self._encoding[item.key] = self._sched.submit(
-                    "encode", run, priority=Priority.FLUSH, needs={"encode": 1, f"io:{self._tier}": 1},
-                    after=[commit], nbytes=item.nbytes, tier=self._tier)
+                    "encode", run, priority=Priority.FLUSH, after=[commit], nbytes=item.nbytes,
+                    tier=self._tier, background=True)
 
     def _adopt_deltas(self, plan, version):
         """After a committed save: its chunk values become the bases of the next save's deltas."""
