@@ -156,7 +156,7 @@ def warm_restores(scratch: str, repeats: int) -> None:
 
 
 def repeated_saves(scratch: str, repeats: int) -> None:
-    """Per dtype, for each of raw / lossless / lossless encoding before the commit / auto in
+    """Per dtype, for each of raw / lossless / lossless encoding after the commit / auto in
     turn (the order rotating by round): a repository per codec saves the state once (its first
     save, reported apart), then `repeats` times, one training step before each save (so every
     save writes new bytes). After each save, what it left to encode after its commit is
@@ -168,7 +168,7 @@ def repeated_saves(scratch: str, repeats: int) -> None:
           "| encoded saves |")
     print("|---|---|---|---|---|---|---|---|")
     configs = {"raw": {"codec": "raw"}, "lossless": {"codec": "lossless"},
-               "lossless, encode_later=False": {"codec": "lossless", "encode_later": False},
+               "lossless, encode_later=True": {"codec": "lossless", "encode_later": True},
                "auto": {"codec": "auto"}}
     names = list(configs)
     for dtype in (torch.float32, torch.bfloat16):
@@ -208,7 +208,7 @@ def training_loop(scratch: str, repeats: int, steps: int = 40, every: int = 5, b
     print("| dtype | codec | loop (s) | overhead per checkpoint (s) | CPU (core-s) | ratio |")
     print("|---|---|---|---|---|---|")
     configs = {"no checkpoint": None, "raw": {"codec": "raw"}, "lossless": {"codec": "lossless"},
-               "lossless, encode_later=False": {"codec": "lossless", "encode_later": False},
+               "lossless, encode_later=True": {"codec": "lossless", "encode_later": True},
                "auto": {"codec": "auto"}}
     names = list(configs)
     saves = steps // every

@@ -36,8 +36,9 @@ def _check_all(url):
 
 @pytest.mark.parametrize("codec", ["raw", "lossless"])
 def test_sigkill_at_random_moments_loses_nothing_committed(tmp_path, codec):
-    """"lossless": the store's learnt rates say raw saves are faster, so each save writes raw
-    and its objects are rewritten encoded after the commit, while the kills land."""
+    """"lossless" (with encode_later): the store's learnt rates say raw saves are faster, so
+    each save writes raw and its objects are rewritten encoded after the commit, while the
+    kills land."""
     url = str(tmp_path / "repo")
     rnd = random.Random(1234)
     kills, seen = 0, 0

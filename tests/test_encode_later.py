@@ -1,5 +1,6 @@
-"""Encoding after the commit: lossless saves write raw where raw saves measure faster, and
-their objects are rewritten encoded in place afterwards, never losing or changing a byte."""
+"""Encoding after the commit (encode_later=True): lossless saves write raw where raw saves
+measure faster, and their objects are rewritten encoded in place afterwards, never losing or
+changing a byte."""
 
 import numpy as np
 import pytest
@@ -23,7 +24,7 @@ def _codecs_now(repo, vid="main") -> set[str]:
 
 
 def test_a_save_writes_raw_first_then_its_objects_are_encoded(tmp_path):
-    repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless")
+    repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless", encode_later=True)
     state = _state()
     v1 = repo.save(state, step=1)  # the store's first save tries raw writing
     assert v1.stored_bytes >= v1.logical_bytes, "the first save should have written raw"
@@ -43,7 +44,7 @@ def test_a_save_writes_raw_first_then_its_objects_are_encoded(tmp_path):
 
 
 def test_encode_later_off_encodes_before_the_commit(tmp_path):
-    repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless", encode_later=False)
+    repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless")
     v = repo.save(_state())
     assert v.stored_bytes < 0.95 * v.logical_bytes
     assert "encode" not in repo.stats()["stages"]
@@ -53,12 +54,12 @@ def test_encode_later_off_encodes_before_the_commit(tmp_path):
 def test_raw_and_auto_encode_nothing_later_and_async_saves_do(tmp_path):
     state = _state()
     for codec in ("raw", "auto"):
-        repo = fp.Repo(str(tmp_path / codec), create=True, codec=codec)
+        repo = fp.Repo(str(tmp_path / codec), create=True, codec=codec, encode_later=True)
         repo.save(state)
         repo.drain()
         assert "encode" not in repo.stats()["stages"]
         repo.close()
-    repo = fp.Repo(str(tmp_path / "async"), create=True, codec="lossless")
+    repo = fp.Repo(str(tmp_path / "async"), create=True, codec="lossless", encode_later=True)
     repo.save(state, sync=False).wait()
     repo.drain()
     assert _codecs_now(repo) == {"float-planes", "zstd"}
@@ -68,7 +69,7 @@ def test_raw_and_auto_encode_nothing_later_and_async_saves_do(tmp_path):
 
 def test_a_flush_carries_the_encoded_objects(tmp_path):
     fast, slow = tmp_path / "fast", tmp_path / "slow"
-    repo = fp.Repo(tiers=[str(fast), str(slow)], create=True, codec="lossless")
+    repo = fp.Repo(tiers=[str(fast), str(slow)], create=True, codec="lossless", encode_later=True)
     state = _state()
     v = repo.save(state)
     repo.drain()

@@ -107,6 +107,29 @@ def test_held_resources_inside_tasks_stay_within_their_budget():
     sched.shutdown()
 
 
+def test_background_tasks_run_only_on_their_lane_until_promoted():
+    sched = Scheduler(Budget(), threads=3, background_threads=1)
+    gate, ran = threading.Event(), {}
+
+    def blocker():
+        ran["blocker"] = threading.current_thread().name
+        gate.wait(10)
+
+    first = sched.submit("encode", blocker, priority=Priority.FLUSH, background=True)
+    second = sched.submit("encode", lambda: threading.current_thread().name,
+                          priority=Priority.FLUSH, background=True)
+    ordinary = sched.submit("write", lambda: threading.current_thread().name, priority=Priority.GC)
+    assert "background" not in ordinary.result(5)
+    time.sleep(0.2)
+    assert not second.done(), "a background task ran beside a busy background lane"
+    assert "background" in ran["blocker"]
+    sched.promote([second])
+    assert "background" not in second.result(5)
+    gate.set()
+    first.result(5)
+    sched.shutdown()
+
+
 def test_a_lossless_save_encodes_within_the_encoder_budget(tmp_path):
     repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless", encode_later=False)
     assert repo.stats()["resources"]["encode"]["capacity"] >= 1

@@ -19,7 +19,7 @@ def state_for(step: int) -> dict:
 
 def main(url: str, branch: str, codec: str = "raw") -> None:
     repo = fp.Repo(url, create=True, options=SaveOptions(chunk_bytes=2 << 20, small_leaf_bytes=64 << 10,
-                                                         codec=codec))
+                                                         codec=codec, encode_later=codec != "raw"))
     head = repo.head(branch)
     step = repo.version(head).step + 1 if head else 0
     while True:

@@ -38,9 +38,10 @@ class SaveOptions:
     staging_bytes: int = 4 << 30
     window_bytes: int = 256 << 20
     delta: Delta | None = None
-    encode_later: bool = True
+    encode_later: bool = False
     """Under lossless/zstd, where raw saves measure faster on the store (learnt as for
-    codec="auto"), store chunks raw and encode them in place after the commit."""
+    codec="auto"), store chunks raw and encode them in place after the commit, in the
+    background (for hosts whose cores are idle while training runs on accelerators)."""
 
 
 @dataclass

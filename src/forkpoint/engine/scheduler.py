@@ -7,7 +7,6 @@ staging memory can be held from a capture until the write that empties it.
 """
 
 import bisect
-import os
 import threading
 import time
 from concurrent.futures import Future
@@ -85,14 +84,10 @@ class Task:
         return self.future.result(timeout)
 
 
-BACKGROUND_NICE = 19
-"""How much lower the OS priority of the background lane's threads is than the process's."""
-
-
 class Scheduler:
     """Runs tasks on a fixed set of threads under a Budget. Tasks submitted as `background`
-    run only on the background lane: `background_threads` threads at the lowest OS priority,
-    so that they use cores the process's other threads (a training loop) leave idle."""
+    run only on the background lane, `background_threads` threads of their own, so that such
+    work (encoding after a commit) never takes more cores than that, nor a thread a save needs."""
 
     def __init__(self, budget: Budget | None = None, threads: int = 8, name: str = "forkpoint",
                  background_threads: int = 1):
@@ -176,6 +171,13 @@ class Scheduler:
         finally:
             self.release({resource: n})
 
+    def promote(self, tasks) -> None:
+        """Move queued background `tasks` to the ordinary lane (something urgent waits for them)."""
+        with self.cond:
+            for task in tasks:
+                task.background = False
+            self.cond.notify_all()
+
     def release(self, resources: dict) -> None:
         """Give back resources held beyond a task (e.g. staging after a failed write)."""
         with self.cond:
@@ -204,8 +206,6 @@ class Scheduler:
         return None
 
     def _work(self, background: bool = False) -> None:
-        if background:
-            lower_priority(BACKGROUND_NICE)
         while True:
             with self.cond:
                 task = None
@@ -293,13 +293,3 @@ class Scheduler:
         if wait:
             for t in self.threads:
                 t.join()
-
-
-def lower_priority(steps: int) -> None:
-    """Lower the calling thread's OS scheduling priority by `steps` nice levels (Linux threads
-    have their own; elsewhere, or where refused, nothing changes)."""
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + steps))
-    except (AttributeError, OSError):
-        pass

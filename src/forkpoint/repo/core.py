@@ -50,8 +50,8 @@ slot of its own, so that the other write tasks keep the store busy meanwhile).""
 class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin, PlacementMixin):
     """A forkpoint repository at `url`: a local path, file://, mem://name, or an fsspec URL
     such as s3://bucket/prefix (`storage_options` go to the fsspec file system).
-    `encode_later=False` makes lossless/zstd saves always encode before their commit (by
-    default a save writes raw where that measures faster and encodes after the commit)."""
+    With `encode_later=True`, a lossless/zstd save writes its chunks raw where raw saves
+    measure faster on the store, and encodes them in the background after its commit."""
 
     def __init__(self, url: str | Store | None = None, create: bool = False, codec: str | dict = "raw",
                  on_conflict: str = "retry", workers: int = 4, options: SaveOptions | None = None,
@@ -99,6 +99,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         self._flush_errors: list[dict] = []
         self._flush_pins: dict[str, set[str]] = {}
         self._encoding: dict[str, Task] = {}
+        self._encoding_now: set[str] = set()
         self._evict_lock = threading.Lock()
         self._tier_locks = [threading.Lock() for _ in self.stores]
         self._manifests: dict[str, Manifest] = {}
@@ -296,11 +297,14 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
 
     def _encode_later(self, items: list[LaterEncode], commit: Task | None) -> None:
         """Queue the in-place encoding of objects a save stored raw for its policy to encode
-        (engine.reencode) on the scheduler's background lane (cores the training loop leaves
-        idle), once the save's `commit` task has ended; a flush of one waits for it, and
-        eviction spares it meanwhile."""
+        (engine.reencode) on the scheduler's background lane (one thread), once the save's
+        `commit` task has ended. A flush of one waits for it (promoted
+        to the ordinary lane); eviction spares it while it runs (one evicted before it starts
+        is skipped)."""
         for item in items:
             def run(item=item):
+                with self._evict_lock:
+                    self._encoding_now.add(item.key)
                 try:
                     return encode_in_place(self.store, item)
                 except CorruptObjectError as e:
@@ -308,6 +312,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
                     return 0
                 finally:
                     with self._evict_lock:
+                        self._encoding_now.discard(item.key)
                         self._encoding.pop(item.key, None)
 
             with self._evict_lock:

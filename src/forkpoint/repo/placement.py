@@ -32,7 +32,8 @@ class PlacementMixin:
         with self._evict_lock:
             self._flushing.add(vid)
             self._flush_pins[vid] = {key.rsplit("/", 1)[-1] for key in keys}
-            encoding = dict(self._encoding) if k == 0 else {}
+            encoding = {key: self._encoding[key] for key in keys if key in self._encoding} if k == 0 else {}
+        self._sched.promote(encoding.values())
         copies = [self._sched.submit("flush", lambda key=key: copy_object(self.stores[k:], dst, key),
                                      priority=Priority.FLUSH, needs={f"io:{tier}": 1}, tier=tier,
                                      after=[encoding[key]] if key in encoding else ())
@@ -110,7 +111,7 @@ class PlacementMixin:
         """True for objects a save or flush in flight relies on (call with the evict lock held)."""
         return (any(w.holds(digest) for w in self._writers)
                 or any(digest in pins for pins in self._flush_pins.values())
-                or object_key(digest) in self._encoding)
+                or object_key(digest) in self._encoding_now)
 
     def _reachable(self, heads: set[str]) -> set[str]:
         """Versions reachable from `heads` through first parents. A manifest that no ref reaches
