@@ -107,3 +107,46 @@ def test_encoding_in_place_refuses_damage_and_skips_what_is_gone_or_encoded(tmp_
     assert encode_in_place(repo.store, LaterEncode(nkey, item.codec, 4)) == 0
     assert stored_codec(repo.store, nkey) == "raw", "an incompressible object was rewritten"
     repo.close()
+
+
+def test_compact_encodes_a_raw_repository_after_the_fact(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    url = str(tmp_path / "r")
+    repo = fp.Repo(url, create=True)
+    states = [_state(i, 1_000_000) for i in range(3)]
+    versions = [repo.save(s, step=i) for i, s in enumerate(states)]
+    before = repo.du()["objects_bytes"]
+    report = repo.compact([versions[0].id], codec={"ints": "zstd", "*": "lossless"})
+    assert report.versions == 1 and report.encoded == 2 and report.saved_bytes > 0 and not report.problems
+    assert _codecs_now(repo, versions[0].id) == {"float-planes", "zstd"}
+    assert _codecs_now(repo, versions[1].id) == {"raw", "zstd"}  # "ints" is one object in all three
+    assert repo.compact([versions[0].id], codec="lossless").encoded == 0, "encoded objects were encoded again"
+    assert repo.compact(codec="raw").objects == 0
+    out = subprocess.run([sys.executable, "-m", "forkpoint.cli.main", "compact", "-r", url, "--json"],
+                         capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout)["encoded"] == 2  # "w" of the two versions left raw
+    assert repo.du()["objects_bytes"] < before - report.saved_bytes
+    for v, s in zip(versions, states):
+        out = fp.Repo(url).load(v.id)
+        assert np.array_equal(out["w"], s["w"]) and np.array_equal(out["ints"], s["ints"])
+    assert repo.verify().ok
+    repo.close()
+
+
+def test_compact_reports_a_damaged_object_and_goes_on(tmp_path):
+    url = str(tmp_path / "r")
+    repo = fp.Repo(url, create=True)
+    v = repo.save(_state(0, 1_000_000))
+    chunk = next(leaf for leaf in repo.manifest().leaves if leaf.path == "w").chunks[0]
+    path = tmp_path / "r" / object_key(chunk.object)
+    damaged = bytearray(path.read_bytes())
+    damaged[-3] ^= 1
+    path.write_bytes(bytes(damaged))
+    report = repo.compact(codec="lossless")
+    assert report.encoded == 1 and len(report.problems) == 1 and chunk.object in report.problems[0]
+    assert path.read_bytes() == bytes(damaged)
+    assert _codecs_now(repo, v.id) == {"raw", "zstd"}
+    repo.close()

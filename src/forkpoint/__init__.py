@@ -8,11 +8,11 @@ from .format.delta import Delta  # noqa: E402
 from .format.lossy import Lossy  # noqa: E402
 from .format.manifest import Version  # noqa: E402
 from .policy import PREEMPTED_EXIT_CODE, Auto, EverySteps, Keep, Preemption, Seconds  # noqa: E402
-from .repo import Divergence, GcReport, LeafDiff, PendingSave, Repo, VerifyReport  # noqa: E402
+from .repo import CompactReport, Divergence, GcReport, LeafDiff, PendingSave, Repo, VerifyReport  # noqa: E402
 from .state import RankLocal, ResumableSampler, RNGState  # noqa: E402
 from .tiers import Tier, tier  # noqa: E402
 
-__all__ = ["PREEMPTED_EXIT_CODE", "Auto", "Preemption", "Checkpointer", "Delta", "Divergence", "EverySteps", "GcReport", "Keep", "LeafDiff", "Lossy",
+__all__ = ["PREEMPTED_EXIT_CODE", "Auto", "Preemption", "Checkpointer", "CompactReport", "Delta", "Divergence", "EverySteps", "GcReport", "Keep", "LeafDiff", "Lossy",
            "PendingSave", "RankLocal", "Repo", "ResumableSampler", "RNGState", "Seconds", "Tier", "Version",
            "VerifyReport", "adjoint", "dist", "errors", "tier", "__version__"]
 

@@ -222,6 +222,34 @@ def verify(ref, repo_url, as_json):
 
 
 @cli.command()
+@click.argument("refs", nargs=-1)
+@click.option("--codec", type=click.Choice(["lossless", "zstd"]), default="lossless", show_default=True,
+              help="how to encode the raw objects")
+@repo_option
+@json_option
+def compact(refs, codec, repo_url, as_json):
+    """Encode in place the raw objects of REFS (default: of every version)."""
+    repo = _open(repo_url)
+    ids = [repo.resolve(ref) for ref in refs] or [v.id for v in repo.versions()]
+    sizes: dict[str, int] = {}
+    for vid in ids:
+        for c in (c for leaf in repo.manifest(vid).leaves for c in leaf.chunks if not c.delta):
+            sizes[c.object] = max(sizes.get(c.object, 0), c.start + c.size)
+    progress, total, label = _progress(sum(sizes.values()) * len(repo.stores), "compacting")
+    with progress:
+        task = progress.add_task(label, total=total)
+        report = repo.compact(list(refs) or None, codec=codec, progress=lambda n: progress.advance(task, n))
+    if as_json:
+        _emit(asdict(report))
+    else:
+        for problem in report.problems:
+            console.print(f"[red]problem:[/red] {problem}")
+        console.print(f"{report.encoded} of {report.objects} object(s) encoded, {_size(report.saved_bytes)} "
+                      f"saved, in {report.versions} version(s)")
+    sys.exit(1 if report.problems else 0)
+
+
+@cli.command()
 @click.option("--keep-last", type=int, default=None, help="keep the newest N versions per branch")
 @click.option("--keep-every", type=int, default=None, help="keep versions whose step is a multiple of K")
 @click.option("--keep-best", default=None, help="METRIC:K:min|max")

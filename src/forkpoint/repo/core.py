@@ -16,7 +16,7 @@ import weakref
 
 
 from ..engine.delta import DeltaPlan, parent_chunks
-from ..engine.reencode import LaterEncode, encode_in_place
+from ..engine.reencode import LaterEncode
 from ..engine.restore import chunk_value
 from ..engine.save import KnownChunk, SaveOptions, codec_rules, object_key, schedule_save, staging_sizes
 from ..engine.scheduler import Budget, Priority, Scheduler, Task
@@ -29,6 +29,7 @@ from ..state import capture, flatten
 from ..state.device import DeviceCapture
 from ..storage import Store, open_store
 from ..tiers import Tier, open_tiers
+from .compaction import CompactionMixin
 from .compare import CompareMixin
 from .history import HistoryMixin
 from .maintenance import MaintenanceMixin
@@ -47,7 +48,7 @@ MAX_ENCODERS = 8
 slot of its own, so that the other write tasks keep the store busy meanwhile)."""
 
 
-class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin, PlacementMixin):
+class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin, CompactionMixin, PlacementMixin):
     """A forkpoint repository at `url`: a local path, file://, mem://name, or an fsspec URL
     such as s3://bucket/prefix (`storage_options` go to the fsspec file system).
     With `encode_later=True`, a lossless/zstd save writes its chunks raw where raw saves
@@ -99,7 +100,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         self._flush_errors: list[dict] = []
         self._flush_pins: dict[str, set[str]] = {}
         self._encoding: dict[str, Task] = {}
-        self._encoding_now: set[str] = set()
+        self._encoding_now: collections.Counter = collections.Counter()
         self._evict_lock = threading.Lock()
         self._tier_locks = [threading.Lock() for _ in self.stores]
         self._manifests: dict[str, Manifest] = {}
@@ -303,16 +304,13 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         is skipped)."""
         for item in items:
             def run(item=item):
-                with self._evict_lock:
-                    self._encoding_now.add(item.key)
                 try:
-                    return encode_in_place(self.store, item)
+                    return self._compact_object(self.store, item) or 0
                 except CorruptObjectError as e:
                     log.warning("left %s as stored: %s", item.key, e)
                     return 0
                 finally:
                     with self._evict_lock:
-                        self._encoding_now.discard(item.key)
                         self._encoding.pop(item.key, None)
 
             with self._evict_lock:

@@ -60,6 +60,18 @@ class GcReport:
     dry_run: bool = False
 
 
+@dataclass
+class CompactReport:
+    """What `compact` did: versions looked at, objects it examined (those a tier holds),
+    objects it rewrote encoded, bytes that saved, and damaged objects it left alone."""
+
+    versions: int = 0
+    objects: int = 0
+    encoded: int = 0
+    saved_bytes: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
 class PendingSave:
     """A save running in the background: `done()`, `wait(timeout)` -> Version.
 

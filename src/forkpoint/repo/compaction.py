@@ -1,0 +1,89 @@
+"""Compaction: encode the raw objects of stored versions in place, after the fact."""
+
+import logging
+import math
+
+from ..engine.reencode import LaterEncode, encode_in_place
+from ..engine.save import codec_rules, policy_codec, policy_for
+from ..engine.scheduler import Priority
+from ..errors import CorruptObjectError
+from ..format.lossy import Lossy
+from ..format.objects import object_key
+from .records import CompactReport
+
+log = logging.getLogger("forkpoint")
+
+COMPACTED_POLICIES = ("lossless", "zstd", "auto")
+
+
+def leaf_element(leaf) -> tuple[int, bool]:
+    """(bytes per element, floating point) of a manifest leaf."""
+    count = math.prod(leaf.shape) if leaf.shape else 1
+    itemsize = leaf.nbytes // count if count else 1
+    floating = leaf.kind in ("torch", "numpy") and leaf.dtype.startswith(("float", "bfloat", "complex"))
+    return itemsize, floating
+
+
+class CompactionMixin:
+    """`compact` of a Repo (see repo.core)."""
+
+    def compact(self, refs: list[str] | None = None, codec=None, progress=None) -> CompactReport:
+        """Encode in place, on every tier, the raw objects of versions `refs` (default: all)
+        as a save under `codec` (a policy or {path glob: policy}; default: the repository's)
+        would have stored them; lossy policies compact as lossless (values are never changed
+        after the fact). Each object is replaced atomically by an encoded copy of the same
+        verified bytes, so readers and saves may run meanwhile; deltas, objects already
+        encoded and those that do not code 5% smaller stay as they are, and a damaged object
+        is reported in `problems` and left alone. `progress(bytes)` is called per object."""
+        rules = codec_rules(self.options.codec if codec is None else codec)
+        vids = [self.resolve(r) for r in refs] if refs else [v.id for v in self.versions()]
+        items: dict[str, LaterEncode] = {}
+        for vid in vids:
+            m = self._manifest_by_id(vid)
+            if m.version.pruned:
+                continue
+            for leaf in m.leaves:
+                itemsize, floating = leaf_element(leaf)
+                for c in leaf.chunks:
+                    packed = c.object != c.hash
+                    policy = rules[-1][1] if packed else policy_for(rules, leaf.path)
+                    if c.delta or not (isinstance(policy, Lossy) or policy in COMPACTED_POLICIES):
+                        continue
+                    size, fl = (1, False) if packed else (itemsize, floating)
+                    key = object_key(c.object)
+                    item = items.setdefault(key, LaterEncode(key, policy_codec(policy, size, fl), size))
+                    item.nbytes = max(item.nbytes, c.start + c.size)
+        report = CompactReport(versions=len(vids))
+        tasks = [(store, item, self._sched.submit(
+                    "compact", lambda store=store, item=item: self._compact_object(store, item),
+                    priority=Priority.GC, needs={"encode": 1, f"io:tier{k}": 1}, nbytes=item.nbytes,
+                    tier=f"tier{k}"))
+                 for k, store in enumerate(self.stores) for item in items.values()]
+        for store, item, task in tasks:
+            try:
+                saved = task.result()
+            except CorruptObjectError as e:
+                report.problems.append(str(e))
+                saved = None
+            if saved is not None:
+                report.objects += 1
+                report.encoded += saved > 0
+                report.saved_bytes += saved
+            if progress is not None:
+                progress(item.nbytes)
+        return report
+
+    def _compact_object(self, store, item: LaterEncode) -> int | None:
+        """Encode one object of `store` in place, pinned against eviction meanwhile; None when
+        the store does not hold it."""
+        with self._evict_lock:
+            if not store.exists(item.key):
+                return None
+            self._encoding_now[item.key] += 1
+        try:
+            return encode_in_place(store, item)
+        finally:
+            with self._evict_lock:
+                self._encoding_now[item.key] -= 1
+                if not self._encoding_now[item.key]:
+                    del self._encoding_now[item.key]
