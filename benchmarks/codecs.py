@@ -12,6 +12,7 @@ written with O_DIRECT, so they are read from the disk).
     python benchmarks/codecs.py --warm-restores --repeats 9   # restore speed per codec
     python benchmarks/codecs.py --repeated-saves --repeats 7  # one repo per codec, a save per step
     python benchmarks/codecs.py --training-loop --repeats 3   # loop time with a save every 5 steps
+    python benchmarks/codecs.py --compact --repeats 5         # encoding a raw repository afterwards
     sudo bash benchmarks/throttled.sh 500 python benchmarks/codecs.py --repeated-saves  # slower disk
 """
 
@@ -76,11 +77,15 @@ def main():
     ap.add_argument("--training-loop", action="store_true",
                     help="instead: a training loop with a synchronous save every 5 steps per codec, "
                          "against the loop without checkpoints (what encoding costs the loop)")
+    ap.add_argument("--compact", action="store_true",
+                    help="instead: repo.compact(codec='lossless') of a raw repository of three versions")
     args = ap.parse_args()
     scratch = tempfile.mkdtemp(prefix="fp-codecs-", dir=args.dir)
-    if args.warm_restores or args.repeated_saves or args.training_loop:
-        mode = warm_restores if args.warm_restores else repeated_saves if args.repeated_saves else training_loop
-        mode(scratch, args.repeats)
+    modes = {"warm_restores": warm_restores, "repeated_saves": repeated_saves,
+             "training_loop": training_loop, "compact": compaction}
+    chosen = [mode for name, mode in modes.items() if getattr(args, name)]
+    if chosen:
+        chosen[0](scratch, args.repeats)
         shutil.rmtree(scratch, ignore_errors=True)
         return
     print("| dtype | codec | stored / logical | ratio | save (s) | MB/s | encoding after commit (s) | "
@@ -196,6 +201,36 @@ def repeated_saves(scratch: str, repeats: int) -> None:
                   f"{sum(encoded[c])} / {repeats} |")
             repos[c].close()
             shutil.rmtree(os.path.join(scratch, str(i)))
+
+
+def compaction(scratch: str, repeats: int, versions: int = 3) -> None:
+    """Per dtype: a raw repository holding `versions` versions of the state (one training step
+    apart), then `repo.compact(codec="lossless")` timed (all objects raw and out of the page
+    cache after the direct-I/O writes); medians of `repeats` fresh repositories. GB/s counts
+    decoded bytes; the ratio is logical over stored bytes after compaction."""
+    print(f"forkpoint from {os.path.dirname(fp.__file__)}\n")
+    print("| dtype | versions | logical GB | compact (s) | GB/s | CPU (core-s) | ratio after |")
+    print("|---|---|---|---|---|---|---|")
+    for dtype in (torch.float32, torch.bfloat16):
+        state = trained_state(dtype)
+        times, cpu, ratios, logical = [], [], [], 0
+        for rep in range(repeats):
+            path = os.path.join(scratch, f"compact-{rep}")
+            with fp.Repo(path, create=True) as repo:
+                saved = []
+                for _ in range(versions):
+                    train_step(state, dtype)
+                    saved.append(repo.save(state))
+                logical = sum(v.logical_bytes for v in saved)
+                report, elapsed, core_s = timed(lambda: repo.compact(codec="lossless"))
+                assert not report.problems, report.problems
+                times.append(elapsed)
+                cpu.append(core_s)
+                ratios.append(logical / repo.du()["objects_bytes"])
+            shutil.rmtree(path)
+        t = statistics.median(times)
+        print(f"| {str(dtype).removeprefix('torch.')} | {versions} | {logical / 1e9:.2f} | {t:.2f} | "
+              f"{logical / t / 1e9:.2f} | {statistics.median(cpu):.2f} | {statistics.median(ratios):.3f} |")
 
 
 def training_loop(scratch: str, repeats: int, steps: int = 40, every: int = 5, batch: int = 256) -> None:

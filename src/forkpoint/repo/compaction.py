@@ -56,7 +56,7 @@ class CompactionMixin:
         report = CompactReport(versions=len(vids))
         tasks = [(store, item, self._sched.submit(
                     "compact", lambda store=store, item=item: self._compact_object(store, item),
-                    priority=Priority.GC, needs={"encode": 1, f"io:tier{k}": 1}, nbytes=item.nbytes,
+                    priority=Priority.GC, needs={f"io:tier{k}": 1}, nbytes=item.nbytes,
                     tier=f"tier{k}"))
                  for k, store in enumerate(self.stores) for item in items.values()]
         for store, item, task in tasks:
