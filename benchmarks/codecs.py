@@ -13,6 +13,7 @@ written with O_DIRECT, so they are read from the disk).
     python benchmarks/codecs.py --repeated-saves --repeats 7  # one repo per codec, a save per step
     python benchmarks/codecs.py --training-loop --repeats 3   # loop time with a save every 5 steps
     python benchmarks/codecs.py --compact --repeats 5         # encoding a raw repository afterwards
+    python benchmarks/codecs.py --encode-later-ab --repeats 16  # save time with encode_later
     sudo bash benchmarks/throttled.sh 500 python benchmarks/codecs.py --repeated-saves  # slower disk
 """
 
@@ -79,10 +80,12 @@ def main():
                          "against the loop without checkpoints (what encoding costs the loop)")
     ap.add_argument("--compact", action="store_true",
                     help="instead: repo.compact(codec='lossless') of a raw repository of three versions")
+    ap.add_argument("--encode-later-ab", action="store_true",
+                    help="instead: same-process A/B of raw, lossless encoding after the commit, and lossless")
     args = ap.parse_args()
     scratch = tempfile.mkdtemp(prefix="fp-codecs-", dir=args.dir)
     modes = {"warm_restores": warm_restores, "repeated_saves": repeated_saves,
-             "training_loop": training_loop, "compact": compaction}
+             "training_loop": training_loop, "compact": compaction, "encode_later_ab": encode_later_ab}
     chosen = [mode for name, mode in modes.items() if getattr(args, name)]
     if chosen:
         chosen[0](scratch, args.repeats)
@@ -201,6 +204,38 @@ def repeated_saves(scratch: str, repeats: int) -> None:
                   f"{sum(encoded[c])} / {repeats} |")
             repos[c].close()
             shutil.rmtree(os.path.join(scratch, str(i)))
+
+
+def encode_later_ab(scratch: str, repeats: int) -> None:
+    """Same-process A/B: raw, lossless with encode_later (the store's rates primed so that
+    every save writes raw) and inline lossless, a repository each, saves alternating with a
+    training step before each; each save's background encoding is drained and timed apart.
+    Medians of `repeats`."""
+    from forkpoint.engine.autocodec import choice_for
+
+    print(f"forkpoint from {os.path.dirname(fp.__file__)}\n")
+    print("| dtype | raw save (s) | lossless, encode_later=True: save (s) | encoding after the commit (s) "
+          "| lossless save (s) |")
+    print("|---|---|---|---|---|")
+    configs = {"raw": {"codec": "raw"}, "later": {"codec": "lossless", "encode_later": True},
+               "inline": {"codec": "lossless"}}
+    for dtype in (torch.float32, torch.bfloat16):
+        state = trained_state(dtype)
+        repos = {c: fp.Repo(os.path.join(scratch, f"ab-{c}"), create=True, **kw) for c, kw in configs.items()}
+        choice = choice_for(repos["later"].store)
+        choice.rates, choice.interval = {False: 1e15, True: 1.0}, 1 << 30
+        saves, after = ({c: [] for c in configs} for _ in range(2))
+        for _ in range(repeats):
+            for c, repo in repos.items():
+                train_step(state, dtype)
+                saves[c].append(timed(lambda: repo.save(state))[1])
+                after[c].append(timed(repo.drain)[1])
+        med = {c: statistics.median(saves[c]) for c in configs}
+        print(f"| {str(dtype).removeprefix('torch.')} | {med['raw']:.3f} | {med['later']:.3f} | "
+              f"{statistics.median(after['later']):.2f} | {med['inline']:.3f} |")
+        for c, repo in repos.items():
+            repo.close()
+            shutil.rmtree(os.path.join(scratch, f"ab-{c}"))
 
 
 def compaction(scratch: str, repeats: int, versions: int = 3) -> None:
