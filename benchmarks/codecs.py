@@ -30,9 +30,10 @@ import torch
 import forkpoint as fp
 
 
-def train_step(state, dtype):
+def train_step(state, dtype, batch: int = 32):
     model, opt = state["model"], state["optim"]
-    loss = model(torch.randn(32, 1024, dtype=dtype)).float().pow(2).mean()
+    device = next(model.parameters()).device
+    loss = model(torch.randn(batch, 1024, dtype=dtype, device=device)).float().pow(2).mean()
     opt.zero_grad()
     loss.backward()
     opt.step()
@@ -55,10 +56,10 @@ def timed(fn):
     return out, elapsed, c1.user - c0.user + c1.system - c0.system
 
 
-def trained_state(dtype):
+def trained_state(dtype, device: str = "cpu"):
     torch.manual_seed(0)
     torch.set_num_threads(2)
-    model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(24)]).to(dtype)
+    model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(24)]).to(device, dtype)
     state = {"model": model, "optim": torch.optim.AdamW(model.parameters(), lr=1e-3)}
     for _ in range(20):
         train_step(state, dtype)
@@ -82,13 +83,19 @@ def main():
                     help="instead: repo.compact(codec='lossless') of a raw repository of three versions")
     ap.add_argument("--encode-later-ab", action="store_true",
                     help="instead: same-process A/B of raw, lossless encoding after the commit, and lossless")
+    ap.add_argument("--device", default="cpu", help="--training-loop: where the model trains")
+    ap.add_argument("--batch", type=int, default=256, help="--training-loop: batch size")
+    ap.add_argument("--steps", type=int, default=40, help="--training-loop: steps (a save every 5)")
     args = ap.parse_args()
     scratch = tempfile.mkdtemp(prefix="fp-codecs-", dir=args.dir)
     modes = {"warm_restores": warm_restores, "repeated_saves": repeated_saves,
              "training_loop": training_loop, "compact": compaction, "encode_later_ab": encode_later_ab}
     chosen = [mode for name, mode in modes.items() if getattr(args, name)]
     if chosen:
-        chosen[0](scratch, args.repeats)
+        if chosen[0] is training_loop:
+            training_loop(scratch, args.repeats, args.steps, batch=args.batch, device=args.device)
+        else:
+            chosen[0](scratch, args.repeats)
         shutil.rmtree(scratch, ignore_errors=True)
         return
     print("| dtype | codec | stored / logical | ratio | save (s) | MB/s | encoding after commit (s) | "
@@ -268,7 +275,8 @@ def compaction(scratch: str, repeats: int, versions: int = 3) -> None:
               f"{logical / t / 1e9:.2f} | {statistics.median(cpu):.2f} | {statistics.median(ratios):.3f} |")
 
 
-def training_loop(scratch: str, repeats: int, steps: int = 40, every: int = 5, batch: int = 256) -> None:
+def training_loop(scratch: str, repeats: int, steps: int = 40, every: int = 5, batch: int = 256,
+                  device: str = "cpu") -> None:
     """Per dtype: `steps` training steps (batch `batch`) with a synchronous save every `every`
     steps into a fresh repository, per codec, and once without saving; the wall time of the
     loop including `close` (which waits for any encoding after the commits). The order of the
@@ -283,8 +291,7 @@ def training_loop(scratch: str, repeats: int, steps: int = 40, every: int = 5, b
     names = list(configs)
     saves = steps // every
     for dtype in (torch.float32, torch.bfloat16):
-        state = trained_state(dtype)
-        model, opt = state["model"], state["optim"]
+        state = trained_state(dtype, device)
         walls, cpu, ratios = ({c: [] for c in names} for _ in range(3))
         for rep in range(repeats):
             for c in names[rep % len(names):] + names[:rep % len(names)]:
@@ -293,12 +300,11 @@ def training_loop(scratch: str, repeats: int, steps: int = 40, every: int = 5, b
 
                 def loop():
                     for step in range(1, steps + 1):
-                        loss = model(torch.randn(batch, 1024, dtype=dtype)).float().pow(2).mean()
-                        opt.zero_grad()
-                        loss.backward()
-                        opt.step()
+                        train_step(state, dtype, batch)
                         if repo is not None and step % every == 0:
                             repo.save(state, step=step)
+                    if device != "cpu":
+                        torch.cuda.synchronize()
                     if repo is not None:
                         repo.close()
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The GPU checks of issue 3 in one run on a lent GPU machine (about 5 minutes): the CUDA tests,
+# The GPU checks of issues 3 and 4 in one run on a lent GPU machine (about 7 minutes): the CUDA tests,
 # the stall per checkpoint against DCP and torch.save, and every-step checkpoints into the memory
-# tier. Run from the repository root; logs and JSON go to $OUT (or ./bench-out).
+# tier, and a training loop saving raw, lossless and lossless with encode_later (host cores idle
+# while the GPU trains). Run from the repository root; logs and JSON go to $OUT (or ./bench-out).
 # The machine's Python lacks blake3, zstandard and zlib-ng: download their wheels for its Python
 # into .whl/ first (pip download --only-binary=:all: --python-version 3.12 ... -d .whl NAME).
 set -o pipefail
@@ -19,3 +20,5 @@ timeout 200 python3 benchmarks/train_overhead.py --device cuda --batch 8192 --st
     --repeats 3 --dir /tmp --json "$out/train_overhead_cuda.json" 2>&1 | tee "$out/train.log" | tail -12
 timeout 120 python3 benchmarks/tiers_restore.py --device cuda --batch 32768 --steps 30 \
     --sections every-step --dir /tmp 2>&1 | tee "$out/every.log" | tail -14
+timeout 200 python3 benchmarks/codecs.py --training-loop --device cuda --batch 65536 --steps 20 \
+    --repeats 2 --dir /tmp 2>&1 | tee "$out/codec_loop.log" | tail -12
