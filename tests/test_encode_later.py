@@ -128,6 +128,11 @@ def test_compact_encodes_a_raw_repository_after_the_fact(tmp_path):
     out = subprocess.run([sys.executable, "-m", "forkpoint.cli.main", "compact", "-r", url, "--json"],
                          capture_output=True, text=True, check=True)
     assert json.loads(out.stdout)["encoded"] == 2  # "w" of the two versions left raw
+    shown = subprocess.run([sys.executable, "-m", "forkpoint.cli.main", "show", versions[2].id, "-r", url, "--json"],
+                           capture_output=True, text=True, check=True)
+    codecs = {leaf["path"]: leaf["codecs"] for leaf in json.loads(shown.stdout)["leaves"]}
+    assert codecs == {"w": ["float-planes"], "ints": ["zstd"]}, "show gave the codecs of the commit"
+    assert repo.manifest(versions[2].id).leaves[0].chunks[0].codec == "raw"
     assert repo.du()["objects_bytes"] < before - report.saved_bytes
     for v, s in zip(versions, states):
         out = fp.Repo(url).load(v.id)

@@ -93,13 +93,14 @@ def log(ref, limit, repo_url, as_json):
 @repo_option
 @json_option
 def show(ref, repo_url, as_json):
-    """Show one version: record, environment and leaf table."""
+    """Show one version: record, environment and leaf table (codecs as stored now)."""
     repo = _open(repo_url)
     m = repo.manifest(ref)
     v = m.version
+    now = repo.stored_codecs(v.id)
     leaves = [{"path": leaf.path, "kind": leaf.kind, "dtype": leaf.dtype, "shape": leaf.shape,
                "nbytes": leaf.nbytes, "chunks": len(leaf.chunks),
-               "codecs": sorted({("delta:" if c.delta else "") + c.codec for c in leaf.chunks}),
+               "codecs": sorted({("delta:" if c.delta else "") + now.get(c.object, c.codec) for c in leaf.chunks}),
                "alias_of": None if leaf.alias_of is None else m.leaves[leaf.alias_of].path,
                "lossy": leaf.lossy}
               for leaf in m.leaves]

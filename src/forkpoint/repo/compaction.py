@@ -4,9 +4,9 @@ import logging
 import math
 
 from ..engine.reencode import LaterEncode, encode_in_place
-from ..engine.save import codec_rules, policy_codec, policy_for
+from ..engine.save import codec_rules, policy_codec, policy_for, stored_codec
 from ..engine.scheduler import Priority
-from ..errors import CorruptObjectError
+from ..errors import CorruptObjectError, FormatError
 from ..format.lossy import Lossy
 from ..format.objects import object_key
 from .records import CompactReport
@@ -72,6 +72,20 @@ class CompactionMixin:
             if progress is not None:
                 progress(item.nbytes)
         return report
+
+    def stored_codecs(self, ref: str) -> dict[str, str]:
+        """{object name: the codec its header names now} for the objects of version `ref`, as
+        the first tier holding each has it (a manifest's `codec` is the one at commit; objects
+        encoded after it, or compacted, have another); an object no tier holds is left out."""
+        out: dict[str, str] = {}
+        for obj in {c.object for leaf in self.manifest(ref).leaves for c in leaf.chunks}:
+            for store in self.stores:
+                try:
+                    out[obj] = stored_codec(store, object_key(obj))
+                    break
+                except (FileNotFoundError, CorruptObjectError, FormatError):
+                    continue
+        return out
 
     def _compact_object(self, store, item: LaterEncode) -> int | None:
         """Encode one object of `store` in place, pinned against eviction meanwhile; None when
