@@ -273,3 +273,11 @@ def test_a_rank_killed_during_a_coordinated_flush_loses_nothing_the_nodes_commit
     records = launch("node_local_restore", 4, tmp_path / "restart", nodes, shared, references, 2)
     assert all(rec["result"]["version"] == ids[1] and rec["result"]["matches"] == [1] for rec in records), \
         "the restarted job resumes from the version the nodes hold"
+
+
+def test_encode_later_is_refused_by_a_distributed_repo(tmp_path):
+    from forkpoint.engine import SaveOptions
+
+    for kwargs in ({"encode_later": True}, {"options": SaveOptions(codec="lossless", encode_later=True)}):
+        with pytest.raises(ValueError, match="encode_later=True is not supported by fp.dist.Repo"):
+            fp.dist.Repo(str(tmp_path / "r"), create=True, codec="lossless", **kwargs)

@@ -46,6 +46,10 @@ class Repo(NodeLocalMixin, BaseRepo):
                  create: bool = False, sweep_grace: float = 300.0, **kwargs):
         import torch.distributed as dist
 
+        if kwargs.get("encode_later") or getattr(kwargs.get("options"), "encode_later", False):
+            raise ValueError("encode_later=True is not supported by fp.dist.Repo (each rank encodes "
+                             "its chunks before the coordinated commit); use fp.Repo, or "
+                             "repo.compact() after the run")
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("fp.dist.Repo needs an initialised process group: call "
                                "torch.distributed.init_process_group (or fp.dist.init_from_env()) first")
