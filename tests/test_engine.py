@@ -130,6 +130,31 @@ def test_background_tasks_run_only_on_their_lane_until_promoted():
     sched.shutdown()
 
 
+def test_finished_saves_leave_nothing_reachable_behind(tmp_path):
+    """Each commit waits for the one before it; a finished task must not keep that chain (every
+    task, closure and leaf record of every earlier save) reachable."""
+    import gc
+
+    from forkpoint.engine.scheduler import Task
+
+    repo = fp.Repo(str(tmp_path / "r"), create=True)
+    state = {f"w{i}": torch.randn(50_000) for i in range(20)}
+
+    def alive_after(saves: int) -> int:
+        for i in range(saves):
+            if i % 2:
+                repo.save(state, step=i)
+            else:
+                repo.save(state, step=i, sync=False).wait()
+        repo.drain()
+        gc.collect()
+        return sum(type(o) is Task for o in gc.get_objects())
+
+    first = alive_after(2)
+    assert alive_after(8) <= first
+    repo.close()
+
+
 def test_a_lossless_save_encodes_within_the_encoder_budget(tmp_path):
     repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless", encode_later=False)
     assert repo.stats()["resources"]["encode"]["capacity"] >= 1

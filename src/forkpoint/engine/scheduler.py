@@ -80,6 +80,11 @@ class Task:
     def done(self) -> bool:
         return self.future.done()
 
+    def forget(self) -> None:
+        """Drop what a finished task no longer needs (its function and the tasks it waited
+        for), so that finished work does not stay reachable through later tasks' `after`."""
+        self.fn, self.deps, self.after, self.failed = None, [], [], None
+
     def result(self, timeout: float | None = None):
         return self.future.result(timeout)
 
@@ -236,6 +241,7 @@ class Scheduler:
                     st.failed += 1
                     self.cond.notify_all()
                 task.future.set_exception(failed.future.exception())
+                task.forget()
                 continue
             start = time.perf_counter()
             try:
@@ -260,6 +266,7 @@ class Scheduler:
                     if error is None:
                         tier["bytes_done"] += task.nbytes
                 self.cond.notify_all()
+            task.forget()
             if error is None:
                 task.future.set_result(result)
             else:
