@@ -136,11 +136,13 @@ def test_finished_saves_leave_nothing_reachable_behind(tmp_path):
     import gc
 
     from forkpoint.engine.scheduler import Task
+    from forkpoint.format.manifest import Leaf
 
     repo = fp.Repo(str(tmp_path / "r"), create=True)
+    repo._manifests.limit = 3  # leaf tables kept in memory (MANIFESTS_CACHED in use)
     state = {f"w{i}": torch.randn(50_000) for i in range(20)}
 
-    def alive_after(saves: int) -> int:
+    def alive_after(saves: int) -> tuple[int, int]:
         for i in range(saves):
             if i % 2:
                 repo.save(state, step=i)
@@ -148,10 +150,12 @@ def test_finished_saves_leave_nothing_reachable_behind(tmp_path):
                 repo.save(state, step=i, sync=False).wait()
         repo.drain()
         gc.collect()
-        return sum(type(o) is Task for o in gc.get_objects())
+        live = [type(o) for o in gc.get_objects()]
+        return live.count(Task), live.count(Leaf)
 
-    first = alive_after(2)
-    assert alive_after(8) <= first
+    tasks, leaves = alive_after(4)
+    assert alive_after(8) <= (tasks, leaves)
+    assert len(repo.log()) == 12 and [v.step for v in repo.versions()][-2:] == [6, 7]
     repo.close()
 
 

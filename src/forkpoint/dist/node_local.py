@@ -64,8 +64,7 @@ class NodeLocalMixin:
             if leader != 0:
                 self.coordinator.get(sid, f"recorded/{leader}", wait=True)
             manifest = Manifest.from_bytes(self.store.read(key), f"{self.store.url}/{key}")
-        with self._lock:
-            self._manifests[vid] = manifest
+        self._manifests.put(vid, manifest)
         return flush
 
     def _flush_keys(self, vid: str, k: int, m: Manifest) -> list[str]:

@@ -31,7 +31,7 @@ from ..storage import Store, open_store
 from ..tiers import Tier, open_tiers
 from .compaction import CompactionMixin
 from .compare import CompareMixin
-from .history import HistoryMixin
+from .history import HistoryMixin, ManifestCache
 from .maintenance import MaintenanceMixin
 from .placement import PlacementMixin
 from .reading import ReadingMixin
@@ -103,7 +103,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         self._encoding_now: collections.Counter = collections.Counter()
         self._evict_lock = threading.Lock()
         self._tier_locks = [threading.Lock() for _ in self.stores]
-        self._manifests: dict[str, Manifest] = {}
+        self._manifests = ManifestCache()
         self._lock = threading.Lock()
         self._commit_seq = 0
         self._committing: set[str] = set()
@@ -343,7 +343,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
                 published = self._publish_ref("heads", record.branch, seq + 1, vid)
                 if published:
                     with self._lock:
-                        self._manifests[vid] = manifest
+                        self._manifests.put(vid, manifest)
                         self._commit_seq += 1
                         self._recent_commits.append((self._commit_seq, vid, {
                             o for leaf in manifest.leaves for c in leaf.chunks for o in c.objects}))

@@ -1,10 +1,49 @@
 """Versions and lineage: manifests by id, ref resolution, logs."""
 
+import collections
+import threading
 
 from ..errors import FormatError, RefNotFoundError
 from ..format.manifest import Manifest, Version
 from ..format.refs import parse_ref_expr
 from ..storage import Store
+
+MANIFESTS_CACHED = 64
+
+
+class ManifestCache:
+    """Parsed manifests this process met: the `limit` most recently used in full, and the
+    Version record (small) of every one, so that walking a long history reads nothing while
+    a run of many saves does not keep every leaf table in memory."""
+
+    def __init__(self, limit: int = MANIFESTS_CACHED):
+        self.limit = limit
+        self.full: collections.OrderedDict[str, Manifest] = collections.OrderedDict()
+        self.records: dict[str, Version] = {}
+        self.lock = threading.Lock()
+
+    def get(self, vid: str) -> Manifest | None:
+        with self.lock:
+            m = self.full.get(vid)
+            if m is not None:
+                self.full.move_to_end(vid)
+            return m
+
+    def record(self, vid: str) -> Version | None:
+        return self.records.get(vid)
+
+    def put(self, vid: str, m: Manifest) -> None:
+        with self.lock:
+            self.full[vid] = m
+            self.full.move_to_end(vid)
+            self.records[vid] = m.version
+            while len(self.full) > self.limit:
+                self.full.popitem(last=False)
+
+    def pop(self, vid: str, default=None):
+        with self.lock:
+            self.records.pop(vid, None)
+            return self.full.pop(vid, default)
 
 
 class HistoryMixin:
@@ -28,9 +67,13 @@ class HistoryMixin:
         m = Manifest.from_bytes(data, f"{store.url}/{key}")
         if m.version.id != vid:
             raise FormatError(f"manifest {self.url}/{key} names version {m.version.id}, not {vid}")
-        with self._lock:
-            self._manifests[vid] = m
+        self._manifests.put(vid, m)
         return m
+
+    def _version_by_id(self, vid: str) -> Version:
+        """The Version record of `vid` (from the record cache when its manifest was met)."""
+        record = self._manifests.record(vid)
+        return record if record is not None else self._manifest_by_id(vid).version
 
     def _version_ids(self, store: Store | None = None) -> list[str]:
         stores = [store] if store is not None else self.stores
@@ -57,7 +100,7 @@ class HistoryMixin:
                 f"no branch, tag or version {base!r} in {self.url}; branches: "
                 f"{', '.join(self.branches()) or '(none)'}")
         for i in range(ups):
-            parents = self._manifest_by_id(vid).version.parents
+            parents = self._version_by_id(vid).parents
             if not parents:
                 raise RefNotFoundError(f"{ref!r}: version {vid} has no parent ({i} generations back)")
             vid = parents[0]
@@ -65,7 +108,7 @@ class HistoryMixin:
 
     def version(self, ref: str = "main") -> Version:
         """Return the Version record `ref` names."""
-        return self._manifest_by_id(self.resolve(ref)).version
+        return self._version_by_id(self.resolve(ref))
 
     def manifest(self, ref: str = "main") -> Manifest:
         """Return the full manifest (record, skeleton, leaf table) of `ref`."""
@@ -77,7 +120,7 @@ class HistoryMixin:
         vid: str | None = self.resolve(ref)
         while vid is not None and (limit is None or len(out) < limit):
             try:
-                v = self._manifest_by_id(vid).version
+                v = self._version_by_id(vid)
             except RefNotFoundError:
                 break
             out.append(v)
@@ -86,5 +129,5 @@ class HistoryMixin:
 
     def versions(self) -> list[Version]:
         """Return every version record in the repository, oldest first."""
-        return sorted((self._manifest_by_id(v).version for v in self._version_ids()),
+        return sorted((self._version_by_id(v) for v in self._version_ids()),
                       key=lambda v: v.time)

@@ -91,14 +91,14 @@ class PlacementMixin:
 
     def _stub_ancestors(self, vid: str, dst: Store) -> None:
         """Give `dst` records (stubs) of the ancestors it lacks, so its history stays walkable."""
-        parents = self._manifest_by_id(vid).version.parents
+        parents = self._version_by_id(vid).parents
         while parents and parents[0] not in self._flushing and not dst.exists(f"versions/{parents[0]}.json"):
             try:
-                parent = self._manifest_by_id(parents[0])
+                parent = self._version_by_id(parents[0])
             except RefNotFoundError:
                 return
-            self._prune(parent.version.id, dst)
-            parents = parent.version.parents
+            self._prune(parent.id, dst)
+            parents = parent.parents
 
     def _descends(self, vid: str, ancestor: str) -> bool:
         return any(v.id == ancestor for v in self.log(vid))
@@ -122,7 +122,7 @@ class PlacementMixin:
             while vid and vid not in seen:
                 seen.add(vid)
                 try:
-                    parents = self._manifest_by_id(vid).version.parents
+                    parents = self._version_by_id(vid).parents
                 except (RefNotFoundError, FormatError):
                     break
                 vid = parents[0] if parents else None
