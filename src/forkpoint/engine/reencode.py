@@ -7,17 +7,16 @@ file and the encoded one are the same object to every reader; the encoded bytes 
 before they atomically replace the raw ones, and a crash at any instant leaves one or the other.
 """
 
-import contextlib
 from dataclasses import dataclass
 
-from ..format.codecs import Codec
 from ..errors import CorruptObjectError
+from ..format.codecs import Codec
 from ..format.objects import OBJECT_HEADER_SIZE, content_hash, pack_header, unpack_header
 from ..storage.base import Store
 
 MIN_GAIN = 0.95
-"""A rewrite is kept only when the encoded object is smaller than this share of the raw one
-(the rule every save applies to its encoded chunks)."""
+"""An encoding is kept only when it is smaller than this share of the raw bytes (a save's
+encoded chunks, and each rewrite in place)."""
 
 
 @dataclass
@@ -31,12 +30,11 @@ class LaterEncode:
     nbytes: int = 0
 
 
-def encode_in_place(store: Store, item: LaterEncode, encoding=contextlib.nullcontext) -> int:
+def encode_in_place(store: Store, item: LaterEncode) -> int:
     """Rewrite the raw object `item.key` of `store` encoded with `item.codec` when that codes
     it at least 5% smaller; return the bytes saved (0 when it is gone, no longer raw, or did not
     code smaller). The raw bytes are verified against the object's name first: a damaged object
-    raises CorruptObjectError and stays as it is. All of it runs in the calling thread (the
-    scheduler's background lane); `encoding()` is held while encoding."""
+    raises CorruptObjectError and stays as it is. All of it runs in the calling thread."""
     where = f"{store.url}/{item.key}"
     digest = item.key.rsplit("/", 1)[-1]
     try:
@@ -52,8 +50,7 @@ def encode_in_place(store: Store, item: LaterEncode, encoding=contextlib.nullcon
     data = view[header_size:]
     if data.nbytes != length or content_hash(data, parallel=False) != digest:
         raise CorruptObjectError(f"{where} does not match its hash: corrupted")
-    with encoding():
-        payload = item.codec.pieces(data, item.itemsize, threads=1)
+    payload = item.codec.pieces(data, item.itemsize, threads=1)
     coded = OBJECT_HEADER_SIZE + sum(memoryview(p).nbytes for p in payload)
     if coded >= MIN_GAIN * view.nbytes:
         return 0

@@ -21,7 +21,7 @@ from ..format.objects import (BLOCK_BYTES, DIGEST_BYTES, OBJECT_HEADER_SIZE, blo
 from ..state.flatten import FlatLeaf
 from ..storage.base import Store
 from .autocodec import BusyMeter, choice_for
-from .reencode import LaterEncode
+from .reencode import MIN_GAIN, LaterEncode
 from .scheduler import Priority, Scheduler, Task
 from .staging import StagingPool
 
@@ -231,7 +231,7 @@ class ObjectWriter:
         if codec.id != 0:
             with self.encoding():
                 encoded = codec.pieces(view, itemsize, scratch=scratch)
-            if sum(memoryview(p).nbytes for p in encoded) < 0.95 * view.nbytes:
+            if sum(memoryview(p).nbytes for p in encoded) < MIN_GAIN * view.nbytes:
                 payload = encoded
             else:
                 codec = codec_by_name("raw")
@@ -489,9 +489,15 @@ def _copy_and_hash(src: np.ndarray, dst: np.ndarray) -> tuple[str, bytes]:
 
 def element_kind(d) -> tuple[int, bool]:
     """(bytes per element, whether it is floating point) of a leaf's data."""
-    count = int(np.prod(d.local_shape)) if d.local_shape else 1
-    itemsize = int(d.data.nbytes) // count if count else 1
-    floating = d.kind in ("torch", "numpy") and d.dtype.startswith(("float", "bfloat", "complex"))
+    return element_of(d.kind, d.dtype, d.local_shape, int(d.data.nbytes))
+
+
+def element_of(kind: str, dtype: str, shape, nbytes: int) -> tuple[int, bool]:
+    """(bytes per element, whether it is floating point) of `nbytes` of `shape` elements of
+    a `kind` leaf of `dtype` (what chooses a chunk's codec)."""
+    count = int(np.prod(shape)) if shape else 1
+    itemsize = nbytes // count if count else 1
+    floating = kind in ("torch", "numpy") and dtype.startswith(("float", "bfloat", "complex"))
     return itemsize, floating
 
 

@@ -1,11 +1,11 @@
-"""Compaction: encode the raw objects of stored versions in place, after the fact."""
+"""Encoding stored objects in place: after a save's commit (encode_later) and after the fact
+(compact)."""
 
 import logging
-import math
 
 from ..engine.reencode import LaterEncode, encode_in_place
-from ..engine.save import codec_rules, policy_codec, policy_for, stored_codec
-from ..engine.scheduler import Priority
+from ..engine.save import codec_rules, element_of, policy_codec, policy_for, stored_codec
+from ..engine.scheduler import Priority, Task
 from ..errors import CorruptObjectError, FormatError
 from ..format.lossy import Lossy
 from ..format.objects import object_key
@@ -16,16 +16,8 @@ log = logging.getLogger("forkpoint")
 COMPACTED_POLICIES = ("lossless", "zstd", "auto")
 
 
-def leaf_element(leaf) -> tuple[int, bool]:
-    """(bytes per element, floating point) of a manifest leaf."""
-    count = math.prod(leaf.shape) if leaf.shape else 1
-    itemsize = leaf.nbytes // count if count else 1
-    floating = leaf.kind in ("torch", "numpy") and leaf.dtype.startswith(("float", "bfloat", "complex"))
-    return itemsize, floating
-
-
 class CompactionMixin:
-    """`compact` of a Repo (see repo.core)."""
+    """In-place encoding of a Repo's objects (see repo.core)."""
 
     def compact(self, refs: list[str] | None = None, codec=None, progress=None) -> CompactReport:
         """Encode in place, on every tier, the raw objects of versions `refs` (default: all)
@@ -43,7 +35,7 @@ class CompactionMixin:
             if m.version.pruned:
                 continue
             for leaf in m.leaves:
-                itemsize, floating = leaf_element(leaf)
+                itemsize, floating = element_of(leaf.kind, leaf.dtype, leaf.shape, leaf.nbytes)
                 for c in leaf.chunks:
                     packed = c.object != c.hash
                     policy = rules[-1][1] if packed else policy_for(rules, leaf.path)
@@ -86,6 +78,27 @@ class CompactionMixin:
                 except (FileNotFoundError, CorruptObjectError, FormatError):
                     continue
         return out
+
+    def _encode_later(self, items: list[LaterEncode], commit: Task | None) -> None:
+        """Queue the in-place encoding of objects a save stored raw for its policy to encode
+        (engine.reencode) on the scheduler's background lane, once the save's `commit` task
+        has ended. A flush of one waits for it (promoted to the ordinary lane); eviction spares
+        it while it runs (one evicted before it starts is skipped)."""
+        for item in items:
+            def run(item=item):
+                try:
+                    return self._compact_object(self.store, item) or 0
+                except CorruptObjectError as e:
+                    log.warning("left %s as stored: %s", item.key, e)
+                    return 0
+                finally:
+                    with self._evict_lock:
+                        self._encoding.pop(item.key, None)
+
+            with self._evict_lock:
+                self._encoding[item.key] = self._sched.submit(
+                    "encode", run, priority=Priority.FLUSH, after=[commit], nbytes=item.nbytes,
+                    tier=self._tier, background=True)
 
     def _compact_object(self, store, item: LaterEncode) -> int | None:
         """Encode one object of `store` in place, pinned against eviction meanwhile; None when

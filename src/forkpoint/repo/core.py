@@ -6,7 +6,6 @@ A version is visible once its manifest is durable and a ref record points at it.
 
 import collections
 import json
-import logging
 import os
 import socket
 import threading
@@ -16,12 +15,11 @@ import weakref
 
 
 from ..engine.delta import DeltaPlan, parent_chunks
-from ..engine.reencode import LaterEncode
 from ..engine.restore import chunk_value
 from ..engine.save import KnownChunk, SaveOptions, codec_rules, object_key, schedule_save, staging_sizes
 from ..engine.scheduler import Budget, Priority, Scheduler, Task
 from ..engine.staging import StagingPool
-from ..errors import ConflictError, CorruptObjectError, FormatError, RefNotFoundError, RepoNotFoundError, UnsupportedTypeError
+from ..errors import ConflictError, FormatError, RefNotFoundError, RepoNotFoundError, UnsupportedTypeError
 from ..format.delta import Delta
 from ..format.manifest import FORMAT_VERSION, Manifest, Version, check_format
 from ..format.refs import check_name
@@ -37,8 +35,6 @@ from .placement import PlacementMixin
 from .reading import ReadingMixin
 from .records import PendingSave, _environment
 from .refs import RefsMixin
-
-log = logging.getLogger("forkpoint")
 
 REPO_MARKER = "forkpoint.json"
 RECENT_COMMITS = 256
@@ -295,28 +291,6 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         has_pickle = any(leaf.kind == "pickle" for leaf in stored.leaves)
         manifest = Manifest(record, skeleton, stored.leaves, pickle=allow_pickle and has_pickle)
         return self._adopt_deltas(plan, self._commit(manifest))
-
-    def _encode_later(self, items: list[LaterEncode], commit: Task | None) -> None:
-        """Queue the in-place encoding of objects a save stored raw for its policy to encode
-        (engine.reencode) on the scheduler's background lane (one thread), once the save's
-        `commit` task has ended. A flush of one waits for it (promoted
-        to the ordinary lane); eviction spares it while it runs (one evicted before it starts
-        is skipped)."""
-        for item in items:
-            def run(item=item):
-                try:
-                    return self._compact_object(self.store, item) or 0
-                except CorruptObjectError as e:
-                    log.warning("left %s as stored: %s", item.key, e)
-                    return 0
-                finally:
-                    with self._evict_lock:
-                        self._encoding.pop(item.key, None)
-
-            with self._evict_lock:
-                self._encoding[item.key] = self._sched.submit(
-                    "encode", run, priority=Priority.FLUSH, after=[commit], nbytes=item.nbytes,
-                    tier=self._tier, background=True)
 
     def _adopt_deltas(self, plan, version):
         """After a committed save: its chunk values become the bases of the next save's deltas."""
