@@ -155,3 +155,27 @@ def test_compact_reports_a_damaged_object_and_goes_on(tmp_path):
     assert path.read_bytes() == bytes(damaged)
     assert _codecs_now(repo, v.id) == {"raw", "zstd"}
     repo.close()
+
+
+def test_compact_refuses_bad_arguments_and_skips_objects_a_tier_lacks(tmp_path):
+    import subprocess
+    import sys
+
+    from forkpoint.errors import RefNotFoundError
+
+    url = str(tmp_path / "r")
+    repo = fp.Repo(url, create=True)
+    v = repo.save(_state(0, 1_000_000))
+    with pytest.raises(ValueError, match="codec must be one of"):
+        repo.compact(codec="fastest")
+    with pytest.raises(RefNotFoundError, match="nope"):
+        repo.compact(["nope"])
+    chunk = next(leaf for leaf in repo.manifest().leaves if leaf.path == "w").chunks[0]
+    (tmp_path / "r" / object_key(chunk.object)).unlink()
+    report = repo.compact(codec="lossless")
+    assert report.objects == 1 and report.encoded == 1 and not report.problems  # "ints" only
+    assert set(repo.stored_codecs(v.id).values()) == {"zstd"}, "a missing object is left out"
+    missing = subprocess.run([sys.executable, "-m", "forkpoint.cli.main", "compact", "-r", str(tmp_path / "none")],
+                             capture_output=True, text=True)
+    assert missing.returncode != 0 and "no forkpoint repository" in missing.stderr
+    repo.close()
