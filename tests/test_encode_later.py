@@ -179,3 +179,15 @@ def test_compact_refuses_bad_arguments_and_skips_objects_a_tier_lacks(tmp_path):
                              capture_output=True, text=True)
     assert missing.returncode != 0 and "no forkpoint repository" in missing.stderr
     repo.close()
+
+
+def test_close_waits_for_the_encoding_after_the_last_commit(tmp_path):
+    url = str(tmp_path / "r")
+    repo = fp.Repo(url, create=True, codec="lossless", encode_later=True)
+    state = _state()
+    v = repo.save(state)
+    assert v.stored_bytes >= v.logical_bytes
+    repo.close()
+    reopened = fp.Repo(url)
+    assert _codecs_now(reopened, v.id) == {"float-planes", "zstd"}
+    assert np.array_equal(reopened.load(v.id)["w"], state["w"])
