@@ -239,7 +239,7 @@ def compact(refs, codec, repo_url, as_json):
     progress, total, label = _progress(sum(sizes.values()) * len(repo.stores), "compacting")
     with progress:
         task = progress.add_task(label, total=total)
-        report = repo.compact(list(refs) or None, codec=codec, progress=lambda n: progress.advance(task, n))
+        report = repo.compact(ids, codec=codec, progress=lambda n: progress.advance(task, n))
     if as_json:
         _emit(asdict(report))
     else:

@@ -46,12 +46,12 @@ class CompactionMixin:
                     item = items.setdefault(key, LaterEncode(key, policy_codec(policy, size, fl), size))
                     item.nbytes = max(item.nbytes, c.start + c.size)
         report = CompactReport(versions=len(vids))
-        tasks = [(store, item, self._sched.submit(
+        tasks = [(item, self._sched.submit(
                     "compact", lambda store=store, item=item: self._compact_object(store, item),
                     priority=Priority.GC, needs={f"io:tier{k}": 1}, nbytes=item.nbytes,
                     tier=f"tier{k}"))
                  for k, store in enumerate(self.stores) for item in items.values()]
-        for store, item, task in tasks:
+        for item, task in tasks:
             try:
                 saved = task.result()
             except CorruptObjectError as e:
