@@ -408,3 +408,69 @@ def test_version_1_float_payloads_still_decode():
     payload = (struct.pack("<BBBxQI", 1, 4, 1, weights.size, per) + bytes(coders)
                + struct.pack(f"<{len(parts)}I", *map(len, parts)) + b"".join(parts))
     assert bytes(floatcodec.decode(payload, raw.nbytes)) == raw.tobytes()
+
+
+def test_float_codec_reuses_layouts_and_chooses_again_when_stale(monkeypatch):
+    """An encode given the Layouts of an earlier one skips the sampling, stays bit-exact, leaves
+    a plane raw where the reused coder no longer gains, and chooses afresh after REUSE_LIMIT
+    reuses or once the payload grows."""
+    from forkpoint.format import floatcodec
+
+    weights, moments = _weights_and_moments()
+    nudged = np.nextafter(weights, np.float32(1))
+    fresh = floatcodec.encode(nudged.view(np.uint8), 4, 1)
+    chosen = []
+    real_choose = floatcodec.choose
+    monkeypatch.setattr(floatcodec, "choose", lambda *a: chosen.append(1) or real_choose(*a))
+    layouts = floatcodec.Layouts()
+    first = b"".join(floatcodec.encode_pieces(weights.view(np.uint8), 4, 1, layouts=layouts))
+    assert len(chosen) == 1 and layouts.uses == 0 and layouts.coded < len(first) < layouts.coded + 64
+    assert layouts.segments == [(True, [floatcodec.RAW] * 3 + [floatcodec.HUFFMAN])]
+    again = b"".join(floatcodec.encode_pieces(nudged.view(np.uint8), 4, 1, layouts=layouts))
+    assert len(chosen) == 1 and layouts.uses == 1, "the second encode reuses the layout"
+    assert again == fresh, "same payload as a fresh choice here"
+    for _ in range(floatcodec.REUSE_LIMIT - 1):
+        floatcodec.encode_pieces(nudged.view(np.uint8), 4, 1, layouts=layouts)
+    assert len(chosen) == 1 and layouts.uses == floatcodec.REUSE_LIMIT
+    floatcodec.encode_pieces(nudged.view(np.uint8), 4, 1, layouts=layouts)
+    assert len(chosen) == 2 and layouts.uses == 0, "chosen afresh after REUSE_LIMIT reuses"
+
+    random_bytes = np.random.default_rng(1).integers(0, 256, weights.nbytes, dtype=np.uint8)
+    coded = b"".join(floatcodec.encode_pieces(random_bytes, 4, 1, layouts=layouts))
+    assert len(chosen) == 2, "reused although the data changed"
+    assert bytes(floatcodec.decode(coded, random_bytes.nbytes)) == random_bytes.tobytes()
+    assert layouts.segments == [(True, [floatcodec.RAW] * 4)], "the stale Huffman plane was left raw"
+    assert len(coded) < random_bytes.nbytes + 64
+    assert layouts.uses == floatcodec.REUSE_LIMIT, "a payload that grew has its layout chosen afresh"
+    floatcodec.encode_pieces(moments.view(np.uint8), 4, 1, layouts=layouts)
+    assert len(chosen) == 3
+
+    floatcodec.encode_pieces(np.tile(moments, 3).view(np.uint8), 4, 1, layouts=layouts)
+    assert len(chosen) == 5, "layouts for another number of segments are not reused: each of 2 is chosen"
+
+
+def test_saves_reuse_each_chunks_layouts(tmp_path):
+    """A repository keeps the codec's layouts per chunk (values and deltas apart), so a later
+    save of the same chunks samples nothing, and every version loads bit-exactly."""
+    weights, moments = _weights_and_moments(n=600_000)
+    for delta in (None, fp.Delta()):
+        repo = fp.Repo(str(tmp_path / f"r{delta is None}"), create=True, codec="lossless", delta=delta)
+        state = {"w": torch.from_numpy(weights.copy()), "m": torch.from_numpy(moments.copy())}
+        saved = []
+        for step in range(3):
+            state["w"].add_(1e-3 * torch.randn(state["w"].shape))
+            state["m"].mul_(0.9)
+            repo.save(state, step=step)
+            saved.append({k: v.clone() for k, v in state.items()})
+        slots = repo._layouts.slots
+        if delta is None:
+            assert set(slots) == {("w", (0,)), ("m", (0,))}
+            assert all(layouts.uses == 2 for layouts in slots.values()), \
+                "the second and third saves reused what the first chose"
+        else:
+            assert ("delta", "w", (0,)) in slots, "delta chunks keep layouts of their own"
+        for step, expect in enumerate(saved):
+            out = repo.load(f"main~{2 - step}")
+            assert all(torch.equal(out[k], expect[k]) for k in expect)
+        assert repo.verify().ok
+        repo.close()

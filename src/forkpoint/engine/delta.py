@@ -102,7 +102,8 @@ class DeltaPlan:
         delta_digest, table = hash_with_table(delta)
         if delta_digest == digest:
             return None
-        stored = writer.put(delta_digest, delta, itemsize, floating, policy, table, scratch=scratch)
+        stored = writer.put(delta_digest, delta, itemsize, floating, policy, table, scratch=scratch,
+                            slot=("delta", pleaf.path, tuple(box[0])))
         if stored == "raw":
             return None
         with self.lock:

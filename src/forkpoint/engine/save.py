@@ -21,6 +21,7 @@ from ..format.objects import (BLOCK_BYTES, DIGEST_BYTES, OBJECT_HEADER_SIZE, blo
 from ..state.flatten import FlatLeaf
 from ..storage.base import Store
 from .autocodec import BusyMeter, choice_for
+from .layouts import ChunkLayouts
 from .reencode import MIN_GAIN, LaterEncode
 from .scheduler import Priority, Scheduler, Task
 from .staging import StagingPool
@@ -100,10 +101,13 @@ class ObjectWriter:
     held while a chunk is encoded (the scheduler's encoder budget: one encoder per core lets
     the other write tasks keep the store busy). With `defers`, chunks of an encoding policy
     are written raw when raw saves measure faster on the store, and listed in `later` for
-    encoding after the commit (engine.reencode)."""
+    encoding after the commit (engine.reencode). `layouts` keeps what the codec chose per
+    chunk slot for the next save to reuse."""
 
-    def __init__(self, store: Store, codec, guard=None, encoding=None, defers: bool = False):
+    def __init__(self, store: Store, codec, guard=None, encoding=None, defers: bool = False,
+                 layouts: ChunkLayouts | None = None):
         self.store = store
+        self.layouts = layouts
         self.encoding = encoding or contextlib.nullcontext
         self.rules = codec_rules(codec)
         self.policy = self.rules[-1][1]
@@ -129,12 +133,14 @@ class ObjectWriter:
         return policy_for(self.rules, path)
 
     def put(self, digest: str, data: np.ndarray, itemsize: int = 1, floating: bool = False,
-            policy: str | None = None, table: bytes | None = None, owned=None, scratch=None) -> str:
+            policy: str | None = None, table: bytes | None = None, owned=None, scratch=None,
+            slot=None) -> str:
         """Ensure object `digest` holding `data` exists; return the codec name it is stored with.
         `table` is the data's block digest table when the caller has it already. `owned` is a
         buffer from the store's `object_buffer` whose tail is `data` (raw policy): the store
         adopts it as the object instead of copying, or gets it back when nothing is written.
-        `scratch` (uint8, the data's size) is memory the encoder may use (see Codec.pieces)."""
+        `scratch` (uint8, the data's size) is memory the encoder may use (see Codec.pieces).
+        `slot` names the chunk (the same from one save to the next) for the codec's layouts."""
         key = object_key(digest)
         with self.lock:
             event = self.claimed.get(digest)
@@ -166,7 +172,7 @@ class ObjectWriter:
                 if later or (policy == "auto" and not self._encodes(data)):
                     codec = codec_by_name("raw")
                 with self._measured(data.nbytes, self.learns(policy)):
-                    codec_name = self._write(key, data, codec, itemsize, table, scratch)
+                    codec_name = self._write(key, data, codec, itemsize, table, scratch, slot)
                 if later:
                     self._defer(key, policy, itemsize, floating, data.nbytes)
             self.codecs[digest] = codec_name
@@ -225,12 +231,13 @@ class ObjectWriter:
             self.auto_meter.finish(written)
 
     def _write(self, key: str, data: np.ndarray, codec, itemsize: int, table: bytes | None,
-               scratch=None) -> str:
+               scratch=None, slot=None) -> str:
         view = memoryview(data).cast("B")
         payload = [view]
         if codec.id != 0:
+            layouts = self.layouts.get(slot) if self.layouts is not None and slot is not None else None
             with self.encoding():
-                encoded = codec.pieces(view, itemsize, scratch=scratch)
+                encoded = codec.pieces(view, itemsize, scratch=scratch, layouts=layouts)
             if sum(memoryview(p).nbytes for p in encoded) < MIN_GAIN * view.nbytes:
                 payload = encoded
             else:
@@ -332,7 +339,7 @@ class ScheduledSave:
 def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf],
                   known: dict[str, KnownChunk], opts: SaveOptions, pool: StagingPool,
                   staging: str = "staging", guard=None, select=None, deltas=None,
-                  pack_key=None, encode_later: bool = False) -> ScheduledSave:
+                  pack_key=None, encode_later: bool = False, layouts: ChunkLayouts | None = None) -> ScheduledSave:
     """Queue the capture and write tasks of one save.
 
     Each chunk is copied (captured) into a page-aligned staging buffer, then hashed and
@@ -345,10 +352,11 @@ def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf
     `deltas` (an engine.delta.DeltaPlan) stores chunks against the parent's where smaller.
     `pack_key(leaf index)` keeps leaves with different keys out of one pack. With
     `encode_later` (and no deltas), chunks may be written raw for encoding after the commit
-    (the writer's `later`, which the caller must queue).
+    (the writer's `later`, which the caller must queue). `layouts` (kept by the caller from
+    save to save) lets each chunk's encode reuse what the codec chose for it last time.
     """
     writer = ObjectWriter(store, opts.codec, guard, lambda: sched.hold("encode"),
-                          defers=encode_later and deltas is None)
+                          defers=encode_later and deltas is None, layouts=layouts)
     plan = ScheduledSave(flat, writer, deltas)
     plan.writer.pinned.update(k.object for k in known.values())
     if deltas is not None:
@@ -555,7 +563,8 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
                                      itemsize, floating, policy, info, (delta_out, scratch))
                 if chunk is not None:
                     return chunk
-            codec = plan.writer.put(digest, data, itemsize, floating, policy, table, scratch=scratch)
+            codec = plan.writer.put(digest, data, itemsize, floating, policy, table, scratch=scratch,
+                                    slot=(plan.flat[index].path, tuple(box[0])))
             return Chunk(*box, digest, digest, 0, n, codec, info)
         finally:
             for held in (buf, scratch, delta_out):

@@ -28,12 +28,14 @@ class Codec:
     estimate: Callable[..., int] | None = None
     decode_into: Callable[..., None] | None = None
 
-    def pieces(self, data, itemsize: int = 1, threads: int | None = None, scratch=None) -> list:
+    def pieces(self, data, itemsize: int = 1, threads: int | None = None, scratch=None, layouts=None) -> list:
         """The encoded payload as a list of buffers to write in order (no final join where
         the codec produces it in parts); `scratch` (uint8, the data's size) is memory a
-        codec that works in parts may use for them (the payload may refer to it)."""
+        codec that works in parts may use for them (the payload may refer to it). `layouts`
+        (floatcodec.Layouts) carries what the codec chose for this kind of data from one
+        encode to the next (codecs that choose nothing ignore it)."""
         if self.encode_pieces is not None:
-            return self.encode_pieces(data, itemsize, threads, scratch)
+            return self.encode_pieces(data, itemsize, threads, scratch, layouts)
         return [self.encode(data, itemsize, threads)]
 
 

@@ -25,6 +25,7 @@ import struct
 import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import numpy as np
 import zstandard
@@ -236,11 +237,44 @@ def encode(data, itemsize: int = 1, threads: int | None = None) -> bytes:
     return b"".join(encode_pieces(data, itemsize, threads))
 
 
-def encode_pieces(data, itemsize: int = 1, threads: int | None = None, out=None) -> list:
+@dataclass
+class Layouts:
+    """The layout (rotated, coder per plane) each segment of a buffer was coded with, which the
+    next encode of the same kind of data (the same chunk a save later) reuses instead of
+    choosing again on a sample; `uses` counts the encodes since they were chosen, `coded` is
+    the coded bytes of the last encode's planes."""
+
+    itemsize: int = 0
+    segments: list = field(default_factory=list)
+    uses: int = 0
+    coded: int = 0
+
+    def fits(self, itemsize: int, count: int) -> bool:
+        """True when these layouts are for `count` segments of `itemsize` elements and young
+        enough to reuse (they are chosen afresh every REUSE_LIMIT + 1 encodes)."""
+        return self.itemsize == itemsize and len(self.segments) == count and self.uses < REUSE_LIMIT
+
+    def update(self, itemsize: int, segments: list, coded: int, reused: bool) -> None:
+        """Record the layouts an encode used and its planes' coded bytes; an encode that reused them
+        and coded more than REGROW larger than the one before has them chosen afresh next time
+        (the data changed character: early in training, Adam's moments do within a few steps)."""
+        grew = reused and coded > self.coded * REGROW
+        self.itemsize, self.segments, self.coded = itemsize, segments, coded
+        self.uses = REUSE_LIMIT if grew else self.uses + 1 if reused else 0
+
+
+REUSE_LIMIT = 7
+REGROW = 1.003
+
+
+def encode_pieces(data, itemsize: int = 1, threads: int | None = None, out=None,
+                  layouts: Layouts | None = None) -> list:
     """The payload of `encode` as a list of buffers, in order: raw planes are views of one work
     array per call (no copy out of it, no join into one large freshly faulted buffer). `out`, a
     uint8 array of at least the data's size, is that work array when the caller has one to
-    reuse (the payload refers to it until written)."""
+    reuse (the payload refers to it until written). `layouts` (see Layouts) are reused where
+    they fit, else chosen on samples, and are updated to what this encode used; a reused coder
+    that no longer gains on its plane leaves the plane raw."""
     data = np.frombuffer(data, np.uint8)
     if itemsize not in _WORDS or data.nbytes % itemsize:
         itemsize = 1
@@ -248,20 +282,30 @@ def encode_pieces(data, itemsize: int = 1, threads: int | None = None, out=None)
     per = max(1, SEGMENT_BYTES // itemsize)
     starts = list(range(0, count, per)) or [0]
     kept = np.empty(data.nbytes, np.uint8) if out is None else out[:data.nbytes]
+    reuse = layouts.segments if layouts is not None and layouts.fits(itemsize, len(starts)) else None
 
-    def segment(lo: int) -> tuple[bytes, list]:
+    def segment(j: int) -> tuple[bytes, list]:
+        lo = starts[j]
         part = data[lo * itemsize:min(count, lo + per) * itemsize]
-        rotated, coders, _ = choose(part, itemsize)
+        rotated, coders = reuse[j] if reuse is not None else choose(part, itemsize)[:2]
         planes = kept[lo * itemsize:lo * itemsize + part.nbytes].reshape(itemsize, -1)
         _to_planes(part, itemsize, rotated, planes)
-        return bytes([rotated, *coders]), [_encode_plane(plane, coder) for plane, coder in zip(planes, coders)]
+        coded = [_encode_plane(plane, coder) for plane, coder in zip(planes, coders)]
+        if reuse is not None:
+            gains = [coder == RAW or len(c) < MIN_GAIN * plane.nbytes for plane, coder, c in zip(planes, coders, coded)]
+            coders = [coder if gain else RAW for coder, gain in zip(coders, gains)]
+            coded = [c if gain else memoryview(plane) for plane, c, gain in zip(planes, coded, gains)]
+        return bytes([rotated, *coders]), coded
 
     threads = THREADS if threads is None else threads
     if threads > 1 and len(starts) > 1:
-        coded = list(_threads_pool().map(segment, starts))
+        coded = list(_threads_pool().map(segment, range(len(starts))))
     else:
-        coded = [segment(lo) for lo in starts]
+        coded = [segment(j) for j in range(len(starts))]
     lengths = [len(c) for _, planes in coded for c in planes]
+    if layouts is not None:
+        layouts.update(itemsize, [(bool(layout[0]), list(layout[1:])) for layout, _ in coded], sum(lengths),
+                       reused=reuse is not None)
     head = _HEAD.pack(VERSION, itemsize, 0, count, per)
     return [head, b"".join(layout for layout, _ in coded), struct.pack(f"<{len(lengths)}I", *lengths),
             *(c for _, planes in coded for c in planes)]

@@ -16,6 +16,7 @@ import weakref
 
 from ..engine.delta import DeltaPlan, parent_chunks
 from ..engine.restore import chunk_value
+from ..engine.layouts import ChunkLayouts
 from ..engine.save import KnownChunk, SaveOptions, codec_rules, object_key, schedule_save, staging_sizes
 from ..engine.scheduler import Budget, Priority, Scheduler, Task
 from ..engine.staging import StagingPool
@@ -100,6 +101,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         self._evict_lock = threading.Lock()
         self._tier_locks = [threading.Lock() for _ in self.stores]
         self._manifests = ManifestCache()
+        self._layouts = ChunkLayouts()
         self._lock = threading.Lock()
         self._commit_seq = 0
         self._committing: set[str] = set()
@@ -175,7 +177,8 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
             with self._evict_lock:  # registered before any of its objects can be written
                 plan = schedule_save(self._sched, self.store, self._tier, flat, known, self.options,
                                      self._staging, "window" if sync else "staging", guard=self._evict_lock,
-                                     deltas=deltas, encode_later=self.options.encode_later)
+                                     deltas=deltas, encode_later=self.options.encode_later,
+                                     layouts=self._layouts)
                 self._writers.add(plan.writer)
             commit = self._sched.submit(
                 "commit", lambda: self._finish_save(plan, skeleton, record, allow_pickle),
