@@ -14,6 +14,8 @@ written with O_DIRECT, so they are read from the disk).
     python benchmarks/codecs.py --training-loop --repeats 3   # loop time with a save every 5 steps
     python benchmarks/codecs.py --compact --repeats 5         # encoding a raw repository afterwards
     python benchmarks/codecs.py --encode-later-ab --repeats 16  # save time with encode_later
+    python benchmarks/codecs.py --layouts-ab --repeats 16       # saves reusing the codec's layouts or not
+    python benchmarks/codecs.py --auto-ab --repeats 12          # auto against raw alone, each save listed
     sudo bash benchmarks/throttled.sh 500 python benchmarks/codecs.py --repeated-saves  # slower disk
 """
 
@@ -83,13 +85,19 @@ def main():
                     help="instead: repo.compact(codec='lossless') of a raw repository of three versions")
     ap.add_argument("--encode-later-ab", action="store_true",
                     help="instead: same-process A/B of raw, lossless encoding after the commit, and lossless")
+    ap.add_argument("--layouts-ab", action="store_true",
+                    help="instead: same-process A/B of lossless saves reusing each chunk's plane "
+                         "layouts (the default) and choosing them afresh every save")
+    ap.add_argument("--auto-ab", action="store_true",
+                    help="instead: same-process A/B of raw and auto alone, every save's time listed")
     ap.add_argument("--device", default="cpu", help="--training-loop: where the model trains")
     ap.add_argument("--batch", type=int, default=256, help="--training-loop: batch size")
     ap.add_argument("--steps", type=int, default=40, help="--training-loop: steps (a save every 5)")
     args = ap.parse_args()
     scratch = tempfile.mkdtemp(prefix="fp-codecs-", dir=args.dir)
     modes = {"warm_restores": warm_restores, "repeated_saves": repeated_saves,
-             "training_loop": training_loop, "compact": compaction, "encode_later_ab": encode_later_ab}
+             "training_loop": training_loop, "compact": compaction, "encode_later_ab": encode_later_ab,
+             "layouts_ab": layouts_ab, "auto_ab": auto_ab}
     chosen = [mode for name, mode in modes.items() if getattr(args, name)]
     if chosen:
         if chosen[0] is training_loop:
@@ -243,6 +251,67 @@ def encode_later_ab(scratch: str, repeats: int) -> None:
         for c, repo in repos.items():
             repo.close()
             shutil.rmtree(os.path.join(scratch, f"ab-{c}"))
+
+
+def layouts_ab(scratch: str, repeats: int) -> None:
+    """Same-process A/B: raw, lossless (each chunk's encode reusing the plane layouts its last
+    encode chose: the default), lossless choosing them afresh on every save (the repository's
+    layout memory switched off), and both with deltas; a repository each, saves alternating
+    with a training step before each. Medians of `repeats` (after each repository's first save)."""
+    print(f"forkpoint from {os.path.dirname(fp.__file__)}\n")
+    print("| dtype | codec | save (s) | CPU (core-s) | ratio |")
+    print("|---|---|---|---|---|")
+    configs = {"raw": ({"codec": "raw"}, True), "lossless": ({"codec": "lossless"}, True),
+               "lossless, layouts chosen every save": ({"codec": "lossless"}, False),
+               "lossless + Delta()": ({"codec": "lossless", "delta": fp.Delta()}, True),
+               "lossless + Delta(), layouts chosen every save": ({"codec": "lossless", "delta": fp.Delta()}, False)}
+    for dtype in (torch.float32, torch.bfloat16):
+        state = trained_state(dtype)
+        repos = {}
+        for i, (c, (kw, reuse)) in enumerate(configs.items()):
+            repos[c] = fp.Repo(os.path.join(scratch, f"layouts-{i}"), create=True, **kw)
+            if not reuse:
+                repos[c]._layouts = None
+            repos[c].save(state)
+        saves, cpu, ratios = ({c: [] for c in configs} for _ in range(3))
+        for _ in range(repeats):
+            for c, repo in repos.items():
+                train_step(state, dtype)
+                v, elapsed, core_s = timed(lambda: repo.save(state))
+                saves[c].append(elapsed)
+                cpu[c].append(core_s)
+                ratios[c].append(v.logical_bytes / v.stored_bytes)
+        for i, c in enumerate(configs):
+            print(f"| {str(dtype).removeprefix('torch.')} | {c} | {statistics.median(saves[c]):.3f} | "
+                  f"{statistics.median(cpu[c]):.2f} | {statistics.median(ratios[c]):.3f} |")
+            repos[c].close()
+            shutil.rmtree(os.path.join(scratch, f"layouts-{i}"))
+
+
+def auto_ab(scratch: str, repeats: int) -> None:
+    """Same-process A/B of raw and auto (fresh repositories, saves alternating, a training step
+    before each, each repository drained after each save): every save's time after the first,
+    marking auto's encoded (exploring) saves with *, and the medians."""
+    print(f"forkpoint from {os.path.dirname(fp.__file__)}\n")
+    for dtype in (torch.float32, torch.bfloat16):
+        state = trained_state(dtype)
+        repos = {c: fp.Repo(os.path.join(scratch, f"auto-ab-{c}"), create=True, codec=c) for c in ("raw", "auto")}
+        times = {c: [] for c in repos}
+        for rep in range(repeats + 1):
+            for c, repo in repos.items():
+                train_step(state, dtype)
+                v, elapsed, _ = timed(lambda: repo.save(state))
+                repo.drain()
+                encoded = any(ch.codec != "raw" for leaf in repo.manifest(v.id).leaves for ch in leaf.chunks
+                              if ch.size >= 1 << 20)
+                if rep:
+                    times[c].append((elapsed, encoded))
+        for c, repo in repos.items():
+            listed = " ".join(f"{t:.3f}{'*' if enc else ''}" for t, enc in times[c])
+            print(f"{str(dtype).removeprefix('torch.')} {c}: median {statistics.median(t for t, _ in times[c]):.3f} s; "
+                  f"saves: {listed}")
+            repo.close()
+            shutil.rmtree(os.path.join(scratch, f"auto-ab-{c}"))
 
 
 def compaction(scratch: str, repeats: int, versions: int = 3) -> None:
