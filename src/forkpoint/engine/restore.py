@@ -23,7 +23,7 @@ from ..format.manifest import Chunk, Leaf
 from ..format.objects import (ALIGNED_HEADER_SIZE, BLOCK_BYTES, DIGEST_BYTES, OBJECT_HEADER_SIZE,
                               block_table, content_hash, decode_object, unpack_header)
 from ..storage.base import Store
-from .save import object_key
+from .save import object_key, stored_codec
 
 
 MEMORY_COPY_TASKS = max(2, min(8, os.cpu_count() or 2))
@@ -121,12 +121,10 @@ class _Reader:
     def reencoded(self, key: str, leaf: Leaf) -> bool:
         """True when raw object `key` is now stored encoded: rewritten in place (engine.reencode)
         between the read of its header and the read of its bytes, which then came out wrong."""
-        header = bytearray(OBJECT_HEADER_SIZE)
         try:
-            got = self.store.read_into(key, 0, memoryview(header))
+            return stored_codec(self.store, key) != "raw"
         except FileNotFoundError:
             raise MissingObjectError(f"{self.where(leaf, key)} is missing") from None
-        return unpack_header(bytes(header[:got]), self.where(leaf, key))[0] != 0
 
     def decode_into(self, leaf: Leaf, chunk: Chunk, dest: np.ndarray) -> None:
         """Decode a standalone chunk straight into `dest` (its codec permitting, else through
