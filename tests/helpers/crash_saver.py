@@ -1,4 +1,6 @@
-"""Saves deterministic numpy states in a loop until killed (used by the crash test)."""
+"""Saves deterministic numpy states in a loop until killed (used by the crash test).
+
+Prints "ready" once the repository is open, then each step it committed."""
 
 import sys
 
@@ -22,6 +24,7 @@ def main(url: str, branch: str, codec: str = "raw") -> None:
                                                          codec=codec, encode_later=codec != "raw"))
     head = repo.head(branch)
     step = repo.version(head).step + 1 if head else 0
+    print("ready", flush=True)
     while True:
         repo.save(state_for(step), branch=branch, step=step)
         print(step, flush=True)
