@@ -14,7 +14,7 @@ written with O_DIRECT, so they are read from the disk).
     python benchmarks/codecs.py --training-loop --repeats 3   # loop time with a save every 5 steps
     python benchmarks/codecs.py --compact --repeats 5         # encoding a raw repository afterwards
     python benchmarks/codecs.py --encode-later-ab --repeats 16  # save time with encode_later
-    python benchmarks/codecs.py --layouts-ab --repeats 16       # saves reusing the codec's layouts or not
+    python benchmarks/codecs.py --layouts-ab --repeats 16       # saves reusing layouts and delta estimates or not
     python benchmarks/codecs.py --auto-ab --repeats 12          # auto against raw alone, each save listed
     sudo bash benchmarks/throttled.sh 500 python benchmarks/codecs.py --repeated-saves  # slower disk
 """
@@ -87,7 +87,7 @@ def main():
                     help="instead: same-process A/B of raw, lossless encoding after the commit, and lossless")
     ap.add_argument("--layouts-ab", action="store_true",
                     help="instead: same-process A/B of lossless saves reusing each chunk's plane "
-                         "layouts (the default) and choosing them afresh every save")
+                         "layouts and delta estimates (the default) or making them afresh every save")
     ap.add_argument("--auto-ab", action="store_true",
                     help="instead: same-process A/B of raw and auto alone, every save's time listed")
     ap.add_argument("--device", default="cpu", help="--training-loop: where the model trains")
@@ -256,22 +256,28 @@ def encode_later_ab(scratch: str, repeats: int) -> None:
 def layouts_ab(scratch: str, repeats: int) -> None:
     """Same-process A/B: raw, lossless (each chunk's encode reusing the plane layouts its last
     encode chose: the default), lossless choosing them afresh on every save (the repository's
-    layout memory switched off), and both with deltas; a repository each, saves alternating
-    with a training step before each. Medians of `repeats` (after each repository's first save)."""
+    layout memory switched off), and the same with deltas, where a chunk's save also reuses
+    an earlier save's estimate of how well its value codes (the default: only the delta is
+    estimated every save) or estimates both on every save; a repository each, saves alternating with a training step before each.
+    Medians of `repeats` (after each repository's first save)."""
     print(f"forkpoint from {os.path.dirname(fp.__file__)}\n")
     print("| dtype | codec | save (s) | CPU (core-s) | ratio |")
     print("|---|---|---|---|---|")
-    configs = {"raw": ({"codec": "raw"}, True), "lossless": ({"codec": "lossless"}, True),
-               "lossless, layouts chosen every save": ({"codec": "lossless"}, False),
-               "lossless + Delta()": ({"codec": "lossless", "delta": fp.Delta()}, True),
-               "lossless + Delta(), layouts chosen every save": ({"codec": "lossless", "delta": fp.Delta()}, False)}
+    lossless, delta = {"codec": "lossless"}, {"codec": "lossless", "delta": fp.Delta()}
+    configs = {"raw": ({"codec": "raw"}, True, True), "lossless": (lossless, True, True),
+               "lossless, layouts chosen every save": (lossless, False, True),
+               "lossless + Delta()": (delta, True, True),
+               "lossless + Delta(), value estimated every save": (delta, True, False),
+               "lossless + Delta(), layouts chosen and value estimated every save": (delta, False, False)}
     for dtype in (torch.float32, torch.bfloat16):
         state = trained_state(dtype)
         repos = {}
-        for i, (c, (kw, reuse)) in enumerate(configs.items()):
+        for i, (c, (kw, layouts, estimates)) in enumerate(configs.items()):
             repos[c] = fp.Repo(os.path.join(scratch, f"layouts-{i}"), create=True, **kw)
-            if not reuse:
+            if not layouts:
                 repos[c]._layouts = None
+            if not estimates:
+                repos[c]._value_estimates = None
             repos[c].save(state)
         saves, cpu, ratios = ({c: [] for c in configs} for _ in range(3))
         for _ in range(repeats):

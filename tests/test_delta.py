@@ -231,3 +231,39 @@ def test_cached_bases_are_recycled_and_overlapping_or_failed_saves_stay_exact(tm
     for v, state in zip(versions, expected):
         assert same(fresh.load(v.id), state), v.step
     assert fresh.verify().problems == []
+
+
+def test_a_chunks_value_estimate_is_kept_for_its_next_saves(tmp_path, monkeypatch):
+    """A delta save estimates its delta's coded size every save and its value's on the chunk's
+    first delta save and every 8th after (the figure is kept in between); unrelated values
+    are stored in full at once, however recent the kept figure."""
+    from forkpoint.engine import delta as delta_module
+
+    estimated = []
+    real = delta_module._sample_coded
+
+    def counting(codec, data, itemsize):
+        estimated.append(data.nbytes)
+        return real(codec, data, itemsize)
+
+    monkeypatch.setattr(delta_module, "_sample_coded", counting)
+    repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless", delta=fp.Delta(max_chain=100))
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(512, 1024, generator=g)
+    states, ids, per_save = [], [], []
+    for step in range(11):
+        w = w + torch.randn(w.shape, generator=g) * 1e-4
+        before = len(estimated)
+        ids.append(repo.save({"w": w}, step=step).id)
+        per_save.append(len(estimated) - before)
+        states.append(w)
+    assert per_save == [0, 2, 1, 1, 1, 1, 1, 1, 1, 2, 1], per_save
+    assert all(chains(repo, vid)["w"][0][1] == "xor" for vid in ids[1:]), "every later save is a delta"
+    for step in range(11, 13):
+        w = torch.randn(w.shape, generator=g)
+        ids.append(repo.save({"w": w}, step=step).id)
+        states.append(w)
+    assert [chains(repo, vid)["w"][0][1] for vid in ids[11:]] == [None, None], "unrelated values: full"
+    fresh = fp.Repo(str(tmp_path / "r"))
+    for vid, state in zip(ids, states):
+        assert torch.equal(fresh.load(vid)["w"], state), vid

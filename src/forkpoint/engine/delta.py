@@ -4,11 +4,14 @@ and the chunk values kept in memory for the next save to diff against.
 A chunk is stored as a delta only when the parent has a chunk with the same path, box and
 dtype, the chain stays within `Delta.max_chain`, and a sample of the delta encodes smaller
 than the same sample of the value. An unchanged chunk reuses the parent's chunk record.
+The delta's estimate is made on every save (how far a value moved from its parent's varies
+from save to save); the value's is kept per chunk (ValueEstimate) for its next REUSE_LIMIT
+saves (how well a value codes drifts slowly).
 """
 
 import threading
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -20,6 +23,7 @@ from .save import ObjectWriter, hash_with_table, policy_codec
 SAMPLE_PIECES = 4
 SAMPLE_PIECE_BYTES = 64 << 10
 MIN_GAIN = 0.95
+REUSE_LIMIT = 7
 
 ChunkKey = tuple[str, tuple, tuple]
 
@@ -33,6 +37,23 @@ def parent_chunks(m: Manifest | None) -> dict[ChunkKey, tuple[Leaf, Chunk]]:
             for c in leaf.chunks if c.start == 0 and (c.delta is not None or c.object == c.hash)}
 
 
+@dataclass
+class ValueEstimate:
+    """The coded bytes of a sample of a chunk's value (`coded`, None before the first) as the
+    save that estimated it found them, and how many saves have reused the figure since."""
+
+    coded: int | None = None
+    uses: int = 0
+
+    def get(self, estimate: Callable[[], int]) -> int:
+        """The kept figure while it is at most REUSE_LIMIT saves old, else `estimate()` kept anew."""
+        if self.coded is None or self.uses >= REUSE_LIMIT:
+            self.coded, self.uses = estimate(), 0
+        else:
+            self.uses += 1
+        return self.coded
+
+
 class DeltaPlan:
     """Chooses delta or full storage for the chunks of one save and collects the values the
     next save will diff against (`next_values`, bounded by `Delta.cache_bytes`).
@@ -40,12 +61,15 @@ class DeltaPlan:
     A plan that `recycles` (no other save reads the same `cache`) copies each new value into
     the cached value of its chunk's parent once that base is used, taking it out of `cache`,
     instead of into fresh memory: the cache then never holds two versions. `share()` stops it
-    before another plan is given the same cache."""
+    before another plan is given the same cache. `estimates` (an engine.chunkmemory.ChunkMemory
+    of ValueEstimate, kept by the caller from save to save) lets a chunk's save reuse an
+    earlier save's estimate of how well its value codes."""
 
     def __init__(self, options: Delta, parents: dict[ChunkKey, tuple[Leaf, Chunk]],
                  cache: dict[str, np.ndarray], read_base: Callable[[Leaf, Chunk], np.ndarray],
-                 recycles: bool = False):
+                 recycles: bool = False, estimates=None):
         self.options = options
+        self.estimates = estimates
         self.parents = parents
         self.cache = cache
         self.read_base = read_base
@@ -91,13 +115,18 @@ class DeltaPlan:
         chain = [*pchunk.delta["chain"], pchunk.object] if pchunk.delta else [pchunk.object]
         if len(chain) >= self.options.max_chain or (pchunk.delta and pchunk.delta.get("op") != op):
             return None
+        codec = policy_codec(policy, itemsize, floating)
+        if codec.id == 0:
+            return None
         base = self._base(pleaf, pchunk)
         if base is None or base.nbytes != value.nbytes:
             return None
         delta_out, scratch = buffers or (None, None)
         delta = make_delta(op, value, base, itemsize, delta_out)
-        codec = policy_codec(policy, itemsize, floating)
-        if codec.id == 0 or not _smaller(codec, delta, value, itemsize):
+        slot = (pleaf.path, tuple(box[0]), tuple(box[1]), dtype)
+        kept = self.estimates.get(slot) if self.estimates is not None else ValueEstimate()
+        value_coded = kept.get(lambda: _sample_coded(codec, value, itemsize))
+        if _sample_coded(codec, delta, itemsize) >= MIN_GAIN * value_coded:
             return None
         delta_digest, table = hash_with_table(delta)
         if delta_digest == digest:
@@ -158,10 +187,8 @@ def _sample(data: np.ndarray, itemsize: int) -> np.ndarray:
     return np.concatenate([data[i * step:i * step + SAMPLE_PIECE_BYTES] for i in range(SAMPLE_PIECES)])
 
 
-def _smaller(codec, delta: np.ndarray, value: np.ndarray, itemsize: int) -> bool:
-    """True when a sample of the delta encodes clearly smaller than the same sample of the value."""
+def _sample_coded(codec, data: np.ndarray, itemsize: int) -> int:
+    """The coded bytes of a sample of `data` (the same sample positions for data of the same size)."""
     if codec.estimate is not None:
-        return codec.estimate(delta, itemsize) < MIN_GAIN * codec.estimate(value, itemsize)
-    d = len(codec.encode(memoryview(_sample(delta, itemsize)), itemsize))
-    v = len(codec.encode(memoryview(_sample(value, itemsize)), itemsize))
-    return d < MIN_GAIN * v
+        return codec.estimate(data, itemsize)
+    return len(codec.encode(memoryview(_sample(data, itemsize)), itemsize))

@@ -21,7 +21,7 @@ from ..format.objects import (BLOCK_BYTES, DIGEST_BYTES, OBJECT_HEADER_SIZE, blo
 from ..state.flatten import FlatLeaf
 from ..storage.base import Store
 from .autocodec import BusyMeter, choice_for
-from .layouts import ChunkLayouts
+from .chunkmemory import ChunkMemory
 from .reencode import MIN_GAIN, LaterEncode
 from .scheduler import Priority, Scheduler, Task
 from .staging import StagingPool
@@ -105,7 +105,7 @@ class ObjectWriter:
     chunk slot for the next save to reuse."""
 
     def __init__(self, store: Store, codec, guard=None, encoding=None, defers: bool = False,
-                 layouts: ChunkLayouts | None = None):
+                 layouts: ChunkMemory | None = None):
         self.store = store
         self.layouts = layouts
         self.encoding = encoding or contextlib.nullcontext
@@ -339,7 +339,7 @@ class ScheduledSave:
 def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf],
                   known: dict[str, KnownChunk], opts: SaveOptions, pool: StagingPool,
                   staging: str = "staging", guard=None, select=None, deltas=None,
-                  pack_key=None, encode_later: bool = False, layouts: ChunkLayouts | None = None) -> ScheduledSave:
+                  pack_key=None, encode_later: bool = False, layouts: ChunkMemory | None = None) -> ScheduledSave:
     """Queue the capture and write tasks of one save.
 
     Each chunk is copied (captured) into a page-aligned staging buffer, then hashed and

@@ -14,14 +14,15 @@ import uuid
 import weakref
 
 
-from ..engine.delta import DeltaPlan, parent_chunks
+from ..engine.chunkmemory import ChunkMemory
+from ..engine.delta import DeltaPlan, ValueEstimate, parent_chunks
 from ..engine.restore import chunk_value
-from ..engine.layouts import ChunkLayouts
 from ..engine.save import KnownChunk, SaveOptions, codec_rules, object_key, schedule_save, staging_sizes
 from ..engine.scheduler import Budget, Priority, Scheduler, Task
 from ..engine.staging import StagingPool
 from ..errors import ConflictError, FormatError, RefNotFoundError, RepoNotFoundError, UnsupportedTypeError
 from ..format.delta import Delta
+from ..format.floatcodec import Layouts
 from ..format.manifest import FORMAT_VERSION, Manifest, Version, check_format
 from ..format.refs import check_name
 from ..state import capture, flatten
@@ -101,7 +102,8 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         self._evict_lock = threading.Lock()
         self._tier_locks = [threading.Lock() for _ in self.stores]
         self._manifests = ManifestCache()
-        self._layouts = ChunkLayouts()
+        self._layouts = ChunkMemory(Layouts)
+        self._value_estimates = ChunkMemory(ValueEstimate)
         self._lock = threading.Lock()
         self._commit_seq = 0
         self._committing: set[str] = set()
@@ -274,7 +276,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
             for other in self._delta_plans:
                 other.share()
             plan = DeltaPlan(self.options.delta, parent_chunks(m), self._delta_values, read_base,
-                             recycles=not self._delta_plans)
+                             recycles=not self._delta_plans, estimates=self._value_estimates)
             self._delta_plans.add(plan)
         return plan
 

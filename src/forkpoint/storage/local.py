@@ -58,6 +58,22 @@ class LocalStore(Store):
         self.root = os.path.abspath(os.path.expanduser(root))
         self.url = self.root
         self.direct_io = direct_io and hasattr(os, "O_DIRECT")
+        self._made_dirs: set[str] = set()
+
+    def _made(self, path: str) -> str:
+        """`path`, a directory made (once per store: a write that finds it gone makes it again)."""
+        if path not in self._made_dirs:
+            os.makedirs(path, exist_ok=True)
+            self._made_dirs.add(path)
+        return path
+
+    def _remade(self, path: str) -> bool:
+        """After a FileNotFoundError: True when directory `path` was missing and is made again."""
+        self._made_dirs.discard(path)
+        if os.path.isdir(path):
+            return False
+        self._made(path)
+        return True
 
     def _path(self, key: str) -> str:
         if key.startswith("/") or ".." in key.split("/"):
@@ -167,8 +183,15 @@ class LocalStore(Store):
     def _write_temp(self, parts: Sequence, durable: bool) -> str:
         """Write `parts` to a new temp file and return its path, registered as in flight
         (the caller unregisters it with `_settled` once renamed or removed)."""
-        tmp_dir = os.path.join(self.root, "tmp")
-        os.makedirs(tmp_dir, exist_ok=True)
+        tmp_dir = self._made(os.path.join(self.root, "tmp"))
+        try:
+            return self._write_temp_in(tmp_dir, parts, durable)
+        except FileNotFoundError:
+            if not self._remade(tmp_dir):
+                raise
+            return self._write_temp_in(tmp_dir, parts, durable)
+
+    def _write_temp_in(self, tmp_dir: str, parts: Sequence, durable: bool) -> str:
         tmp = os.path.join(tmp_dir, uuid.uuid4().hex)
         with _INFLIGHT_LOCK:
             _INFLIGHT.add(tmp)
@@ -200,8 +223,13 @@ class LocalStore(Store):
         path = self._path(key)
         tmp = self._write_temp(parts, durable)
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            os.replace(tmp, path)
+            self._made(os.path.dirname(path))
+            try:
+                os.replace(tmp, path)
+            except FileNotFoundError:
+                if not self._remade(os.path.dirname(path)):
+                    raise
+                os.replace(tmp, path)
         finally:
             _settled(tmp)
 
