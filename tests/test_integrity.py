@@ -121,6 +121,23 @@ def test_real_enospc_maps_to_storage_full(tmp_path, monkeypatch):
     assert os.listdir(os.path.join(store.root, "tmp")) == []
 
 
+def test_a_store_makes_its_directories_again_when_they_vanish(tmp_path):
+    """The local store makes its tmp and object directories once; a write that finds one gone
+    (another process wiped the directory) makes it again, and a save through a Repo works on."""
+    store = LocalStore(str(tmp_path / "s"))
+    store.write("objects/ab/one", [b"1" * 5000])
+    store.write("objects/ab/two", [b"2" * 5000], durable=False)
+    for gone in ("tmp", "objects"):
+        subprocess.run(["rm", "-rf", str(tmp_path / "s" / gone)], check=True)
+        store.write("objects/ab/three", [b"3" * 5000])
+        assert store.read("objects/ab/three") == b"3" * 5000
+    repo = fp.Repo(str(tmp_path / "r"), create=True)
+    repo.save({"w": torch.arange(100_000)})
+    subprocess.run(["rm", "-rf", str(tmp_path / "r" / "tmp"), str(tmp_path / "r" / "objects")], check=True)
+    v = repo.save({"w": torch.arange(100_000) * 2})
+    assert torch.equal(fp.Repo(str(tmp_path / "r")).load(v.id)["w"], torch.arange(100_000) * 2)
+
+
 def test_unsafe_keys_are_refused(tmp_path):
     store = LocalStore(str(tmp_path))
     with pytest.raises(ValueError, match="unsafe"):
