@@ -16,6 +16,7 @@ written with O_DIRECT, so they are read from the disk).
     python benchmarks/codecs.py --encode-later-ab --repeats 16  # save time with encode_later
     python benchmarks/codecs.py --layouts-ab --repeats 16       # saves reusing layouts and delta estimates or not
     python benchmarks/codecs.py --auto-ab --repeats 12          # auto against raw alone, each save listed
+    python benchmarks/codecs.py --estimates-ab --repeats 16     # deltas: value estimates kept or not, same states
     sudo bash benchmarks/throttled.sh 500 python benchmarks/codecs.py --repeated-saves  # slower disk
 """
 
@@ -90,6 +91,9 @@ def main():
                          "layouts and delta estimates (the default) or making them afresh every save")
     ap.add_argument("--auto-ab", action="store_true",
                     help="instead: same-process A/B of raw and auto alone, every save's time listed")
+    ap.add_argument("--estimates-ab", action="store_true",
+                    help="instead: the same states saved with deltas into two repositories, one "
+                         "keeping each chunk's value estimate (the default), one estimating every save")
     ap.add_argument("--device", default="cpu", help="--training-loop: where the model trains")
     ap.add_argument("--batch", type=int, default=256, help="--training-loop: batch size")
     ap.add_argument("--steps", type=int, default=40, help="--training-loop: steps (a save every 5)")
@@ -97,7 +101,7 @@ def main():
     scratch = tempfile.mkdtemp(prefix="fp-codecs-", dir=args.dir)
     modes = {"warm_restores": warm_restores, "repeated_saves": repeated_saves,
              "training_loop": training_loop, "compact": compaction, "encode_later_ab": encode_later_ab,
-             "layouts_ab": layouts_ab, "auto_ab": auto_ab}
+             "layouts_ab": layouts_ab, "auto_ab": auto_ab, "estimates_ab": estimates_ab}
     chosen = [mode for name, mode in modes.items() if getattr(args, name)]
     if chosen:
         if chosen[0] is training_loop:
@@ -292,6 +296,38 @@ def layouts_ab(scratch: str, repeats: int) -> None:
                   f"{statistics.median(cpu[c]):.2f} | {statistics.median(ratios[c]):.3f} |")
             repos[c].close()
             shutil.rmtree(os.path.join(scratch, f"layouts-{i}"))
+
+
+def estimates_ab(scratch: str, repeats: int, gap: int = 6) -> None:
+    """The same states (`gap` training steps apart) saved into two lossless + Delta()
+    repositories, one keeping each chunk's value estimate for its next saves (the default), one
+    estimating it on every save, the order alternating: the ratio over all delta saves (what
+    keeping the estimate costs, on identical data) and the median save time."""
+    print("| dtype | codec | save (s) | CPU (core-s) | ratio over the saves |")
+    print("|---|---|---|---|---|")
+    configs = ("lossless + Delta()", "lossless + Delta(), value estimated every save")
+    for dtype in (torch.float32, torch.bfloat16):
+        state = trained_state(dtype)
+        repos = [fp.Repo(os.path.join(scratch, f"estimates-{i}"), create=True, codec="lossless", delta=fp.Delta())
+                 for i in range(2)]
+        repos[1]._value_estimates = None
+        for repo in repos:
+            repo.save(state)
+        saves, cpu, logical, stored = ([[], []] for _ in range(4))
+        for rep in range(repeats):
+            for _ in range(gap):
+                train_step(state, dtype)
+            for i in (0, 1) if rep % 2 == 0 else (1, 0):
+                v, elapsed, core_s = timed(lambda: repos[i].save(state))
+                saves[i].append(elapsed)
+                cpu[i].append(core_s)
+                logical[i].append(v.logical_bytes)
+                stored[i].append(v.stored_bytes)
+        for i, c in enumerate(configs):
+            print(f"| {str(dtype).removeprefix('torch.')} | {c} | {statistics.median(saves[i]):.3f} | "
+                  f"{statistics.median(cpu[i]):.2f} | {sum(logical[i]) / sum(stored[i]):.4f} |")
+            repos[i].close()
+            shutil.rmtree(os.path.join(scratch, f"estimates-{i}"))
 
 
 def auto_ab(scratch: str, repeats: int) -> None:
