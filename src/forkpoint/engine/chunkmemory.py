@@ -1,6 +1,6 @@
 """What a repository's saves learnt about each chunk, kept from one save to the next: the float
-codec's layouts (a save of the same chunk reuses them instead of sampling again) and whether its
-delta against the parent codes smaller (engine.delta)."""
+codec's layouts (a save of the same chunk reuses them instead of sampling again) and how well
+its value codes, against which a delta save weighs the chunk's delta (engine.delta)."""
 
 import threading
 from typing import Callable
