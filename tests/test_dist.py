@@ -24,9 +24,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(name: str, world: int, out, *args, timeout: float = 180.0) -> list[dict]:
+def launch(name: str, world: int, out, *args, timeout: float = 270.0) -> list[dict]:
     """Run dist_workers._<name> on `world` spawned ranks; return each rank's record (None for a
-    rank that died without writing one)."""
+    rank that died without writing one). Ranks still running after `timeout` seconds (a hang,
+    or a machine too loaded to finish) are killed and reported as such, not as the errors
+    their peers see once they die."""
     out = str(out)
     os.makedirs(out, exist_ok=True)
     ctx = mp.get_context("spawn")
@@ -37,6 +39,7 @@ def launch(name: str, world: int, out, *args, timeout: float = 180.0) -> list[di
     deadline = time.monotonic() + timeout
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
     for p in procs:
         if p.is_alive():
             p.kill()
@@ -45,6 +48,10 @@ def launch(name: str, world: int, out, *args, timeout: float = 180.0) -> list[di
     for r in range(world):
         path = os.path.join(out, f"rank{r}.json")
         records.append(json.load(open(path)) if os.path.exists(path) else None)
+    if hung:
+        errors = [rec["trace"].strip().splitlines()[-1] for rec in records if rec is not None and not rec["ok"]]
+        raise AssertionError(f"{name}: rank(s) {hung} of {world} still running after {timeout:.0f} s, killed; "
+                             f"errors the others raised: {errors}")
     for rec in records:
         if rec is not None and not rec["ok"]:
             raise AssertionError(rec["trace"])
