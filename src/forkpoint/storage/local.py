@@ -6,7 +6,7 @@ import os
 import threading
 import time
 import uuid
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from ..errors import StorageFullError
 from .base import Store
@@ -60,20 +60,23 @@ class LocalStore(Store):
         self.direct_io = direct_io and hasattr(os, "O_DIRECT")
         self._made_dirs: set[str] = set()
 
-    def _made(self, path: str) -> str:
-        """`path`, a directory made (once per store: a write that finds it gone makes it again)."""
-        if path not in self._made_dirs:
-            os.makedirs(path, exist_ok=True)
-            self._made_dirs.add(path)
-        return path
+    def _in_dir(self, directory: str, action: Callable):
+        """`action()` with `directory` made (once per store); run once more, with the directory
+        made again, when it fails because the directory is gone (wiped by another process)."""
+        if directory not in self._made_dirs:
+            self._make_dir(directory)
+        try:
+            return action()
+        except FileNotFoundError:
+            self._made_dirs.discard(directory)
+            if os.path.isdir(directory):
+                raise
+            self._make_dir(directory)
+            return action()
 
-    def _remade(self, path: str) -> bool:
-        """After a FileNotFoundError: True when directory `path` was missing and is made again."""
-        self._made_dirs.discard(path)
-        if os.path.isdir(path):
-            return False
-        self._made(path)
-        return True
+    def _make_dir(self, directory: str) -> None:
+        os.makedirs(directory, exist_ok=True)
+        self._made_dirs.add(directory)
 
     def _path(self, key: str) -> str:
         if key.startswith("/") or ".." in key.split("/"):
@@ -183,13 +186,8 @@ class LocalStore(Store):
     def _write_temp(self, parts: Sequence, durable: bool) -> str:
         """Write `parts` to a new temp file and return its path, registered as in flight
         (the caller unregisters it with `_settled` once renamed or removed)."""
-        tmp_dir = self._made(os.path.join(self.root, "tmp"))
-        try:
-            return self._write_temp_in(tmp_dir, parts, durable)
-        except FileNotFoundError:
-            if not self._remade(tmp_dir):
-                raise
-            return self._write_temp_in(tmp_dir, parts, durable)
+        tmp_dir = os.path.join(self.root, "tmp")
+        return self._in_dir(tmp_dir, lambda: self._write_temp_in(tmp_dir, parts, durable))
 
     def _write_temp_in(self, tmp_dir: str, parts: Sequence, durable: bool) -> str:
         tmp = os.path.join(tmp_dir, uuid.uuid4().hex)
@@ -223,13 +221,7 @@ class LocalStore(Store):
         path = self._path(key)
         tmp = self._write_temp(parts, durable)
         try:
-            self._made(os.path.dirname(path))
-            try:
-                os.replace(tmp, path)
-            except FileNotFoundError:
-                if not self._remade(os.path.dirname(path)):
-                    raise
-                os.replace(tmp, path)
+            self._in_dir(os.path.dirname(path), lambda: os.replace(tmp, path))
         finally:
             _settled(tmp)
 
