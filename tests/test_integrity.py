@@ -1,7 +1,9 @@
 """Integrity: corruption and truncation are detected, ENOSPC leaves the repository intact."""
 
+import concurrent.futures
 import errno
 import os
+import shutil
 import subprocess
 import uuid
 
@@ -136,6 +138,20 @@ def test_a_store_makes_its_directories_again_when_they_vanish(tmp_path):
     subprocess.run(["rm", "-rf", str(tmp_path / "r" / "tmp"), str(tmp_path / "r" / "objects")], check=True)
     v = repo.save({"w": torch.arange(100_000) * 2})
     assert torch.equal(fp.Repo(str(tmp_path / "r")).load(v.id)["w"], torch.arange(100_000) * 2)
+
+
+def test_writers_racing_into_a_wiped_store_all_succeed(tmp_path):
+    """Threads writing into directories another process wiped: whichever thread makes a
+    directory again first, the others' writes go through too (none fails on the race)."""
+    store = LocalStore(str(tmp_path / "s"))
+    for round_ in range(60):
+        keys = [f"objects/{d}/{round_}-{i}" for i in range(8) for d in ("ab", "cd")]
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda k: store.write(k, [k.encode() * 600], durable=False), keys))
+        assert all(store.read(k) == k.encode() * 600 for k in keys)
+        shutil.rmtree(tmp_path / "s" / "objects")
+        if round_ % 3 == 0:
+            shutil.rmtree(tmp_path / "s" / "tmp")
 
 
 def test_unsafe_keys_are_refused(tmp_path):

@@ -62,15 +62,14 @@ class LocalStore(Store):
 
     def _in_dir(self, directory: str, action: Callable):
         """`action()` with `directory` made (once per store); run once more, with the directory
-        made again, when it fails because the directory is gone (wiped by another process)."""
+        made again, when it fails because something it needs is gone (the directory wiped by
+        another process; another thread may have made it again already)."""
         if directory not in self._made_dirs:
             self._make_dir(directory)
         try:
             return action()
         except FileNotFoundError:
             self._made_dirs.discard(directory)
-            if os.path.isdir(directory):
-                raise
             self._make_dir(directory)
             return action()
 
