@@ -17,6 +17,7 @@ written with O_DIRECT, so they are read from the disk).
     python benchmarks/codecs.py --layouts-ab --repeats 16       # saves reusing layouts and delta estimates or not
     python benchmarks/codecs.py --auto-ab --repeats 12          # auto against raw alone, each save listed
     python benchmarks/codecs.py --estimates-ab --repeats 16     # deltas: value estimates kept or not, same states
+    python benchmarks/codecs.py --delta-sample-ab --repeats 16  # deltas estimated from samples or made first
     sudo bash benchmarks/throttled.sh 500 python benchmarks/codecs.py --repeated-saves  # slower disk
 """
 
@@ -91,6 +92,8 @@ def main():
                          "layouts and delta estimates (the default) or making them afresh every save")
     ap.add_argument("--auto-ab", action="store_true",
                     help="instead: same-process A/B of raw and auto alone, every save's time listed")
+    ap.add_argument("--delta-sample-ab", action="store_true",
+                    help="deltas estimated from the samples (made only where chosen) or made first, same states")
     ap.add_argument("--estimates-ab", action="store_true",
                     help="instead: the same states saved with deltas into two repositories, one "
                          "keeping each chunk's value estimate (the default), one estimating every save")
@@ -101,7 +104,8 @@ def main():
     scratch = tempfile.mkdtemp(prefix="fp-codecs-", dir=args.dir)
     modes = {"warm_restores": warm_restores, "repeated_saves": repeated_saves,
              "training_loop": training_loop, "compact": compaction, "encode_later_ab": encode_later_ab,
-             "layouts_ab": layouts_ab, "auto_ab": auto_ab, "estimates_ab": estimates_ab}
+             "layouts_ab": layouts_ab, "auto_ab": auto_ab, "estimates_ab": estimates_ab,
+             "delta_sample_ab": delta_sample_ab}
     chosen = [mode for name, mode in modes.items() if getattr(args, name)]
     if chosen:
         if chosen[0] is training_loop:
@@ -328,6 +332,46 @@ def estimates_ab(scratch: str, repeats: int, gap: int = 6) -> None:
                   f"{statistics.median(cpu[i]):.2f} | {sum(logical[i]) / sum(stored[i]):.4f} |")
             repos[i].close()
             shutil.rmtree(os.path.join(scratch, f"estimates-{i}"))
+
+
+def delta_sample_ab(scratch: str, repeats: int, gap: int = 6) -> None:
+    """The same states (`gap` training steps apart) saved into two lossless + Delta()
+    repositories, alternating which goes first: one estimating each chunk's delta from the
+    delta of the value's and base's samples and making the whole delta only where it is chosen
+    (the default), one making the whole delta before estimating it (before stop 20). Both
+    choose the same; the median save time, CPU, the share of chunks stored as deltas and the
+    ratio over all saves."""
+    from forkpoint.engine.delta import DeltaPlan
+
+    print("| dtype | delta made | save (s) | CPU (core-s) | chunks stored as deltas | ratio over the saves |")
+    print("|---|---|---|---|---|---|")
+    ways = {True: "only where chosen (estimated from the samples)", False: "first, then estimated"}
+    for dtype in (torch.float32, torch.bfloat16):
+        state = trained_state(dtype)
+        repos = {way: fp.Repo(os.path.join(scratch, f"delta-sample-{way}"), create=True, codec="lossless",
+                              delta=fp.Delta()) for way in ways}
+        for repo in repos.values():
+            repo.save(state)
+        saves, cpu, logical, stored, deltas = ({way: [] for way in ways} for _ in range(5))
+        for rep in range(repeats):
+            for _ in range(gap):
+                train_step(state, dtype)
+            for way in (True, False) if rep % 2 == 0 else (False, True):
+                DeltaPlan.sample_first = way
+                v, elapsed, core_s = timed(lambda: repos[way].save(state))
+                saves[way].append(elapsed)
+                cpu[way].append(core_s)
+                logical[way].append(v.logical_bytes)
+                stored[way].append(v.stored_bytes)
+                chunks = [c for leaf in repos[way].manifest(v.id).leaves for c in leaf.chunks if c.size >= 1 << 20]
+                deltas[way].append(sum(c.delta is not None for c in chunks) / len(chunks))
+        DeltaPlan.sample_first = True
+        for way, name in ways.items():
+            print(f"| {str(dtype).removeprefix('torch.')} | {name} | {statistics.median(saves[way]):.3f} | "
+                  f"{statistics.median(cpu[way]):.2f} | {statistics.median(deltas[way]):.0%} | "
+                  f"{sum(logical[way]) / sum(stored[way]):.4f} |")
+            repos[way].close()
+            shutil.rmtree(os.path.join(scratch, f"delta-sample-{way}"))
 
 
 def auto_ab(scratch: str, repeats: int) -> None:

@@ -246,7 +246,14 @@ def test_a_chunks_value_estimate_is_kept_for_its_next_saves(tmp_path, monkeypatc
         estimated.append(data.nbytes)
         return real(codec, data, itemsize)
 
+    real_delta = delta_module._delta_sample_coded
+
+    def counting_delta(codec, op, value, base, itemsize):
+        estimated.append(value.nbytes)
+        return real_delta(codec, op, value, base, itemsize)
+
     monkeypatch.setattr(delta_module, "_sample_coded", counting)
+    monkeypatch.setattr(delta_module, "_delta_sample_coded", counting_delta)
     repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless", delta=fp.Delta(max_chain=100))
     g = torch.Generator().manual_seed(3)
     w = torch.randn(512, 1024, generator=g)
@@ -264,6 +271,54 @@ def test_a_chunks_value_estimate_is_kept_for_its_next_saves(tmp_path, monkeypatc
         ids.append(repo.save({"w": w}, step=step).id)
         states.append(w)
     assert [chains(repo, vid)["w"][0][1] for vid in ids[11:]] == [None, None], "unrelated values: full"
+    fresh = fp.Repo(str(tmp_path / "r"))
+    for vid, state in zip(ids, states):
+        assert torch.equal(fresh.load(vid)["w"], state), vid
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_a_delta_is_estimated_from_the_samples_and_made_only_where_chosen(tmp_path, monkeypatch, dtype):
+    """The estimate of a chunk's delta made from the delta of its value's and base's samples
+    is the estimate of the whole delta's sample (small and large chunks); a delta that does not
+    code smaller is never made in full, one that does is, and every version loads exact."""
+    from forkpoint.engine import delta as delta_module
+    from forkpoint.format.codecs import codec_for
+    from forkpoint.format.delta import make_delta, op_for
+
+    g = torch.Generator().manual_seed(5)
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    codec = codec_for("lossless", itemsize, dtype.is_floating_point)
+    op = op_for(str(dtype).removeprefix("torch."))
+    for n in (3000, 300_000, 2_000_000):
+        if dtype.is_floating_point:
+            base = torch.randn(n, generator=g).to(dtype)
+            value = (base.float() + torch.randn(n, generator=g) * 1e-3).to(dtype)
+        else:
+            base = torch.randint(0, 1 << 40, (n,), generator=g)
+            value = base + torch.randint(0, 3, (n,), generator=g)
+        v, b = (t.view(torch.uint8).numpy() for t in (value, base))
+        assert delta_module._delta_sample_coded(codec, op, v, b, itemsize) == \
+            delta_module._sample_coded(codec, make_delta(op, v, b, itemsize), itemsize), n
+
+    made = []
+    real = delta_module.make_delta
+    monkeypatch.setattr(delta_module, "make_delta", lambda op, value, base, *a, **k: (
+        made.append(value.nbytes), real(op, value, base, *a, **k))[1])
+    repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless", delta=fp.Delta())
+    w = torch.randn(1024, 1024, generator=g).to(dtype) if dtype.is_floating_point else \
+        torch.randint(0, 1 << 40, (1024, 1024), generator=g)
+    states = [w]
+    repo.save({"w": w})
+    unrelated = torch.randn(w.shape, generator=g).to(dtype) if dtype.is_floating_point else \
+        torch.randint(0, 1 << 40, w.shape, generator=g)
+    states.append(unrelated)
+    ids = [repo.version("main").id, repo.save({"w": unrelated}).id]
+    assert chains(repo, ids[1])["w"][0][1] is None and w.numel() * itemsize not in made, "rejected: never made"
+    close = (unrelated.float() * (1 + 1e-2 * torch.randn(w.shape, generator=g))).to(dtype) \
+        if dtype.is_floating_point else unrelated + torch.randint(0, 3, w.shape, generator=g)
+    states.append(close)
+    ids.append(repo.save({"w": close}).id)
+    assert chains(repo, ids[2])["w"][0][1] is not None and w.numel() * itemsize in made, "chosen: made in full"
     fresh = fp.Repo(str(tmp_path / "r"))
     for vid, state in zip(ids, states):
         assert torch.equal(fresh.load(vid)["w"], state), vid

@@ -5,8 +5,9 @@ A chunk is stored as a delta only when the parent has a chunk with the same path
 dtype, the chain stays within `Delta.max_chain`, and a sample of the delta encodes smaller
 than the same sample of the value. An unchanged chunk reuses the parent's chunk record.
 The delta's estimate is made on every save (how far a value moved from its parent's varies
-from save to save); the value's is kept per chunk (ValueEstimate) for its next REUSE_LIMIT
-saves (how well a value codes drifts slowly).
+from save to save), from the delta of the value's and the base's samples: the whole delta is
+made only for a chunk stored as one. The value's estimate is kept per chunk (ValueEstimate)
+for its next REUSE_LIMIT saves (how well a value codes drifts slowly).
 """
 
 import threading
@@ -65,6 +66,10 @@ class DeltaPlan:
     of ValueEstimate, kept by the caller from save to save) lets a chunk's save reuse an
     earlier save's estimate of how well its value codes."""
 
+    sample_first = True
+    """Estimate a chunk's delta from the delta of the value's and base's samples, and make the
+    whole delta only where it is chosen (False: make it first; the same choice, for A/B runs)."""
+
     def __init__(self, options: Delta, parents: dict[ChunkKey, tuple[Leaf, Chunk]],
                  cache: dict[str, np.ndarray], read_base: Callable[[Leaf, Chunk], np.ndarray],
                  recycles: bool = False, estimates=None):
@@ -122,12 +127,17 @@ class DeltaPlan:
         if base is None or base.nbytes != value.nbytes:
             return None
         delta_out, scratch = buffers or (None, None)
-        delta = make_delta(op, value, base, itemsize, delta_out)
         slot = (pleaf.path, tuple(box[0]), tuple(box[1]), dtype)
         kept = self.estimates.get(slot) if self.estimates is not None else ValueEstimate()
         value_coded = kept.get(lambda: _sample_coded(codec, value, itemsize))
-        if _sample_coded(codec, delta, itemsize) >= MIN_GAIN * value_coded:
+        from_samples = self.sample_first and (codec.estimate is None or codec.sample is not None)
+        delta = None if from_samples else make_delta(op, value, base, itemsize, delta_out)
+        delta_coded = _delta_sample_coded(codec, op, value, base, itemsize) if from_samples else \
+            _sample_coded(codec, delta, itemsize)
+        if delta_coded >= MIN_GAIN * value_coded:
             return None
+        if delta is None:
+            delta = make_delta(op, value, base, itemsize, delta_out)
         delta_digest, table = hash_with_table(delta)
         if delta_digest == digest:
             return None
@@ -185,6 +195,17 @@ def _sample(data: np.ndarray, itemsize: int) -> np.ndarray:
     step = (data.nbytes - SAMPLE_PIECE_BYTES) // (SAMPLE_PIECES - 1)
     step -= step % max(itemsize, 1)
     return np.concatenate([data[i * step:i * step + SAMPLE_PIECE_BYTES] for i in range(SAMPLE_PIECES)])
+
+
+def _delta_sample_coded(codec, op: str, value: np.ndarray, base: np.ndarray, itemsize: int) -> int:
+    """`_sample_coded(codec, make_delta(op, value, base, itemsize), itemsize)`, from the samples
+    of `value` and `base` alone (a delta is element-wise, and where a sample lies depends only
+    on the size)."""
+    pick = codec.sample if codec.estimate is not None else _sample
+    delta = make_delta(op, pick(value, itemsize), pick(base, itemsize), itemsize)
+    if codec.estimate is not None:
+        return codec.estimate(delta, itemsize)
+    return len(codec.encode(memoryview(delta), itemsize))
 
 
 def _sample_coded(codec, data: np.ndarray, itemsize: int) -> int:

@@ -18,7 +18,8 @@ class Codec:
     """A lossless transform of an object's bytes, known by id and name: encode(data, itemsize,
     threads=None) and decode(payload, decoded length); `estimate(data, itemsize)`, where a
     codec has one, is the coded size of a sample of the data (cheaper than encoding one), and
-    `decode_into(payload, decoded length, out)` decodes into a caller's uint8 array."""
+    `sample(data, itemsize)` those sampled bytes; `decode_into(payload, decoded length, out)`
+    decodes into a caller's uint8 array."""
 
     id: int
     name: str
@@ -27,6 +28,7 @@ class Codec:
     encode_pieces: Callable[..., list] | None = None
     estimate: Callable[..., int] | None = None
     decode_into: Callable[..., None] | None = None
+    sample: Callable[..., np.ndarray] | None = None
 
     def pieces(self, data, itemsize: int = 1, threads: int | None = None, scratch=None, layouts=None) -> list:
         """The encoded payload as a list of buffers to write in order (no final join where
@@ -74,7 +76,7 @@ CODECS = {
         Codec(1, "zstd", _zstd_encode, _zstd_decode),
         Codec(2, "planes+zstd", _planes_encode, _planes_decode),
         Codec(3, "float-planes", floatcodec.encode, floatcodec.decode, floatcodec.encode_pieces,
-              floatcodec.estimate, floatcodec.decode_into),
+              floatcodec.estimate, floatcodec.decode_into, floatcodec.sample),
     )
 }
 POLICIES = ("raw", "zstd", "lossless", "auto")

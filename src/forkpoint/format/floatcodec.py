@@ -223,6 +223,15 @@ def choose(data: np.ndarray, itemsize: int) -> tuple[bool, list[int], int]:
     return best[0], [c for c, _ in best[1]], sum(n for _, n in best[1])
 
 
+def sample(data, itemsize: int = 1) -> np.ndarray:
+    """The bytes of `data` that `estimate` codes (uint8, whole elements, at positions that
+    depend only on the data's size): estimate(sample(data)) == estimate(data)."""
+    data = np.frombuffer(data, np.uint8)
+    if itemsize not in _WORDS or data.nbytes % itemsize:
+        itemsize = 1
+    return _sample(data, itemsize)
+
+
 def estimate(data, itemsize: int = 1) -> int:
     """Coded bytes of the sample `encode` would choose its layout on: a cheap estimate of how
     well `data` codes (the same sample positions for buffers of the same size)."""
