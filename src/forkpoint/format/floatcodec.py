@@ -223,21 +223,26 @@ def choose(data: np.ndarray, itemsize: int) -> tuple[bool, list[int], int]:
     return best[0], [c for c, _ in best[1]], sum(n for _, n in best[1])
 
 
-def sample(data, itemsize: int = 1) -> np.ndarray:
-    """The bytes of `data` that `estimate` codes (uint8, whole elements, at positions that
-    depend only on the data's size): estimate(sample(data)) == estimate(data)."""
+def _elements(data, itemsize: int) -> tuple[np.ndarray, int]:
+    """`data` as uint8 and the element size the codec splits it by (1 where `itemsize` is not
+    a word size or does not divide the data)."""
     data = np.frombuffer(data, np.uint8)
     if itemsize not in _WORDS or data.nbytes % itemsize:
         itemsize = 1
+    return data, itemsize
+
+
+def sample(data, itemsize: int = 1) -> np.ndarray:
+    """The bytes of `data` that `estimate` codes (uint8, whole elements, at positions that
+    depend only on the data's size): estimate(sample(data)) == estimate(data)."""
+    data, itemsize = _elements(data, itemsize)
     return _sample(data, itemsize)
 
 
 def estimate(data, itemsize: int = 1) -> int:
     """Coded bytes of the sample `encode` would choose its layout on: a cheap estimate of how
     well `data` codes (the same sample positions for buffers of the same size)."""
-    data = np.frombuffer(data, np.uint8)
-    if itemsize not in _WORDS or data.nbytes % itemsize:
-        itemsize = 1
+    data, itemsize = _elements(data, itemsize)
     return choose(data, itemsize)[2]
 
 
@@ -284,9 +289,7 @@ def encode_pieces(data, itemsize: int = 1, threads: int | None = None, out=None,
     reuse (the payload refers to it until written). `layouts` (see Layouts) are reused where
     they fit, else chosen on samples, and are updated to what this encode used; a reused coder
     that no longer gains on its plane leaves the plane raw."""
-    data = np.frombuffer(data, np.uint8)
-    if itemsize not in _WORDS or data.nbytes % itemsize:
-        itemsize = 1
+    data, itemsize = _elements(data, itemsize)
     count = data.nbytes // itemsize
     per = max(1, SEGMENT_BYTES // itemsize)
     starts = list(range(0, count, per)) or [0]
