@@ -302,6 +302,35 @@ def layouts_ab(scratch: str, repeats: int) -> None:
             shutil.rmtree(os.path.join(scratch, f"layouts-{i}"))
 
 
+def alternating_delta_saves(scratch: str, state, dtype, repeats: int, gap: int, ways: dict) -> dict:
+    """Save the same states (`gap` training steps apart) into one lossless + Delta() repository
+    per way, alternating the order; `ways[way](repo)` sets a repository up and returns what to
+    call before each of its saves. Per way: lists of save seconds, CPU core-seconds, logical
+    and stored bytes, and the share of large chunks stored as deltas."""
+    repos, before = {}, {}
+    for i, (way, setup) in enumerate(ways.items()):
+        repos[way] = fp.Repo(os.path.join(scratch, f"delta-ab-{i}"), create=True, codec="lossless", delta=fp.Delta())
+        before[way] = setup(repos[way])
+        repos[way].save(state)
+    runs = {way: {"save": [], "cpu": [], "logical": [], "stored": [], "deltas": []} for way in ways}
+    order = list(ways)
+    for rep in range(repeats):
+        for _ in range(gap):
+            train_step(state, dtype)
+        for way in order if rep % 2 == 0 else order[::-1]:
+            before[way]()
+            v, elapsed, core_s = timed(lambda: repos[way].save(state))
+            chunks = [c for leaf in repos[way].manifest(v.id).leaves for c in leaf.chunks if c.size >= 1 << 20]
+            for key, value in (("save", elapsed), ("cpu", core_s), ("logical", v.logical_bytes),
+                               ("stored", v.stored_bytes),
+                               ("deltas", sum(c.delta is not None for c in chunks) / len(chunks))):
+                runs[way][key].append(value)
+    for i, repo in enumerate(repos.values()):
+        repo.close()
+        shutil.rmtree(os.path.join(scratch, f"delta-ab-{i}"))
+    return runs
+
+
 def estimates_ab(scratch: str, repeats: int, gap: int = 6) -> None:
     """The same states (`gap` training steps apart) saved into two lossless + Delta()
     repositories, one keeping each chunk's value estimate for its next saves (the default), one
@@ -309,29 +338,18 @@ def estimates_ab(scratch: str, repeats: int, gap: int = 6) -> None:
     keeping the estimate costs, on identical data) and the median save time."""
     print("| dtype | codec | save (s) | CPU (core-s) | ratio over the saves |")
     print("|---|---|---|---|---|")
-    configs = ("lossless + Delta()", "lossless + Delta(), value estimated every save")
+
+    def every_save(repo):
+        repo._value_estimates = None
+        return lambda: None
+
+    ways = {"lossless + Delta()": lambda repo: (lambda: None),
+            "lossless + Delta(), value estimated every save": every_save}
     for dtype in (torch.float32, torch.bfloat16):
-        state = trained_state(dtype)
-        repos = [fp.Repo(os.path.join(scratch, f"estimates-{i}"), create=True, codec="lossless", delta=fp.Delta())
-                 for i in range(2)]
-        repos[1]._value_estimates = None
-        for repo in repos:
-            repo.save(state)
-        saves, cpu, logical, stored = ([[], []] for _ in range(4))
-        for rep in range(repeats):
-            for _ in range(gap):
-                train_step(state, dtype)
-            for i in (0, 1) if rep % 2 == 0 else (1, 0):
-                v, elapsed, core_s = timed(lambda: repos[i].save(state))
-                saves[i].append(elapsed)
-                cpu[i].append(core_s)
-                logical[i].append(v.logical_bytes)
-                stored[i].append(v.stored_bytes)
-        for i, c in enumerate(configs):
-            print(f"| {str(dtype).removeprefix('torch.')} | {c} | {statistics.median(saves[i]):.3f} | "
-                  f"{statistics.median(cpu[i]):.2f} | {sum(logical[i]) / sum(stored[i]):.4f} |")
-            repos[i].close()
-            shutil.rmtree(os.path.join(scratch, f"estimates-{i}"))
+        runs = alternating_delta_saves(scratch, trained_state(dtype), dtype, repeats, gap, ways)
+        for c, r in runs.items():
+            print(f"| {str(dtype).removeprefix('torch.')} | {c} | {statistics.median(r['save']):.3f} | "
+                  f"{statistics.median(r['cpu']):.2f} | {sum(r['logical']) / sum(r['stored']):.4f} |")
 
 
 def delta_sample_ab(scratch: str, repeats: int, gap: int = 6) -> None:
@@ -345,33 +363,21 @@ def delta_sample_ab(scratch: str, repeats: int, gap: int = 6) -> None:
 
     print("| dtype | delta made | save (s) | CPU (core-s) | chunks stored as deltas | ratio over the saves |")
     print("|---|---|---|---|---|---|")
-    ways = {True: "only where chosen (estimated from the samples)", False: "first, then estimated"}
+
+    def sample_first(way: bool):
+        def setup(repo):
+            return lambda: setattr(DeltaPlan, "sample_first", way)
+        return setup
+
+    ways = {"only where chosen (estimated from the samples)": sample_first(True),
+            "first, then estimated": sample_first(False)}
     for dtype in (torch.float32, torch.bfloat16):
-        state = trained_state(dtype)
-        repos = {way: fp.Repo(os.path.join(scratch, f"delta-sample-{way}"), create=True, codec="lossless",
-                              delta=fp.Delta()) for way in ways}
-        for repo in repos.values():
-            repo.save(state)
-        saves, cpu, logical, stored, deltas = ({way: [] for way in ways} for _ in range(5))
-        for rep in range(repeats):
-            for _ in range(gap):
-                train_step(state, dtype)
-            for way in (True, False) if rep % 2 == 0 else (False, True):
-                DeltaPlan.sample_first = way
-                v, elapsed, core_s = timed(lambda: repos[way].save(state))
-                saves[way].append(elapsed)
-                cpu[way].append(core_s)
-                logical[way].append(v.logical_bytes)
-                stored[way].append(v.stored_bytes)
-                chunks = [c for leaf in repos[way].manifest(v.id).leaves for c in leaf.chunks if c.size >= 1 << 20]
-                deltas[way].append(sum(c.delta is not None for c in chunks) / len(chunks))
+        runs = alternating_delta_saves(scratch, trained_state(dtype), dtype, repeats, gap, ways)
         DeltaPlan.sample_first = True
-        for way, name in ways.items():
-            print(f"| {str(dtype).removeprefix('torch.')} | {name} | {statistics.median(saves[way]):.3f} | "
-                  f"{statistics.median(cpu[way]):.2f} | {statistics.median(deltas[way]):.0%} | "
-                  f"{sum(logical[way]) / sum(stored[way]):.4f} |")
-            repos[way].close()
-            shutil.rmtree(os.path.join(scratch, f"delta-sample-{way}"))
+        for c, r in runs.items():
+            print(f"| {str(dtype).removeprefix('torch.')} | {c} | {statistics.median(r['save']):.3f} | "
+                  f"{statistics.median(r['cpu']):.2f} | {statistics.median(r['deltas']):.0%} | "
+                  f"{sum(r['logical']) / sum(r['stored']):.4f} |")
 
 
 def auto_ab(scratch: str, repeats: int) -> None:
