@@ -355,3 +355,77 @@ def test_deferred_device_copies_cover_exactly_the_bytes_this_process_stores():
     stored = [(i, piece.__array_interface__["data"][0]) for kind, (i, pieces) in layout(flat, opts, select)
               if kind == "chunks" for piece, _ in pieces]
     assert len(stored) == 8 and all(i == big for i, _ in stored)
+
+
+def test_the_manifest_cache_is_bounded_by_leaves_and_keeps_the_newest(tmp_path):
+    from forkpoint.format.manifest import Leaf, Manifest, Version
+    from forkpoint.repo.history import ManifestCache
+
+    def manifest(vid, n):
+        return Manifest(Version(vid, [], "main", 0, 0.0), {}, [Leaf(f"l{i}", "torch", "float32", [1], 4)
+                                                                for i in range(n)])
+
+    cache = ManifestCache(limit=64, leaf_limit=10)
+    for vid in "abc":
+        cache.put(vid, manifest(vid, 4))
+    assert list(cache.full) == ["b", "c"] and cache.leaves == 8
+    cache.put("c", manifest("c", 5))
+    assert list(cache.full) == ["b", "c"] and cache.leaves == 9
+    cache.put("big", manifest("big", 30))
+    assert list(cache.full) == ["big"] and cache.leaves == 30
+    assert cache.pop("big").version.id == "big" and cache.leaves == 0 and cache.pop("big", 1) == 1
+    assert {"a", "b", "c"} <= set(cache.records) and cache.get("a") is None
+
+    repo = fp.Repo(str(tmp_path / "r"), create=True)
+    repo._manifests.leaf_limit = 50
+    state = {f"w{i}": torch.full((3,), float(i)) for i in range(40)}
+    for step in range(3):
+        state["w0"] += 1
+        repo.save(state, step=step)
+    assert len(repo._manifests.full) == 1 and repo._manifests.leaves == 40
+    assert repo.load("main~2")["w0"].tolist() == [1.0] * 3 and len(repo._manifests.full) == 1
+    repo.close()
+
+
+def test_gc_pauses_nest_across_threads_and_restore_the_collector():
+    import gc
+
+    from forkpoint.engine.gcpause import gc_paused
+
+    assert gc.isenabled()
+    entered, release = threading.Event(), threading.Event()
+
+    def other():
+        with gc_paused():
+            entered.set()
+            release.wait(10)
+
+    with gc_paused():
+        assert not gc.isenabled()
+        t = threading.Thread(target=other)
+        t.start()
+        assert entered.wait(10)
+    assert not gc.isenabled()  # the other thread's pause is still running
+    release.set()
+    t.join()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # off before the pause: left off
+    finally:
+        gc.enable()
+
+
+def test_a_save_that_fails_or_succeeds_leaves_the_collector_on(repo):
+    import gc
+
+    from forkpoint.errors import UnsupportedTypeError
+
+    with pytest.raises(UnsupportedTypeError):
+        repo.save({"f": lambda: 0})
+    assert gc.isenabled()
+    repo.save({f"w{i}": torch.ones(2) * i for i in range(100)}, sync=False).wait()
+    repo.save({"w": torch.ones(2)})
+    assert gc.isenabled()

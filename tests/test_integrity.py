@@ -179,3 +179,38 @@ def test_paths_from_manifests_are_not_trusted(repo):
     json.dump(record, open(os.path.join(repo.url, "versions", f"{record['id']}.json"), "w"))
     with pytest.raises(FormatError, match="invalid object name"):
         fp.Repo(repo.url).load(record["id"])
+
+
+def test_a_sealed_manifest_is_its_canonical_json_under_its_id():
+    """`Manifest.seal` serializes once and splices the id in; the bytes must be exactly the
+    canonical JSON a reader re-derives the id from, whatever the record holds (keys that sort
+    before and after "id" at every level, optional chunk fields, aliases, odd paths)."""
+    import dataclasses
+    import json
+
+    from forkpoint.format.manifest import Chunk, Leaf, Manifest, Version, _canonical, _record_id
+
+    lossy = Chunk([0, 0], [2, 3], "a" * 64, "a" * 64, 0, 24, "float-planes",
+                  lossy={"mode": "rel_error=0.001", "keep_bits": 10, "max_rel_error": 0.0009})
+    delta = Chunk([2, 0], [2, 3], "b" * 64, "c" * 64, 0, 24, "zstd",
+                  delta={"base": "d" * 64, "chain": ["e" * 64], "op": "xor"})
+    packed = Chunk([0], [5], "f" * 64, "9" * 64, 64, 20)
+    leaves = [Leaf('w/"q\\uote"/é', "torch", "float32", [4, 3], 48, [lossy, delta]),
+              Leaf("b", "numpy", "int32", [5], 20, [packed], device="cuda:1"),
+              Leaf("tied", "torch", "float32", [4, 3], 48, [], alias_of=0)]
+    tree = {"t": "dict", "k": ["a", "id", "zz"], "v": [{"t": "leaf", "i": 0}, {"t": "str", "v": "id"},
+                                                      {"t": "leaf", "i": 2}]}
+    record = Version("", ["1" * 24], "main", 7, 1.5, "msg", {"loss": 0.25}, {"id": "x", "aa": [1]},
+                     env={"host": "n1", "id": ""})
+    manifest = Manifest(record, tree, leaves)
+    sealed = manifest.seal()
+    assert sealed == _canonical(json.loads(sealed)) == manifest.to_bytes()
+    parsed = json.loads(sealed)
+    assert parsed["id"] == record.id == _record_id(parsed) and len(record.id) == 24
+    back = Manifest.from_bytes(sealed, "test")
+    assert back.leaves == leaves and back.tree == tree and back.version == record
+    both = dataclasses.replace(delta, lossy=lossy.lossy)
+    for obj in (both, leaves[2]):  # every field written where set: a new field must be added to to_json
+        assert set(obj.to_json()) == {f.name for f in dataclasses.fields(obj)}
+    assert Chunk(**both.to_json()) == both
+    assert "alias_of" not in leaves[0].to_json() and {"lossy", "delta"}.isdisjoint(packed.to_json())

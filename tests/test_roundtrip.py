@@ -150,6 +150,9 @@ def test_unsupported_tensor_kinds(repo):
         repo.save({"s": torch.eye(3).to_sparse()})
     with pytest.raises(UnsupportedTypeError, match="object"):
         repo.save({"o": np.array([object()], dtype=object)})
+    with pytest.raises(UnsupportedTypeError, match=r"state path 'm/w' is a meta tensor.*to_empty"):
+        repo.save({"m": {"w": torch.empty(3, 2, device="meta")}})
+    assert not repo.branches()
 
 
 def test_map_location_and_device_recorded(repo):

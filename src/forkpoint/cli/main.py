@@ -32,6 +32,13 @@ def _emit(data) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
 
 
+def _ratio(logical: int, stored: int, digits: int) -> str:
+    """logical / stored as "1.5x"; "all dedup" when nothing new was stored, "-" for nothing at all."""
+    if stored:
+        return f"{logical / stored:.{digits}f}x"
+    return "all dedup" if logical else "-"
+
+
 def _size(n: int | None) -> str:
     if n is None:
         return "-"
@@ -287,9 +294,9 @@ def du(repo_url, as_json):
         return _emit(usage)
     table = Table("version", "branch", "step", "logical", "stored", "ratio")
     for v in usage["versions"]:
-        ratio = v["logical_bytes"] / v["stored_bytes"] if v["stored_bytes"] else float("inf")
         table.add_row(v["id"][:12] + (" (pruned)" if v["pruned"] else ""), v["branch"], str(v["step"]),
-                      _size(v["logical_bytes"]), _size(v["stored_bytes"]), f"{ratio:.1f}x")
+                      _size(v["logical_bytes"]), _size(v["stored_bytes"]),
+                      _ratio(v["logical_bytes"], v["stored_bytes"], 1))
     console.print(table)
     table = Table("branch", "versions", "logical", "stored")
     for name, b in usage["branches"].items():
@@ -297,9 +304,8 @@ def du(repo_url, as_json):
     console.print(table)
     table = Table("codec", "objects", "decoded", "stored", "ratio")
     for codec, c in usage["codecs"].items():
-        ratio = c["decoded_bytes"] / c["stored_bytes"] if c["stored_bytes"] else float("inf")
         table.add_row(codec, str(c["objects"]), _size(c["decoded_bytes"]), _size(c["stored_bytes"]),
-                      f"{ratio:.2f}x")
+                      _ratio(c["decoded_bytes"], c["stored_bytes"], 2))
     console.print(table)
     console.print(f"objects on storage: {_size(usage['objects_bytes'])}")
 

@@ -13,7 +13,6 @@ import json
 import os
 import socket
 import uuid
-from dataclasses import asdict
 
 import blake3
 
@@ -188,7 +187,7 @@ class Repo(NodeLocalMixin, BaseRepo):
                     d["alias_of"] = leaf.alias_of - n_shared
                 locals_.append(d)
             part = {
-                "chunks": {str(i): [asdict(c) for c in leaf.chunks]
+                "chunks": {str(i): [c.to_json() for c in leaf.chunks]
                            for i, leaf in enumerate(stored.leaves[:n_shared]) if leaf.chunks},
                 "local_tree": local_skeleton, "local_leaves": locals_,
                 "stored_bytes": stored.stored_bytes, "layout": fingerprint}

@@ -46,16 +46,6 @@ class SaveOptions:
 
 
 @dataclass
-class KnownChunk:
-    """Where bytes with a given hash already live: object, byte range, codec."""
-
-    object: str
-    start: int
-    size: int
-    codec: str
-
-
-@dataclass
 class StoredLeaves:
     """Outcome of storing leaves: the leaf table, bytes newly written and keys to make durable."""
 
@@ -319,7 +309,7 @@ class ScheduledSave:
         for task in self.packs:
             digest, codec, members = task.result()
             for index, chunk_hash, box, where in members:
-                if isinstance(where, KnownChunk):
+                if isinstance(where, Chunk):
                     small[index] = Chunk(*box, chunk_hash, where.object, where.start, where.size, where.codec)
                 else:
                     small[index] = Chunk(*box, chunk_hash, digest, where[0], where[1], codec)
@@ -337,7 +327,7 @@ class ScheduledSave:
 
 
 def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf],
-                  known: dict[str, KnownChunk], opts: SaveOptions, pool: StagingPool,
+                  known: dict[str, Chunk], opts: SaveOptions, pool: StagingPool,
                   staging: str = "staging", guard=None, select=None, deltas=None,
                   pack_key=None, encode_later: bool = False, layouts: ChunkMemory | None = None) -> ScheduledSave:
     """Queue the capture and write tasks of one save.

@@ -16,14 +16,15 @@ import weakref
 
 from ..engine.chunkmemory import ChunkMemory
 from ..engine.delta import DeltaPlan, ValueEstimate, parent_chunks
+from ..engine.gcpause import gc_paused
 from ..engine.restore import chunk_value
-from ..engine.save import KnownChunk, SaveOptions, codec_rules, object_key, schedule_save, staging_sizes
+from ..engine.save import SaveOptions, codec_rules, object_key, schedule_save, staging_sizes
 from ..engine.scheduler import Budget, Priority, Scheduler, Task
 from ..engine.staging import StagingPool
 from ..errors import ConflictError, FormatError, RefNotFoundError, RepoNotFoundError, UnsupportedTypeError
 from ..format.delta import Delta
 from ..format.floatcodec import Layouts
-from ..format.manifest import FORMAT_VERSION, Manifest, Version, check_format
+from ..format.manifest import FORMAT_VERSION, Chunk, Manifest, Version, check_format
 from ..format.refs import check_name
 from ..state import capture, flatten
 from ..state.device import DeviceCapture
@@ -165,30 +166,31 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         check_name(branch, "branch")
         metrics = _json_safe(metrics or {}, "metrics")
         meta = _json_safe(meta or {}, "meta")
-        tree, _ = capture(state)
-        skeleton, flat = flatten(tree, allow_pickle=allow_pickle, copy=False, device_capture=self._device)
-        sharded = next((fl.path for fl in flat if fl.data is not None and fl.data.box is not None), None)
-        if sharded is not None:
-            raise UnsupportedTypeError(
-                f"state path {sharded!r} is a sharded DTensor: this process holds only part of it; "
-                "save sharded state from every rank with fp.dist.Repo")
-        record = Version("", [], branch, step, 0.0, message, metrics, meta, env=_environment())
-        head = self._head_manifest(branch)
-        known, deltas = self._known_chunks(head), self._delta_plan(head)
-        with self._sched.batch():
-            with self._evict_lock:  # registered before any of its objects can be written
-                plan = schedule_save(self._sched, self.store, self._tier, flat, known, self.options,
-                                     self._staging, "window" if sync else "staging", guard=self._evict_lock,
-                                     deltas=deltas, encode_later=self.options.encode_later,
-                                     layouts=self._layouts)
-                self._writers.add(plan.writer)
-            commit = self._sched.submit(
-                "commit", lambda: self._finish_save(plan, skeleton, record, allow_pickle),
-                priority=Priority.COMMIT, needs={f"io:{self._tier}": 1}, deps=plan.writes,
-                after=[self._last_commit])
-            plan.commit = commit
-            self._sched.submit("cleanup", lambda: self._forget_save(plan),
-                               priority=Priority.COMMIT, after=[commit])
+        with gc_paused():
+            tree, _ = capture(state)
+            skeleton, flat = flatten(tree, allow_pickle=allow_pickle, copy=False, device_capture=self._device)
+            sharded = next((fl.path for fl in flat if fl.data is not None and fl.data.box is not None), None)
+            if sharded is not None:
+                raise UnsupportedTypeError(
+                    f"state path {sharded!r} is a sharded DTensor: this process holds only part of it; "
+                    "save sharded state from every rank with fp.dist.Repo")
+            record = Version("", [], branch, step, 0.0, message, metrics, meta, env=_environment())
+            head = self._head_manifest(branch)
+            known, deltas = self._known_chunks(head), self._delta_plan(head)
+            with self._sched.batch():
+                with self._evict_lock:  # registered before any of its objects can be written
+                    plan = schedule_save(self._sched, self.store, self._tier, flat, known, self.options,
+                                         self._staging, "window" if sync else "staging", guard=self._evict_lock,
+                                         deltas=deltas, encode_later=self.options.encode_later,
+                                         layouts=self._layouts)
+                    self._writers.add(plan.writer)
+                commit = self._sched.submit(
+                    "commit", lambda: self._finish_save(plan, skeleton, record, allow_pickle),
+                    priority=Priority.COMMIT, needs={f"io:{self._tier}": 1}, deps=plan.writes,
+                    after=[self._last_commit])
+                plan.commit = commit
+                self._sched.submit("cleanup", lambda: self._forget_save(plan),
+                                   priority=Priority.COMMIT, after=[commit])
         self._last_commit = commit
         if sync:
             return commit.result()
@@ -246,15 +248,16 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
             return None
         return None if m.version.pruned else m
 
-    def _known_chunks(self, m: Manifest | None) -> dict[str, KnownChunk]:
-        """Chunks of head manifest `m` packed with others, by hash (their objects are refreshed)."""
-        known: dict[str, KnownChunk] = {}
+    def _known_chunks(self, m: Manifest | None) -> dict[str, Chunk]:
+        """Chunks of head manifest `m` packed with others, by hash (their objects are refreshed;
+        the manifest's own records, so a save of many small leaves builds no object per leaf)."""
+        known: dict[str, Chunk] = {}
         if m is None:
             return known
         for leaf in m.leaves:
             for c in leaf.chunks:
                 if c.object != c.hash and c.delta is None:
-                    known[c.hash] = KnownChunk(c.object, c.start, c.size, c.codec)
+                    known[c.hash] = c
         for obj in {k.object for k in known.values()}:
             try:
                 self.store.touch(object_key(obj))
@@ -288,7 +291,8 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
                 self._delta_plans.discard(plan.deltas)
 
     def _finish_save(self, plan, skeleton, record: Version, allow_pickle: bool) -> Version:
-        stored = plan.assemble()
+        with gc_paused():
+            stored = plan.assemble()
         self.store.barrier(stored.written_keys)
         self._encode_later(plan.writer.later, plan.commit)
         record.logical_bytes = sum(leaf.nbytes for leaf in stored.leaves if leaf.alias_of is None)
@@ -312,12 +316,14 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
             head = self._ref_state("heads", record.branch)[1]
             record.parents = [head] if head else []
             record.time = time.time()
-            vid = manifest.assign_id()
+            with gc_paused():
+                data = manifest.seal()
+            vid = record.id
             key = f"versions/{vid}.json"
             with self._lock:
                 self._committing.add(vid)
             try:
-                self.store.write(key, [manifest.to_bytes()])
+                self.store.write(key, [data])
                 self.store.barrier([key])
                 published = self._publish_ref("heads", record.branch, seq + 1, vid)
                 if published:

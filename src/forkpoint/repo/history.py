@@ -9,16 +9,19 @@ from ..format.refs import parse_ref_expr
 from ..storage import Store
 
 MANIFESTS_CACHED = 64
+LEAVES_CACHED = 100_000
 
 
 class ManifestCache:
-    """Parsed manifests this process met: the `limit` most recently used in full, and the
-    Version record (small) of every one, so that walking a long history reads nothing while
-    a run of many saves does not keep every leaf table in memory."""
+    """Parsed manifests this process met: the most recently used in full, at most `limit` of
+    them and `leaf_limit` leaves in all (always the newest one), and the Version record (small)
+    of every one, so that walking a long history reads nothing while a run of many saves does
+    not keep every leaf table in memory (a state of 20k leaves takes ~25 MB a manifest)."""
 
-    def __init__(self, limit: int = MANIFESTS_CACHED):
-        self.limit = limit
+    def __init__(self, limit: int = MANIFESTS_CACHED, leaf_limit: int = LEAVES_CACHED):
+        self.limit, self.leaf_limit = limit, leaf_limit
         self.full: collections.OrderedDict[str, Manifest] = collections.OrderedDict()
+        self.leaves = 0
         self.records: dict[str, Version] = {}
         self.lock = threading.Lock()
 
@@ -34,16 +37,21 @@ class ManifestCache:
 
     def put(self, vid: str, m: Manifest) -> None:
         with self.lock:
+            old = self.full.pop(vid, None)
+            self.leaves += len(m.leaves) - (len(old.leaves) if old is not None else 0)
             self.full[vid] = m
-            self.full.move_to_end(vid)
             self.records[vid] = m.version
-            while len(self.full) > self.limit:
-                self.full.popitem(last=False)
+            while len(self.full) > 1 and (len(self.full) > self.limit or self.leaves > self.leaf_limit):
+                self.leaves -= len(self.full.popitem(last=False)[1].leaves)
 
     def pop(self, vid: str, default=None):
         with self.lock:
             self.records.pop(vid, None)
-            return self.full.pop(vid, default)
+            m = self.full.pop(vid, None)
+            if m is None:
+                return default
+            self.leaves -= len(m.leaves)
+            return m
 
 
 class HistoryMixin:

@@ -106,6 +106,10 @@ def torch_leaf(t, path: str, copy: bool, device_capture=None) -> LeafData:
             f"tensor ({t.dtype}, {t.layout}); forkpoint stores dense, non-quantized tensors: convert it "
             "(e.g. .to_dense() / .dequantize()) first"
         )
+    if t.is_meta:
+        raise UnsupportedTypeError(
+            f"state path {path!r} is a meta tensor ({t.dtype}, shape {list(t.shape)}): it has no data "
+            "to store; materialize it first (e.g. module.to_empty(device=...) and initialize or load it)")
     device = str(t.device)
     dtype = str(t.dtype).removeprefix("torch.")
     src = t.detach()
