@@ -99,7 +99,8 @@ def torch_leaf(t, path: str, copy: bool, device_capture=None) -> LeafData:
         leaf.shape, leaf.box, leaf.owner, leaf.itemsize = shape, box, owner, local.element_size()
         return leaf
 
-    quantized = t.is_quantized or str(t.dtype).startswith(("torch.qint", "torch.quint"))
+    dtype = str(t.dtype).removeprefix("torch.")
+    quantized = t.is_quantized or dtype.startswith(("qint", "quint"))
     if quantized or t.is_sparse or t.layout != torch.strided:
         raise UnsupportedTypeError(
             f"state path {path!r} holds a {'quantized' if quantized else 'sparse'} "
@@ -110,16 +111,16 @@ def torch_leaf(t, path: str, copy: bool, device_capture=None) -> LeafData:
         raise UnsupportedTypeError(
             f"state path {path!r} is a meta tensor ({t.dtype}, shape {list(t.shape)}): it has no data "
             "to store; materialize it first (e.g. module.to_empty(device=...) and initialize or load it)")
-    device = str(t.device)
-    dtype = str(t.dtype).removeprefix("torch.")
+    on_host = t.device.type == "cpu"
+    device = "cpu" if on_host else str(t.device)
     src = t.detach()
-    if src.device.type != "cpu" and device_capture is not None:
+    if not on_host and device_capture is not None:
         live = src.resolve_conj().resolve_neg().contiguous()
         pending = device_capture.copy(live)
         if pending is not None:
             return LeafData("torch", dtype, tuple(t.shape), device, pending.host.numpy(),
                             pending=pending, live_ptr=src.data_ptr())
-    if src.device.type != "cpu":
+    if not on_host:
         src = src.to("cpu")
     elif copy:
         src = src.clone(memory_format=torch.contiguous_format)

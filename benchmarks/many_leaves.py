@@ -1,0 +1,127 @@
+"""Save and load of a state with many small tensors (~24k leaves), forkpoint against its peers.
+
+State: 1000 blocks of Linear(64, 64) + LayerNorm(64) + Linear(64, 64) and AdamW's state
+(6000 parameters, two moments and a step counter each: 24k leaves, 0.1 GB). Each round takes
+one optimizer step (every leaf changes) and then saves and loads with every method, in turn,
+to the same disk (files made durable); the table shows medians of the rounds. `--saves N`
+then saves N more versions into one repository and reports the process's resident memory.
+
+    python benchmarks/many_leaves.py --repeats 7 --saves 40 --dir /work
+"""
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+import warnings
+
+import torch
+
+import forkpoint as fp
+
+warnings.filterwarnings("ignore")
+
+
+def make_state(blocks: int):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64),
+                                                      torch.nn.Linear(64, 64)) for _ in range(blocks)])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    return model, opt
+
+
+def train_step(model, opt) -> None:
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) * 1e-3
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def fsync_tree(path: str) -> None:
+    for root, _, files in os.walk(path):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+
+
+def timed(f) -> float:
+    start = time.perf_counter()
+    f()
+    return time.perf_counter() - start
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--blocks", type=int, default=1000)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--saves", type=int, default=0)
+    ap.add_argument("--dir", default=None)
+    ap.add_argument("--methods", default="forkpoint,torch.save,dcp")
+    args = ap.parse_args()
+    methods = args.methods.split(",")
+    model, opt = make_state(args.blocks)
+    train_step(model, opt)
+    state = {"model": model.state_dict(), "optim": opt.state_dict()}
+    root = tempfile.mkdtemp(prefix="fp-many-", dir=args.dir)
+    repo = fp.Repo(os.path.join(root, "repo"), create=True)
+    leaves = len(repo.manifest(repo.save(state, step=0).id).leaves)
+    nbytes = sum(leaf.nbytes for leaf in repo.manifest().leaves)
+    print(f"state: {leaves} leaves, {nbytes / 1e6:.1f} MB; dir {root}")
+    times: dict[str, list[float]] = {}
+    for r in range(args.repeats):
+        train_step(model, opt)
+        state = {"model": model.state_dict(), "optim": opt.state_dict()}
+        if "forkpoint" in methods:
+            times.setdefault("forkpoint save", []).append(timed(lambda: repo.save(state, step=r + 1)))
+            times.setdefault("forkpoint load", []).append(timed(lambda: repo.load("main")))
+        if "torch.save" in methods:
+            path = os.path.join(root, "state.pt")
+
+            def torch_save():
+                with open(path, "wb") as f:
+                    torch.save(state, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+
+            times.setdefault("torch.save", []).append(timed(torch_save))
+            times.setdefault("torch.load", []).append(timed(lambda: torch.load(path, weights_only=True)))
+        if "dcp" in methods:
+            import torch.distributed.checkpoint as dcp
+
+            where = os.path.join(root, "dcp")
+
+            def dcp_save():
+                shutil.rmtree(where, ignore_errors=True)
+                dcp.save(state, checkpoint_id=where)
+                fsync_tree(where)
+
+            times.setdefault("dcp.save", []).append(timed(dcp_save))
+            times.setdefault("dcp.load", []).append(timed(lambda: dcp.load(state, checkpoint_id=where)))
+        print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.3f}" for k, v in times.items()), flush=True)
+    print("\n| method | median (s) | per leaf (us) |\n|---|---|---|")
+    for k, v in times.items():
+        m = statistics.median(v)
+        print(f"| {k} | {m:.3f} | {m / leaves * 1e6:.0f} |")
+    if args.saves:
+        before = rss_mb()
+        save_times = []
+        for i in range(args.saves):
+            train_step(model, opt)
+            save_times.append(timed(lambda: repo.save({"model": model.state_dict(), "optim": opt.state_dict()},
+                                                      step=1000 + i)))
+        print(f"\n{args.saves} more saves: median {statistics.median(save_times):.3f} s, last 10 median "
+              f"{statistics.median(save_times[-10:]):.3f} s; resident memory {before:.0f} -> {rss_mb():.0f} MB")
+    repo.close()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
