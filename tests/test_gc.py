@@ -2,6 +2,7 @@
 
 
 import numpy as np
+import pytest
 import torch
 
 import forkpoint as fp
@@ -26,6 +27,21 @@ def test_keep_policies_select_the_right_versions(repo):
     plan = set(repo.prune_plan(fp.Keep(last=2, every=5, best=("val_loss", 1, "min"))))
     kept = {v.step for v in vs if v.id not in plan}
     assert kept == {9, 8, 0, 5, 4, 1}
+
+
+def test_non_finite_metrics_are_recorded_and_never_rank_best(repo):
+    losses = [float("nan"), 0.7, float("inf"), np.float32(0.3), torch.tensor(float("-inf")), torch.tensor(0.5)]
+    vs = [repo.save({"w": torch.full((4,), float(i))}, step=i, metrics={"val_loss": loss, "hist": [loss]},
+                    meta={"note": {"x": float("nan")}})
+          for i, loss in enumerate(losses)]
+    recorded = [fp.Repo(repo.url).version(v.id).metrics["val_loss"] for v in vs]
+    assert recorded[0] == "nan" and recorded[2] == "inf" and recorded[4] == "-inf"
+    assert recorded[1] == 0.7 and abs(recorded[3] - 0.3) < 1e-7 and recorded[5] == 0.5
+    assert vs[0].metrics["hist"] == ["nan"] and vs[0].meta == {"note": {"x": "nan"}}
+    plan = set(repo.prune_plan(fp.Keep(last=1, best=("val_loss", 2, "min"))))
+    assert {v.step for v in vs if v.id not in plan} == {3, 5}
+    with pytest.raises(TypeError, match="metrics must be JSON data.*object is not JSON data"):
+        repo.save({"w": torch.ones(1)}, metrics={"bad": object()})
 
 
 def test_gc_frees_pruned_data_and_keeps_everything_needed(repo):

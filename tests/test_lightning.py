@@ -68,6 +68,21 @@ def test_top_k_removal_maps_to_retention_and_refs_resume(tmp_path):
     assert (c["start_step"], c["global_step"]) == (12, 20), "a tag works as ckpt_path"
 
 
+def test_a_diverged_monitored_metric_still_checkpoints_and_never_ranks_best(tmp_path):
+    """Lightning scores a NaN monitor as inf; JSON has neither, so the version records "inf"
+    and the run goes on (it used to fail in save with a TypeError)."""
+    repo_url, d = str(tmp_path / "repo"), str(tmp_path / "ckpts")
+    run("--repo", repo_url, "--dir", d, "--epochs", "3", "--top-k", "3", "--nan-loss-from", "1",
+        "--out", str(tmp_path / "a.pt"))
+    repo = fp.Repo(repo_url)
+    scores = [v.metrics.get("train_loss") for v in repo.log()]
+    assert "inf" in scores and isinstance(scores[-1], float), scores
+    assert os.path.basename(torch.load(tmp_path / "a.pt")["best"]).startswith("epoch=0")
+    repo.gc(keep=fp.Keep(last=1, best=("train_loss", 1, "min")), grace=0)
+    kept = [v for v in repo.log() if not v.pruned]
+    assert scores[-1] in [v.metrics.get("train_loss") for v in kept], "the finite score is the best"
+
+
 def test_objects_beyond_plain_data_need_pickle(tmp_path):
     out = run("--repo", str(tmp_path / "repo"), "--dir", str(tmp_path / "d"), "--epochs", "1", "--custom",
               "--out", str(tmp_path / "x.pt"), ok=False)

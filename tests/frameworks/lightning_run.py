@@ -18,7 +18,7 @@ import forkpoint as fp  # noqa: E402
 
 
 class Tiny(pl.LightningModule):
-    def __init__(self, width: int = 16, custom: bool = False):
+    def __init__(self, width: int = 16, custom: bool = False, nan_loss_from: int | None = None):
         super().__init__()
         self.save_hyperparameters()
         self.net = torch.nn.Sequential(torch.nn.Linear(width, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
@@ -26,7 +26,8 @@ class Tiny(pl.LightningModule):
     def training_step(self, batch, _):
         x, y = batch
         loss = torch.nn.functional.mse_loss(self.net(x), y)
-        self.log("train_loss", loss, on_epoch=True, on_step=False)
+        diverged = self.hparams.nan_loss_from is not None and self.current_epoch >= self.hparams.nan_loss_from
+        self.log("train_loss", loss * float("nan") if diverged else loss, on_epoch=True, on_step=False)
         return loss
 
     def configure_optimizers(self):
@@ -69,6 +70,7 @@ def main():
     p.add_argument("--top-k", type=int, default=2)
     p.add_argument("--hpc", action="store_true", help="save an hpc_ckpt as SLURM's requeue handler does")
     p.add_argument("--custom", action="store_true")
+    p.add_argument("--nan-loss-from", type=int, default=None, help="log a NaN train_loss from this epoch on")
     p.add_argument("--async", dest="sync", action="store_false")
     p.add_argument("--slurm-signal-at", type=int, default=None)
     p.add_argument("--devices", type=int, default=1, help="more than 1: DDP over that many CPU processes")
@@ -87,7 +89,7 @@ def main():
                          callbacks=callbacks, logger=False, enable_progress_bar=False, enable_model_summary=False,
                          default_root_dir=a.dir, accelerator="cpu", devices=a.devices,
                          strategy="ddp" if a.devices > 1 else "auto")
-    model = Tiny(custom=a.custom)
+    model = Tiny(custom=a.custom, nan_loss_from=a.nan_loss_from)
     trainer.fit(model, data(), ckpt_path=a.ckpt_path)
     if a.hpc:
         trainer.save_checkpoint(f"{a.dir}/hpc_ckpt_1.ckpt")

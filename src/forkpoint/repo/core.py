@@ -6,6 +6,7 @@ A version is visible once its manifest is durable and a ref record points at it.
 
 import collections
 import json
+import math
 import os
 import socket
 import threading
@@ -362,13 +363,24 @@ def pending_save(commit: Task, plan, flat) -> PendingSave:
 
 
 def _json_safe(d: dict, what: str) -> dict:
+    """`d` as plain JSON data: tensor and numpy scalars become numbers, and non-finite floats
+    (a diverged loss, Lightning's inf score) the strings "nan", "inf" and "-inf", which JSON can
+    hold and which never rank as a best metric."""
     try:
-        return json.loads(json.dumps(d, allow_nan=False, default=_to_json))
+        return json.loads(json.dumps(_finite(d), allow_nan=False))
     except (TypeError, ValueError) as e:
-        raise TypeError(f"{what} must be JSON data (finite numbers, str, lists, dicts): {e}") from None
+        raise TypeError(f"{what} must be JSON data (numbers, str, bool, None, lists, dicts): {e}") from None
 
 
-def _to_json(x):
-    if hasattr(x, "item"):
-        return x.item()
-    raise TypeError(f"{type(x).__name__} is not JSON data")
+def _finite(x):
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    if not isinstance(x, (str, int, float, type(None))):
+        if not hasattr(x, "item"):
+            raise TypeError(f"{type(x).__name__} is not JSON data")
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return repr(x)
+    return x
