@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import forkpoint as fp
@@ -56,6 +57,12 @@ def test_checkpointer_async_and_time_policy(repo):
     ck2.close()
     assert repo.version("timed").step == 1
     assert last is not None
+    with pytest.raises(RuntimeError, match="Checkpointer of branch 'timed' is closed"):
+        ck2.step(3)
+    with pytest.raises(RuntimeError, match="is closed"):
+        ck2.save(4)
+    ck2.close()
+    assert repo.version("timed").step == 1, "nothing saved after close"
 
 
 def test_resume_on_empty_branch_starts_at_zero(repo):

@@ -96,6 +96,7 @@ class Checkpointer:
         self.save_seconds: list[float] = []
         self.closers: list[Callable[[], None]] = []
         self.on_remote_stop: Callable = lambda version: None
+        self.closed = False
         for extend in EXTENSIONS:
             extend(self)
 
@@ -131,6 +132,7 @@ class Checkpointer:
 
     def step(self, step: int, metrics: dict | None = None):
         """Call after each training step; saves (asynchronously by default) when due."""
+        self._check_open()
         self.last_step = step
         self._observe_stall()
         due = self.should_save(step)
@@ -146,6 +148,11 @@ class Checkpointer:
         if due:
             return self.save(step, metrics)
         return None
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError(f"this Checkpointer of branch {self.branch!r} is closed (its capture hooks are "
+                               "gone, so a save could capture torn tensors): make a new one to save again")
 
     def _stop_agreed(self) -> bool:
         dist, _, world = _world()
@@ -163,6 +170,7 @@ class Checkpointer:
              sync: bool | None = None, meta: dict | None = None):
         """Save now; returns the Version (sync) or a PendingSave (None on ranks other than 0
         unless the repository is an fp.dist.Repo)."""
+        self._check_open()
         self._reap()
         self._observe_stall()
         sync = self.sync if sync is None else sync
@@ -248,7 +256,8 @@ class Checkpointer:
             future.result()
 
     def close(self) -> None:
-        """Wait for everything in flight; remove hooks and handlers."""
+        """Wait for everything in flight; remove hooks and handlers. Saving afterwards raises."""
+        self.closed = True
         self.wait()
         self._guard.remove()
         for close in self.closers:
