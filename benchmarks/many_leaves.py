@@ -13,6 +13,7 @@ import argparse
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 import warnings
@@ -20,6 +21,9 @@ import warnings
 import torch
 
 import forkpoint as fp
+
+sys.path.insert(0, os.path.dirname(__file__))
+from save_load import fsync_tree  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
@@ -37,14 +41,6 @@ def train_step(model, opt) -> None:
         p.grad = torch.randn_like(p) * 1e-3
     opt.step()
     opt.zero_grad(set_to_none=True)
-
-
-def fsync_tree(path: str) -> None:
-    for root, _, files in os.walk(path):
-        for name in files:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            os.fsync(fd)
-            os.close(fd)
 
 
 def timed(f) -> float:
