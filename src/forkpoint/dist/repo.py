@@ -16,6 +16,7 @@ import uuid
 
 import blake3
 
+from ..engine.gcpause import gc_paused
 from ..engine.save import launch_device_copies, row_split, schedule_save
 from ..engine.scheduler import Priority
 from ..errors import ForkpointError
@@ -103,7 +104,8 @@ class Repo(NodeLocalMixin, BaseRepo):
         meta = _json_safe(meta or {}, "meta")
         sid = f"save-{self._saves}"
         self._saves += 1
-        skeleton, shared, local_skeleton, local, select = self._flat_parts(state, allow_pickle)
+        with gc_paused():
+            skeleton, shared, local_skeleton, local, select = self._flat_parts(state, allow_pickle)
         n_shared = len(shared)
         pack_key = writer_class(shared)
         head = self._head_manifest(branch)
@@ -178,7 +180,8 @@ class Repo(NodeLocalMixin, BaseRepo):
             failed = next((t.future.exception() for t in plan.writes if t.future.exception()), None)
             if failed is not None:
                 raise failed
-            stored = plan.assemble()
+            with gc_paused():
+                stored = plan.assemble()
             self.store.barrier(stored.written_keys)
             locals_ = []
             for leaf in stored.leaves[n_shared:]:

@@ -168,34 +168,39 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         metrics = _json_safe(metrics or {}, "metrics")
         meta = _json_safe(meta or {}, "meta")
         with gc_paused():
-            tree, _ = capture(state)
-            skeleton, flat = flatten(tree, allow_pickle=allow_pickle, copy=False, device_capture=self._device)
-            sharded = next((fl.path for fl in flat if fl.data is not None and fl.data.box is not None), None)
-            if sharded is not None:
-                raise UnsupportedTypeError(
-                    f"state path {sharded!r} is a sharded DTensor: this process holds only part of it; "
-                    "save sharded state from every rank with fp.dist.Repo")
-            record = Version("", [], branch, step, 0.0, message, metrics, meta, env=_environment())
-            head = self._head_manifest(branch)
-            known, deltas = self._known_chunks(head), self._delta_plan(head)
-            with self._sched.batch():
-                with self._evict_lock:  # registered before any of its objects can be written
-                    plan = schedule_save(self._sched, self.store, self._tier, flat, known, self.options,
-                                         self._staging, "window" if sync else "staging", guard=self._evict_lock,
-                                         deltas=deltas, encode_later=self.options.encode_later,
-                                         layouts=self._layouts)
-                    self._writers.add(plan.writer)
-                commit = self._sched.submit(
-                    "commit", lambda: self._finish_save(plan, skeleton, record, allow_pickle),
-                    priority=Priority.COMMIT, needs={f"io:{self._tier}": 1}, deps=plan.writes,
-                    after=[self._last_commit])
-                plan.commit = commit
-                self._sched.submit("cleanup", lambda: self._forget_save(plan),
-                                   priority=Priority.COMMIT, after=[commit])
+            plan, commit = self._schedule_save(state, branch, step, message, metrics, meta, sync, allow_pickle)
         self._last_commit = commit
         if sync:
             return commit.result()
-        return pending_save(commit, plan, flat)
+        return pending_save(commit, plan, plan.flat)
+
+    def _schedule_save(self, state, branch, step, message, metrics, meta, sync, allow_pickle):
+        """Flatten `state` and queue its save's tasks; (plan, commit task)."""
+        tree, _ = capture(state)
+        skeleton, flat = flatten(tree, allow_pickle=allow_pickle, copy=False, device_capture=self._device)
+        sharded = next((fl.path for fl in flat if fl.data is not None and fl.data.box is not None), None)
+        if sharded is not None:
+            raise UnsupportedTypeError(
+                f"state path {sharded!r} is a sharded DTensor: this process holds only part of it; "
+                "save sharded state from every rank with fp.dist.Repo")
+        record = Version("", [], branch, step, 0.0, message, metrics, meta, env=_environment())
+        head = self._head_manifest(branch)
+        known, deltas = self._known_chunks(head), self._delta_plan(head)
+        with self._sched.batch():
+            with self._evict_lock:  # registered before any of its objects can be written
+                plan = schedule_save(self._sched, self.store, self._tier, flat, known, self.options,
+                                     self._staging, "window" if sync else "staging", guard=self._evict_lock,
+                                     deltas=deltas, encode_later=self.options.encode_later,
+                                     layouts=self._layouts)
+                self._writers.add(plan.writer)
+            commit = self._sched.submit(
+                "commit", lambda: self._finish_save(plan, skeleton, record, allow_pickle),
+                priority=Priority.COMMIT, needs={f"io:{self._tier}": 1}, deps=plan.writes,
+                after=[self._last_commit])
+            plan.commit = commit
+            self._sched.submit("cleanup", lambda: self._forget_save(plan),
+                               priority=Priority.COMMIT, after=[commit])
+        return plan, commit
 
     def warm_staging(self, state, allow_pickle: bool = False) -> int:
         """Allocate and fault in the staging buffers an asynchronous save of `state` will use
