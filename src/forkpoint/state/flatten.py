@@ -15,12 +15,12 @@ import numpy as np
 
 from ..errors import FormatError, UnsupportedTypeError
 from ..format.paths import child_path
-from .leaves import LeafData, is_dtensor, is_torch_tensor, numpy_leaf, torch_leaf
+from .leaves import LeafData, is_dtensor, numpy_leaf, torch_leaf
 
 INLINE_BYTES_MAX = 4096
 
 
-@dataclass
+@dataclass(slots=True)
 class FlatLeaf:
     """One leaf of a flattened tree: its path, typed keys and data (None for an alias)."""
 
@@ -47,10 +47,9 @@ def _tensor_identity(t):
         local = t.to_local()
         inner = _tensor_identity(local) if local.numel() else None
         return None if inner is None else ("dtensor", tuple(t.shape)) + inner
-    if t.layout != sys.modules["torch"].strided or t.is_quantized:
+    if t.layout is not sys.modules["torch"].strided or t.is_quantized:
         return None
-    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()),
-            t.dtype, str(t.device))
+    return t.data_ptr(), t.dtype, t.shape, t.stride(), t.device
 
 
 def flatten(tree, allow_pickle: bool = False, copy: bool = False,
@@ -69,7 +68,13 @@ def flatten(tree, allow_pickle: bool = False, copy: bool = False,
             leaves.append(FlatLeaf(path, keys, make()))
         return {"t": "leaf", "i": len(leaves) - 1}
 
+    torch = sys.modules.get("torch")
+    tensor_type = torch.Tensor if torch is not None else ()
+
     def walk(obj, path, keys):
+        if isinstance(obj, tensor_type):
+            ident = _tensor_identity(obj) if obj.numel() else None
+            return add_leaf(path, keys, lambda: torch_leaf(obj, path, copy, device_capture), ident)
         if obj is None:
             return {"t": "none"}
         if isinstance(obj, bool):
@@ -84,9 +89,6 @@ def flatten(tree, allow_pickle: bool = False, copy: bool = False,
             return {"t": "str", "v": obj}
         if isinstance(obj, RankSlot):
             return {"t": "ranks", "slot": obj.index}
-        if is_torch_tensor(obj):
-            ident = _tensor_identity(obj) if obj.numel() else None
-            return add_leaf(path, keys, lambda: torch_leaf(obj, path, copy, device_capture), ident)
         if isinstance(obj, np.ndarray):
             ident = None
             if obj.size:
@@ -112,7 +114,6 @@ def flatten(tree, allow_pickle: bool = False, copy: bool = False,
         if isinstance(obj, (list, tuple)):
             kind = "list" if isinstance(obj, list) else "tuple"
             return {"t": kind, "v": [walk(v, child_path(path, i), keys + (i,)) for i, v in enumerate(obj)]}
-        torch = sys.modules.get("torch")
         if torch is not None and isinstance(obj, torch.dtype):
             return {"t": "torch.dtype", "v": str(obj).removeprefix("torch.")}
         if torch is not None and isinstance(obj, torch.device):

@@ -5,6 +5,7 @@ numpy-only users never load it.
 """
 
 import sys
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +21,7 @@ def is_torch_tensor(obj) -> bool:
     return torch is not None and isinstance(obj, torch.Tensor)
 
 
-@dataclass
+@dataclass(slots=True)
 class LeafData:
     """A leaf ready to store: format kind, dtype name, global shape, device and the bytes this
     process holds (uint8 array): the whole leaf, or the shard at `box` ((offsets, lengths)).
@@ -54,6 +55,54 @@ class LeafData:
     def offsets(self) -> list[int]:
         """Where the held bytes start in the global shape."""
         return list(self.box[0]) if self.box is not None else [0] * len(self.shape)
+
+
+_NUMPY_VIEW: dict = {}
+_DTYPE_NAMES: dict = {}
+
+
+def dtype_name(dtype) -> str:
+    """The format's name of torch dtype `dtype` ("float32", "bfloat16", ...)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+def _numpy_view(dtype):
+    """The dtype to view a tensor of `dtype` as before .numpy() (itself when numpy has it, else
+    the integer type of its size); None when there is none."""
+    if dtype not in _NUMPY_VIEW:
+        import torch
+
+        view = dtype
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.empty(1, dtype=dtype).numpy()
+        except (TypeError, RuntimeError):
+            size = torch.empty(0, dtype=dtype).element_size()
+            view = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(size)
+        _NUMPY_VIEW[dtype] = view
+    return _NUMPY_VIEW[dtype]
+
+
+def plain_cpu(t) -> bool:
+    """True for a dense, contiguous, non-empty CPU torch.Tensor or Parameter (no subclass, no
+    conjugate or negative bit): its bytes are `host_bytes(t)` in place."""
+    import torch
+
+    return (type(t) in (torch.Tensor, torch.nn.Parameter) and t.is_cpu and t.layout is torch.strided
+            and not t.is_quantized and t.is_contiguous() and not t.is_conj() and not t.is_neg()
+            and t.numel() > 0 and _numpy_view(t.dtype) is not None)
+
+
+def host_bytes(t) -> np.ndarray:
+    """The bytes of a `plain_cpu` tensor as a uint8 array over its memory (keeps it alive)."""
+    if t.requires_grad:
+        t = t.detach()
+    view = _numpy_view(t.dtype)
+    return np.frombuffer((t if view is t.dtype else t.view(view)).numpy(), np.uint8)
 
 
 def is_dtensor(t) -> bool:
@@ -90,6 +139,8 @@ def torch_leaf(t, path: str, copy: bool, device_capture=None) -> LeafData:
     A DTensor is described by its global shape and the box of its local shard. An accelerator
     tensor is copied by `device_capture` (state.device.DeviceCapture) in the background when
     given and its pinned memory allows, else here."""
+    if not copy and plain_cpu(t):
+        return LeafData("torch", dtype_name(t.dtype), tuple(t.shape), "cpu", host_bytes(t))
     import torch
 
     layout = dtensor_layout(t)
@@ -165,6 +216,8 @@ def empty_leaf(kind: str, dtype: str, shape, device: str, path: str):
         import torch
 
         t = torch.empty(tuple(shape), dtype=torch_dtype(dtype, path), device="cpu")
+        if plain_cpu(t):
+            return t, host_bytes(t)
         flat = t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
         return t, flat.numpy()
     if kind in ("numpy", "numpy_scalar"):
@@ -225,6 +278,8 @@ def live_buffer(obj):
             local, shape, box, _ = layout
             inner = live_buffer(local)
             return None if inner is None else (inner[0], inner[1], shape, inner[3], box)
+        if plain_cpu(obj):
+            return "torch", dtype_name(obj.dtype), tuple(obj.shape), host_bytes(obj), None
         if (obj.device.type != "cpu" or not obj.is_contiguous() or obj.is_conj() or obj.is_neg()
                 or obj.layout != torch.strided or obj.is_quantized):
             return None
