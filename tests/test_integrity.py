@@ -188,7 +188,8 @@ def test_a_sealed_manifest_is_its_canonical_json_under_its_id():
     import dataclasses
     import json
 
-    from forkpoint.format.manifest import Chunk, Leaf, Manifest, Version, _canonical, _record_id
+    from forkpoint.format.manifest import (Chunk, Leaf, Manifest, Version, _canonical, _leaf_canonical,
+                                          _record_id)
 
     lossy = Chunk([0, 0], [2, 3], "a" * 64, "a" * 64, 0, 24, "float-planes",
                   lossy={"mode": "rel_error=0.001", "keep_bits": 10, "max_rel_error": 0.0009})
@@ -213,4 +214,6 @@ def test_a_sealed_manifest_is_its_canonical_json_under_its_id():
     for obj in (both, leaves[2]):  # every field written where set: a new field must be added to to_json
         assert set(obj.to_json()) == {f.name for f in dataclasses.fields(obj)}
     assert Chunk(**both.to_json()) == both
+    for leaf in [*leaves, Leaf("x", "torch", "bfloat16", [], 2, [both], alias_of=1)]:  # the direct writer
+        assert _leaf_canonical(leaf).encode() == _canonical(leaf.to_json())
     assert "alias_of" not in leaves[0].to_json() and {"lossy", "delta"}.isdisjoint(packed.to_json())

@@ -119,6 +119,39 @@ def _canonical(record: dict) -> bytes:
     return json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
+_quote = json.encoder.encode_basestring_ascii
+
+
+def _ints(values) -> str:
+    return "[" + ",".join(map(str, values)) + "]"
+
+
+def _chunk_canonical(c: Chunk) -> str:
+    """`_canonical(c.to_json())` as text, written directly (keys in sorted order)."""
+    parts = ['{"codec":', _quote(c.codec)]
+    if c.delta is not None:
+        parts += [',"delta":', _canonical_text(c.delta)]
+    parts += [',"hash":', _quote(c.hash), ',"lengths":', _ints(c.lengths)]
+    if c.lossy is not None:
+        parts += [',"lossy":', _canonical_text(c.lossy)]
+    parts += [',"object":', _quote(c.object), ',"offsets":', _ints(c.offsets), ',"size":', str(int(c.size)),
+              ',"start":', str(int(c.start)), "}"]
+    return "".join(parts)
+
+
+def _leaf_canonical(leaf: Leaf) -> str:
+    """`_canonical(leaf.to_json())` as text, written directly (a leaf table of many leaves is
+    most of a manifest, and the generic encoder sorts and checks every record)."""
+    head = '{"chunks":[' if leaf.alias_of is None else f'{{"alias_of":{int(leaf.alias_of)},"chunks":['
+    return "".join((head, ",".join(map(_chunk_canonical, leaf.chunks)), '],"device":', _quote(leaf.device),
+                    ',"dtype":', _quote(leaf.dtype), ',"kind":', _quote(leaf.kind), ',"nbytes":',
+                    str(int(leaf.nbytes)), ',"path":', _quote(leaf.path), ',"shape":', _ints(leaf.shape), "}"))
+
+
+def _canonical_text(value) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
 def _known(cls, record: dict) -> dict:
     return {k: v for k, v in record.items() if k in cls.__dataclass_fields__}
 
@@ -157,28 +190,30 @@ class Manifest:
 
     def to_bytes(self) -> bytes:
         """Serialize to canonical JSON (sorted keys, no spaces)."""
-        return _canonical(self._record())
+        head, tail = self._canonical_around_id()
+        return head + _quote(self.version.id)[1:-1].encode() + tail
 
-    def _record(self) -> dict:
-        return {
-            "format": MANIFEST_KIND,
-            "format_version": list(FORMAT_VERSION),
-            **asdict(self.version),
-            "tree": self.tree,
-            "leaves": [leaf.to_json() for leaf in self.leaves],
-            "pickle": self.pickle,
-        }
+    def _canonical_around_id(self) -> tuple[bytes, bytes]:
+        """The manifest's canonical JSON split where the id's value goes: each top-level field
+        is encoded once, and the leaf table (most of a many-leaf manifest) written directly."""
+        fields = {"format": MANIFEST_KIND, "format_version": list(FORMAT_VERSION), **asdict(self.version),
+                  "tree": self.tree, "pickle": self.pickle}
+        del fields["id"]
+        text = {k: _canonical_text(v) for k, v in fields.items()}
+        text["leaves"] = "[" + ",".join(map(_leaf_canonical, self.leaves)) + "]"
+        keys = sorted(text)
+        head = "{" + "".join(f"{_quote(k)}:{text[k]}," for k in keys if k < "id") + '"id":"'
+        tail = '"' + "".join(f",{_quote(k)}:{text[k]}" for k in keys if k > "id") + "}"
+        return head.encode(), tail.encode()
 
     def seal(self) -> bytes:
-        """Set the version id (24 hex digits of blake3 over the manifest without id) and return
-        the manifest's bytes (serialized once: sorted keys put every key before `id` first, so
-        the id is spliced in after them)."""
-        self.version.id = ""
-        record = self._record()
-        unsealed = _canonical(record)
-        vid = self.version.id = record["id"] = blake3.blake3(unsealed).hexdigest()[:24]
-        before_id = _canonical({**{k: v for k, v in record.items() if k < "id"}, "id": ""})[:-1]
-        return before_id[:-1] + vid.encode() + unsealed[len(before_id) - 1:]
+        """Set the version id (24 hex digits of blake3 over the manifest with an empty id) and
+        return the manifest's bytes."""
+        head, tail = self._canonical_around_id()
+        hasher = blake3.blake3(head)
+        hasher.update(tail)
+        self.version.id = hasher.hexdigest()[:24]
+        return head + self.version.id.encode() + tail
 
     @staticmethod
     def from_bytes(data: bytes, where: str) -> "Manifest":
