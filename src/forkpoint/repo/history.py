@@ -9,7 +9,7 @@ from ..format.refs import parse_ref_expr
 from ..storage import Store
 
 MANIFESTS_CACHED = 64
-LEAVES_CACHED = 100_000
+LEAVES_CACHED = 30_000
 
 
 class ManifestCache:

@@ -1,5 +1,6 @@
 """Load and in-place restore, with strict checks and tier fallback."""
 
+from ..engine.gcpause import gc_paused
 from ..engine.restore import ReadRequest, mapped_leaf, read_leaves
 from ..errors import (CorruptObjectError, MissingObjectError, PrunedVersionError, RefNotFoundError,
                       StateMismatchError, UnsupportedTypeError)
@@ -84,6 +85,7 @@ class ReadingMixin:
         data = mapped_leaf(self._holders(vid)[0], leaf, vid)
         return None if data is None else leaf_over(leaf.kind, leaf.dtype, leaf.shape, data, leaf.path)
 
+    @gc_paused()
     def load(self, ref: str = "main", paths: list[str] | None = None, map_location=None,
              allow_pickle: bool = False, mmap: bool = False, all_ranks: bool = False):
         """Return the state tree of `ref` (tensors on `map_location`, default CPU). With
@@ -101,6 +103,7 @@ class ReadingMixin:
         values = self._read_values(m, indices, {}, map_location, allow_pickle, mmap=mmap)
         return unflatten(skeleton, values, f"version {m.version.id}")
 
+    @gc_paused()
     def restore(self, state, ref: str = "main", strict: bool = True, paths: list[str] | None = None,
                 rename: dict[str, str] | None = None, map_location=None,
                 allow_pickle: bool = False) -> Version:
