@@ -97,6 +97,41 @@ def test_strict_errors_list_everything(repo):
         repo.restore({"model": bigger}, "main", strict=False)
 
 
+def test_objects_with_an_empty_state_restore_strictly(repo, tmp_path):
+    """A stateful object whose state_dict() is empty (a disabled GradScaler, a parameterless
+    module, a stateless callback) is present in the version: a strict restore and a resume
+    accept it, and one stored under another name is still reported missing."""
+
+    class Stateless:
+        def state_dict(self):
+            return {}
+
+        def load_state_dict(self, sd):
+            assert sd == {}
+            self.loaded = True
+
+    model, scaler, plain = make_model(1), torch.amp.GradScaler("cpu", enabled=False), Stateless()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    repo.save({"model": model, "optim": opt, "scaler": scaler, "cb": plain, "act": torch.nn.ReLU()}, step=3)
+    fresh, again = make_model(2), Stateless()
+    repo.restore({"model": fresh, "optim": torch.optim.SGD(fresh.parameters(), lr=0.1),
+                  "scaler": torch.amp.GradScaler("cpu", enabled=False), "cb": again, "act": torch.nn.ReLU()})
+    assert again.loaded and torch.equal(fresh[0].weight, model[0].weight)
+    with pytest.raises(StateMismatchError, match=r"missing in the version \(1\): other"):
+        repo.restore({"model": fresh, "optim": opt, "scaler": scaler, "cb": plain, "act": torch.nn.ReLU(),
+                      "other": Stateless()})
+
+    def state():
+        return {"model": make_model(3), "scaler": torch.amp.GradScaler("cpu", enabled=False), "cb": Stateless()}
+
+    ck = fp.Checkpointer(repo, state(), every=1, branch="ck", preemption=False)
+    ck.save(7, sync=True)
+    ck.close()
+    ck = fp.Checkpointer(repo, state(), every=1, branch="ck", preemption=False)
+    assert ck.resume() == 8 and ck.state["cb"].loaded
+    ck.close()
+
+
 def test_partial_restore_and_rename_for_transfer(repo):
     encoder = torch.nn.Linear(4, 8)
     repo.save({"model": {"encoder": encoder.state_dict(), "head": torch.nn.Linear(8, 3).state_dict()},

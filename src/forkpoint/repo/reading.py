@@ -122,7 +122,8 @@ class ReadingMixin:
         stored = {p: n for p, _, n in walk_skeleton(skeleton)}
         live = {p: v for p, v in _live_leaves(captured).items() if not any(has_prefix(p, s) for s in skipped)}
         scope = None if paths is None else [_renamed(p, rename) for p in paths]
-        self._check_restore(m, stored, live, objects, scope, strict)
+        containers = {p for p, _, n in walk_skeleton(skeleton, containers=True) if p not in stored}
+        self._check_restore(m, stored, containers, live, objects, scope, strict)
         targets, devices = {}, {}
         for path, node in stored.items():
             if node.get("t") != "leaf" or path not in live:
@@ -179,7 +180,8 @@ class ReadingMixin:
         resized.append(obj)
         return node["v"][0] if rule == "first" else {"t": "dict", "k": [], "v": []}
 
-    def _check_restore(self, m: Manifest, stored: dict, live: dict, objects, scope, strict) -> None:
+    def _check_restore(self, m: Manifest, stored: dict, containers: set, live: dict, objects, scope,
+                       strict) -> None:
         def in_scope(p):
             return scope is None or any(has_prefix(p, s) for s in scope)
 
@@ -192,7 +194,8 @@ class ReadingMixin:
         unexpected = sorted(p for p in stored if p not in live and checked(p))
         for keys, obj in objects:
             prefix = _keys_path(keys)
-            if not is_module(obj) and in_scope(prefix) and not any(has_prefix(p, prefix) for p in stored):
+            if (not is_module(obj) and in_scope(prefix) and prefix not in containers
+                    and not any(has_prefix(p, prefix) for p in stored)):
                 missing.append(prefix)
         mismatched = []
         for path, node in stored.items():

@@ -167,15 +167,18 @@ def unflatten(node, values: list, where: str = "manifest"):
     raise FormatError(f"{where}: unknown tree node {node!r}")
 
 
-def walk_skeleton(node, path: str = "", keys: tuple = ()):
-    """Yield (path, keys, node) for every leaf and scalar node of a skeleton."""
+def walk_skeleton(node, path: str = "", keys: tuple = (), containers: bool = False):
+    """Yield (path, keys, node) for every leaf and scalar node of a skeleton (and, with
+    `containers`, every dict, list and tuple node before its children)."""
     t = node.get("t")
+    if containers and t in ("dict", "odict", "list", "tuple", "ranks"):
+        yield path, keys, node
     if t in ("dict", "odict"):
         for k, v in zip(node["k"], node["v"]):
-            yield from walk_skeleton(v, child_path(path, k), keys + (k,))
+            yield from walk_skeleton(v, child_path(path, k), keys + (k,), containers)
     elif t in ("list", "tuple", "ranks"):
         for i, v in enumerate(node["v"]):
-            yield from walk_skeleton(v, child_path(path, i), keys + (i,))
+            yield from walk_skeleton(v, child_path(path, i), keys + (i,), containers)
     else:
         yield path, keys, node
 
