@@ -419,13 +419,45 @@ def test_gc_pauses_nest_across_threads_and_restore_the_collector():
 
 
 def test_a_save_that_fails_or_succeeds_leaves_the_collector_on(repo):
+    """The collector is paused through a synchronous save, a load and a restore (their callers
+    wait anyway), and on again after each, whether it succeeded or raised."""
     import gc
 
-    from forkpoint.errors import UnsupportedTypeError
+    from forkpoint.errors import RefNotFoundError, StateMismatchError, UnsupportedTypeError
 
     with pytest.raises(UnsupportedTypeError):
         repo.save({"f": lambda: 0})
     assert gc.isenabled()
     repo.save({f"w{i}": torch.ones(2) * i for i in range(100)}, sync=False).wait()
-    repo.save({"w": torch.ones(2)})
+    seen = []
+    commit = repo._commit
+    repo._commit = lambda manifest: (seen.append(gc.isenabled()), commit(manifest))[1]
+    repo.save({"w": torch.ones(2), "probe": Probe(lambda: None)})
+    assert seen == [False] and gc.isenabled()  # paused through the synchronous save's commit
+    repo.save({"w": torch.ones(2), "probe": Probe(lambda: None)}, sync=False).wait()
+    assert seen == [False, True] and gc.isenabled()  # not while an asynchronous one runs alone
+    del repo._commit
+    seen.clear()
+    assert torch.equal(repo.load()["w"], torch.ones(2)) and gc.isenabled()
+    with pytest.raises(RefNotFoundError):
+        repo.load("no-such-branch")
+    live = {"w": torch.zeros(2), "probe": Probe(lambda: seen.append(gc.isenabled()))}
+    repo.restore(live)
+    assert torch.equal(live["w"], torch.ones(2)) and seen == [False, False] and gc.isenabled()
+    with pytest.raises(StateMismatchError):
+        repo.restore({"w": torch.zeros(3)})
     assert gc.isenabled()
+
+
+class Probe:
+    """A stateful object that calls `hook` whenever it is saved or restored."""
+
+    def __init__(self, hook):
+        self.hook = hook
+
+    def state_dict(self):
+        self.hook()
+        return {}
+
+    def load_state_dict(self, sd):
+        self.hook()
