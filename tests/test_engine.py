@@ -461,3 +461,30 @@ class Probe:
 
     def load_state_dict(self, sd):
         self.hook()
+
+
+def test_a_capture_guard_waits_once_per_distinct_task_however_many_tensors_it_covers():
+    """A pack capture covers thousands of small tensors: a wait and a pending check must cost
+    per distinct task (before, the optimizer hook called every task once per tensor)."""
+
+    class Capture:
+        def __init__(self):
+            self.finished, self.calls = False, 0
+
+        def done(self):
+            self.calls += 1
+            return self.finished
+
+        def result(self):
+            self.calls += 1
+            self.finished = True
+
+    guard, packs = CaptureGuard(), [Capture(), Capture()]
+    guard.add({ptr: [packs[ptr % 2]] for ptr in range(1, 10_001)})
+    assert guard.pending()
+    guard.wait()
+    assert all(p.finished and p.calls <= 4 for p in packs) and not guard.pending()
+    late = Capture()
+    guard.add({5: [late], 6: [late]})
+    guard.wait([torch.empty(0)])  # a tensor it does not cover: nothing to wait for
+    assert not late.finished and guard.pending()

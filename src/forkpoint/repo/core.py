@@ -367,7 +367,7 @@ def pending_save(commit: Task, plan, flat) -> PendingSave:
         if d is not None and d.pending is not None:
             by_ptr[d.live_ptr] = [d.pending]
         elif d is not None and i in plan.captures and d.data.size:
-            by_ptr[d.data.__array_interface__["data"][0]] = plan.captures[i]
+            by_ptr[d.live_ptr or d.data.__array_interface__["data"][0]] = plan.captures[i]
     return PendingSave(commit, plan.capture_tasks(), by_ptr)
 
 

@@ -17,11 +17,14 @@ def _pointer(t) -> int:
 
 
 class CaptureGuard:
-    """Tracks captures in flight by data pointer and waits for them on demand."""
+    """Tracks captures in flight by data pointer and waits for them on demand. A save of many
+    small leaves registers one pack capture for thousands of pointers, so the guard keeps the
+    distinct tasks apart: a wait or check costs per task, not per tensor."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._by_ptr: dict[int, list] = {}
+        self._tasks: dict[int, object] = {}
         self._handles = []
         self.waited = 0.0
 
@@ -30,26 +33,29 @@ class CaptureGuard:
         with self._lock:
             for ptr, tasks in by_ptr.items():
                 self._by_ptr.setdefault(ptr, []).extend(tasks)
+                for t in tasks:
+                    self._tasks[id(t)] = t
 
     def pending(self) -> bool:
         """True while any registered capture is unfinished."""
         with self._lock:
-            self._by_ptr = {p: [t for t in ts if not t.done()] for p, ts in self._by_ptr.items()}
-            self._by_ptr = {p: ts for p, ts in self._by_ptr.items() if ts}
-            return bool(self._by_ptr)
+            self._tasks = {k: t for k, t in self._tasks.items() if not t.done()}
+            if not self._tasks:
+                self._by_ptr = {}
+            return bool(self._tasks)
 
     def wait(self, tensors=None, on_device: bool = False) -> None:
         """Wait for the captures of `tensors` (all captures when None); raise a capture's error.
         With `on_device`, a device-to-host copy is only ordered before the work queued next on
         its device's current stream (what a hook about to launch that work needs): the host
         does not block."""
-        if not self._by_ptr:
+        if not self._tasks:
             return
         with self._lock:
             if tensors is None:
-                tasks = [t for ts in self._by_ptr.values() for t in ts]
+                tasks = list(self._tasks.values())
             else:
-                tasks = [t for x in tensors for t in self._by_ptr.get(_pointer(x), ())]
+                tasks = list({id(t): t for x in tensors for t in self._by_ptr.get(_pointer(x), ())}.values())
         if on_device:
             for t in tasks:
                 if hasattr(t, "order"):

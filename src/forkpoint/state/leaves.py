@@ -26,7 +26,8 @@ class LeafData:
     """A leaf ready to store: format kind, dtype name, global shape, device and the bytes this
     process holds (uint8 array): the whole leaf, or the shard at `box` ((offsets, lengths)).
     `pending` is the device-to-host copy filling `data` (state.device.DeviceCopy) until it is
-    over; `live_ptr` the address of the device memory it copies."""
+    over; `live_ptr` the address of the live memory the bytes come from (the device memory a
+    pending copy reads; 0 where not recorded)."""
 
     kind: str
     dtype: str
@@ -140,7 +141,7 @@ def torch_leaf(t, path: str, copy: bool, device_capture=None) -> LeafData:
     tensor is copied by `device_capture` (state.device.DeviceCapture) in the background when
     given and its pinned memory allows, else here."""
     if not copy and plain_cpu(t):
-        return LeafData("torch", dtype_name(t.dtype), tuple(t.shape), "cpu", host_bytes(t))
+        return LeafData("torch", dtype_name(t.dtype), tuple(t.shape), "cpu", host_bytes(t), live_ptr=t.data_ptr())
     import torch
 
     layout = dtensor_layout(t)
