@@ -5,14 +5,19 @@ State: 1000 blocks of Linear(64, 64) + LayerNorm(64) + Linear(64, 64) and AdamW'
 one optimizer step (every leaf changes) and then saves and loads with every method, in turn,
 to the same disk (files made durable); the table shows medians of the rounds. `--saves N`
 then saves N more versions into one repository and reports the process's resident memory.
+`--loop N` trains N steps (batch 16) with a checkpoint every 5, as train_overhead.py does,
+with no checkpoint, forkpoint's asynchronous Checkpointer, torch.save and dcp.async_save
+(interleaved `--loop-repeats` times), and reports the stall per checkpoint.
 
-    python benchmarks/many_leaves.py --repeats 7 --saves 40 --dir /work
+    python benchmarks/many_leaves.py --repeats 7 --saves 40 --loop 25 --dir /work
 """
 
 import argparse
 import os
 import shutil
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -24,6 +29,8 @@ import forkpoint as fp
 
 sys.path.insert(0, os.path.dirname(__file__))
 from save_load import fsync_tree  # noqa: E402
+from train_overhead import DCPAsync, Forkpoint, NoCheckpoint, TorchSave  # noqa: E402
+from train_overhead import train_step as forward_backward_step  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
@@ -54,6 +61,56 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+LOOP_METHODS = {m.name: m for m in (NoCheckpoint, Forkpoint, TorchSave, DCPAsync)}
+
+
+def loop_wall(method: str, blocks: int, steps: int, root: str) -> tuple[float, int]:
+    """(wall seconds, checkpoints) of `steps` training steps with `method` checkpointing every 5."""
+    model, opt = make_state(blocks)
+    batch = torch.randn(16, 64, generator=torch.Generator().manual_seed(1))
+    forward_backward_step(model, opt, batch)
+    m = LOOP_METHODS[method]()
+    path = os.path.join(root, f"loop-{method.split()[0]}")
+    m.start(model, opt, path)
+    n, start = 0, time.perf_counter()
+    for step in range(1, steps + 1):
+        forward_backward_step(model, opt, batch)
+        if step % 5 == 0 and step + 5 <= steps + 1:
+            m.checkpoint(step)
+            n += 1
+    m.finish()
+    wall = time.perf_counter() - start
+    shutil.rmtree(path, ignore_errors=True)
+    return wall, n
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def loop_stalls(blocks: int, steps: int, repeats: int, root: str) -> None:
+    """Print the stall per checkpoint of each method in a training loop of this state; every
+    run is a fresh process (dcp.async_save's process group and threads outlive its saves)."""
+    walls: dict[str, list[float]] = {name: [] for name in LOOP_METHODS}
+    count = {}
+    for rep in range(repeats):
+        for name in LOOP_METHODS:
+            out = subprocess.run([sys.executable, __file__, "--loop-one", name, "--loop", str(steps),
+                                  "--blocks", str(blocks), "--dir", root], check=True, capture_output=True,
+                                 text=True, env={**os.environ, "MASTER_PORT": str(free_port())}).stdout.split()
+            walls[name].append(float(out[-2]))
+            count[name] = int(out[-1])
+            print(f"loop {rep + 1} {name}: {walls[name][-1]:.2f} s, {count[name]} checkpoints", flush=True)
+    base = statistics.median(walls["no checkpoint"])
+    print(f"\n{steps} steps, a checkpoint every 5, medians of {repeats}; no-checkpoint loop {base:.2f} s "
+          f"({base / steps:.3f} s/step)\n\n| method | wall (s) | stall per checkpoint (s) |\n|---|---|---|")
+    for name in LOOP_METHODS:
+        wall = statistics.median(walls[name])
+        print(f"| {name} | {wall:.2f} | {(wall - base) / count[name] if count[name] else 0.0:.3f} |")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--blocks", type=int, default=1000)
@@ -61,7 +118,15 @@ def main():
     ap.add_argument("--saves", type=int, default=0)
     ap.add_argument("--dir", default=None)
     ap.add_argument("--methods", default="forkpoint,torch.save,dcp")
+    ap.add_argument("--loop", type=int, default=0, help="training steps of the loop section (0: skip it)")
+    ap.add_argument("--loop-repeats", type=int, default=3)
+    ap.add_argument("--loop-one", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.loop_one:
+        torch.set_num_threads(2)
+        wall, n = loop_wall(args.loop_one, args.blocks, args.loop, args.dir)
+        print(f"{wall:.4f} {n}")
+        return
     methods = args.methods.split(",")
     model, opt = make_state(args.blocks)
     train_step(model, opt)
@@ -116,6 +181,8 @@ def main():
         print(f"\n{args.saves} more saves: median {statistics.median(save_times):.3f} s, last 10 median "
               f"{statistics.median(save_times[-10:]):.3f} s; resident memory {before:.0f} -> {rss_mb():.0f} MB")
     repo.close()
+    if args.loop:
+        loop_stalls(args.blocks, args.loop, args.loop_repeats, root)
     shutil.rmtree(root, ignore_errors=True)
 
 
