@@ -29,8 +29,7 @@ import forkpoint as fp
 
 sys.path.insert(0, os.path.dirname(__file__))
 from save_load import fsync_tree  # noqa: E402
-from train_overhead import DCPAsync, Forkpoint, NoCheckpoint, TorchSave  # noqa: E402
-from train_overhead import train_step as forward_backward_step  # noqa: E402
+from train_overhead import DCPAsync, Forkpoint, NoCheckpoint, TorchSave, timed_loop  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
@@ -68,20 +67,8 @@ def loop_wall(method: str, blocks: int, steps: int, root: str) -> tuple[float, i
     """(wall seconds, checkpoints) of `steps` training steps with `method` checkpointing every 5."""
     model, opt = make_state(blocks)
     batch = torch.randn(16, 64, generator=torch.Generator().manual_seed(1))
-    forward_backward_step(model, opt, batch)
-    m = LOOP_METHODS[method]()
-    path = os.path.join(root, f"loop-{method.split()[0]}")
-    m.start(model, opt, path)
-    n, start = 0, time.perf_counter()
-    for step in range(1, steps + 1):
-        forward_backward_step(model, opt, batch)
-        if step % 5 == 0 and step + 5 <= steps + 1:
-            m.checkpoint(step)
-            n += 1
-    m.finish()
-    wall = time.perf_counter() - start
-    shutil.rmtree(path, ignore_errors=True)
-    return wall, n
+    return timed_loop(LOOP_METHODS[method](), model, opt, batch, steps, 5,
+                      os.path.join(root, f"loop-{method.split()[0]}"))
 
 
 def free_port() -> int:

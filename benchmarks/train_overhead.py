@@ -154,7 +154,15 @@ def run(method, steps: int, every: int, scratch: str, params_m: int, device: str
         batch_rows: int = 16) -> tuple[float, int]:
     model, opt = build(params_m, device)
     batch = torch.randn(batch_rows, WIDTH, generator=torch.Generator().manual_seed(1)).to(device)
-    path = os.path.join(scratch, method.name.split()[0])
+    result = timed_loop(method, model, opt, batch, steps, every, os.path.join(scratch, method.name.split()[0]))
+    del model, opt
+    gc.collect()
+    return result
+
+
+def timed_loop(method, model, opt, batch, steps: int, every: int, path: str) -> tuple[float, int]:
+    """(wall seconds, checkpoints) of `steps` training steps with `method` checkpointing every
+    `every` (after one untimed warm-up step; the end waits for every save in flight)."""
     train_step(model, opt, batch)
     gc.collect()
     method.start(model, opt, path)
@@ -168,8 +176,6 @@ def run(method, steps: int, every: int, scratch: str, params_m: int, device: str
     method.finish()
     wall = time.perf_counter() - t0
     shutil.rmtree(path, ignore_errors=True)
-    del model, opt
-    gc.collect()
     return wall, n
 
 
