@@ -488,3 +488,7 @@ def test_a_capture_guard_waits_once_per_distinct_task_however_many_tensors_it_co
     guard.add({5: [late], 6: [late]})
     guard.wait([torch.empty(0)])  # a tensor it does not cover: nothing to wait for
     assert not late.finished and guard.pending()
+    other = Capture()
+    guard.add({7: [other]})
+    other.finished = True
+    assert guard.pending() and sorted(guard._by_ptr) == [5, 6]  # finished ones leave the map

@@ -39,10 +39,12 @@ class CaptureGuard:
     def pending(self) -> bool:
         """True while any registered capture is unfinished."""
         with self._lock:
-            self._tasks = {k: t for k, t in self._tasks.items() if not t.done()}
-            if not self._tasks:
-                self._by_ptr = {}
-            return bool(self._tasks)
+            live = {k: t for k, t in self._tasks.items() if not t.done()}
+            if len(live) != len(self._tasks):  # some finished: drop them from the map too
+                self._tasks = live
+                self._by_ptr = {p: kept for p, ts in self._by_ptr.items()
+                                if (kept := [t for t in ts if id(t) in live])} if live else {}
+            return bool(live)
 
     def wait(self, tensors=None, on_device: bool = False) -> None:
         """Wait for the captures of `tensors` (all captures when None); raise a capture's error.
