@@ -133,6 +133,25 @@ class Thing:
         self.x = 3
 
 
+def test_empty_leaves_have_no_chunks_and_later_saves_build_on_them(repo):
+    """A version whose only small leaves are empty used to record a chunk of object "" (its
+    pack had no bytes), and every later save on the branch then failed reading the head."""
+    from forkpoint.format.manifest import Leaf
+
+    first = repo.save({"e": torch.empty(0, 3), "n": np.zeros((0,), np.float32), "b": b""})
+    assert [leaf.chunks for leaf in repo.manifest(first.id).leaves] == [[], []]
+    second = repo.save({"e": torch.empty(0, 3), "x": torch.ones(3)})
+    assert repo.load(first.id)["e"].shape == (0, 3) and torch.equal(repo.load()["x"], torch.ones(3))
+    live = {"e": torch.empty(0, 3), "x": torch.zeros(3)}
+    repo.restore(live)
+    assert torch.equal(live["x"], torch.ones(3)) and repo.verify().problems == []
+    assert {d.path: d.status for d in repo.diff(first.id, second.id)}["e"] == "same"
+    legacy = {"path": "e", "kind": "torch", "dtype": "float32", "shape": [0, 3], "nbytes": 0, "device": "cpu",
+              "chunks": [{"offsets": [0, 0], "lengths": [0, 3], "hash": "a" * 64, "object": "", "start": 0,
+                          "size": 0, "codec": "raw"}]}
+    assert Leaf.from_json(legacy).chunks == []  # what such versions recorded reads as no chunk
+
+
 def test_unsupported_type_needs_pickle(repo):
     with pytest.raises(UnsupportedTypeError, match=r"state path 'cfg/thing'.*Thing.*allow_pickle"):
         repo.save({"cfg": {"thing": Thing()}})

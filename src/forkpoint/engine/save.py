@@ -387,7 +387,7 @@ def layout(flat: list[FlatLeaf], opts: SaveOptions, select=None, pack_key=None):
             continue
         d = fl.data
         nbytes = int(d.data.nbytes)
-        if d.box is not None and nbytes == 0:
+        if nbytes == 0:  # an empty leaf (or shard) has no bytes, so no chunk
             continue
         shape, offsets = d.local_shape, d.offsets
         if nbytes < opts.small_leaf_bytes:

@@ -86,7 +86,8 @@ class Leaf:
     @staticmethod
     def from_json(d: dict) -> "Leaf":
         """Parse a leaf record, ignoring fields a later minor format version may add."""
-        chunks = [Chunk(**_known(Chunk, c)) for c in d.get("chunks", [])]
+        chunks = [Chunk(**_known(Chunk, c)) for c in d.get("chunks", [])
+                  if c.get("object") != "" or c.get("size") != 0]  # empty leaves written before 1.1 fixes
         return Leaf(**{**_known(Leaf, d), "chunks": chunks})
 
     def to_json(self) -> dict:
