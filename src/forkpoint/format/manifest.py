@@ -117,7 +117,7 @@ def _record_id(record: dict) -> str:
 
 def _canonical(record: dict) -> bytes:
     """A record's canonical JSON: sorted keys, no spaces, no NaN."""
-    return json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    return _canonical_text(record).encode()
 
 
 _quote = json.encoder.encode_basestring_ascii
@@ -150,6 +150,7 @@ def _leaf_canonical(leaf: Leaf) -> str:
 
 
 def _canonical_text(value) -> str:
+    """`_canonical` as text."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 

@@ -167,15 +167,11 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         check_name(branch, "branch")
         metrics = _json_safe(metrics or {}, "metrics")
         meta = _json_safe(meta or {}, "meta")
-        if sync:
-            with gc_paused():
-                plan, commit = self._schedule_save(state, branch, step, message, metrics, meta, sync,
-                                                   allow_pickle)
-                self._last_commit = commit
-                return commit.result()
-        with gc_paused():
+        with gc_paused():  # through the whole save when the caller waits for it anyway
             plan, commit = self._schedule_save(state, branch, step, message, metrics, meta, sync, allow_pickle)
-        self._last_commit = commit
+            self._last_commit = commit
+            if sync:
+                return commit.result()
         return pending_save(commit, plan, plan.flat)
 
     def _schedule_save(self, state, branch, step, message, metrics, meta, sync, allow_pickle):

@@ -7,7 +7,8 @@ from ..errors import (CorruptObjectError, MissingObjectError, PrunedVersionError
 from ..format.manifest import Manifest, Version
 from ..format.paths import child_path, has_prefix, join_path
 from ..state import capture, is_module, merge, restore_objects, unflatten, walk_skeleton
-from ..state.leaves import empty_leaf, finish_leaf, is_torch_tensor, leaf_over, live_buffer
+from ..state.leaves import dtype_name, empty_leaf, finish_leaf, is_torch_tensor, leaf_over, live_buffer
+from ..state.flatten import CONTAINER_NODES
 from ..state.skeleton import rename as rename_skeleton
 from ..state.skeleton import select as select_skeleton
 
@@ -119,10 +120,11 @@ class ReadingMixin:
         skeleton = self._resolve_ranks(skeleton, m, objects, resized)
         skipped = [_keys_path(k) for k, o in objects if o in resized and getattr(o, "on_resize", "") == "skip"]
         objects = [(k, o) for k, o in objects if _keys_path(k) not in skipped]
-        stored = {p: n for p, _, n in walk_skeleton(skeleton)}
+        nodes = list(walk_skeleton(skeleton, containers=True))
+        stored = {p: n for p, _, n in nodes if n.get("t") not in CONTAINER_NODES}
+        containers = {p for p, _, n in nodes if n.get("t") in CONTAINER_NODES}
         live = {p: v for p, v in _live_leaves(captured).items() if not any(has_prefix(p, s) for s in skipped)}
         scope = None if paths is None else [_renamed(p, rename) for p in paths]
-        containers = {p for p, _, n in walk_skeleton(skeleton, containers=True) if p not in stored}
         self._check_restore(m, stored, containers, live, objects, scope, strict)
         targets, devices = {}, {}
         for path, node in stored.items():
@@ -205,7 +207,7 @@ class ReadingMixin:
             shape = getattr(value, "shape", None)
             if shape is None or leaf.kind in ("bytes", "pickle", "numpy_scalar"):
                 continue
-            live_dtype = str(value.dtype).removeprefix("torch.")
+            live_dtype = dtype_name(value.dtype)
             if list(shape) != leaf.shape:
                 mismatched.append(f"{path}: stored shape {leaf.shape}, live {list(shape)}")
             elif live_dtype != leaf.dtype and strict:

@@ -18,6 +18,7 @@ from ..format.paths import child_path
 from .leaves import LeafData, is_dtensor, numpy_leaf, torch_leaf
 
 INLINE_BYTES_MAX = 4096
+CONTAINER_NODES = frozenset(("dict", "odict", "list", "tuple", "ranks"))
 
 
 @dataclass(slots=True)
@@ -171,7 +172,7 @@ def walk_skeleton(node, path: str = "", keys: tuple = (), containers: bool = Fal
     """Yield (path, keys, node) for every leaf and scalar node of a skeleton (and, with
     `containers`, every dict, list and tuple node before its children)."""
     t = node.get("t")
-    if containers and t in ("dict", "odict", "list", "tuple", "ranks"):
+    if containers and t in CONTAINER_NODES:
         yield path, keys, node
     if t in ("dict", "odict"):
         for k, v in zip(node["k"], node["v"]):

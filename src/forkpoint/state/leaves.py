@@ -151,7 +151,7 @@ def torch_leaf(t, path: str, copy: bool, device_capture=None) -> LeafData:
         leaf.shape, leaf.box, leaf.owner, leaf.itemsize = shape, box, owner, local.element_size()
         return leaf
 
-    dtype = str(t.dtype).removeprefix("torch.")
+    dtype = dtype_name(t.dtype)
     quantized = t.is_quantized or dtype.startswith(("qint", "quint"))
     if quantized or t.is_sparse or t.layout != torch.strided:
         raise UnsupportedTypeError(
@@ -286,7 +286,7 @@ def live_buffer(obj):
             return None
         t = obj.detach()
         flat = t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
-        return "torch", str(obj.dtype).removeprefix("torch."), tuple(obj.shape), flat.numpy(), None
+        return "torch", dtype_name(obj.dtype), tuple(obj.shape), flat.numpy(), None
     if isinstance(obj, np.ndarray) and obj.flags.c_contiguous and obj.flags.writeable:
         if obj.dtype.kind in NUMPY_KINDS and obj.dtype.byteorder != ">":
             return "numpy", obj.dtype.name, tuple(obj.shape), obj.reshape(-1).view(np.uint8), None
