@@ -60,3 +60,30 @@ def test_conflict_error_mode_keeps_the_version(tmp_path):
     assert fp.Repo(url).load("main")["x"] == "from b"
     fp.Repo(url).fork(vid, "kept")
     assert fp.Repo(url).load("kept")["x"] == "from a"
+
+
+def test_ref_records_stay_bounded_and_a_stale_writer_never_publishes_over_dropped_ones(tmp_path):
+    """Old ref records are dropped as saves publish new ones; a writer whose read of the head
+    predates that (its seq was dropped and is free again) must rebase, not land below the head."""
+    from forkpoint.repo.refs import REF_RECORDS_KEPT
+
+    url = str(tmp_path / "r")
+    a, b = fp.Repo(url, create=True), fp.Repo(url)
+    a.save({"who": "a"}, step=0)
+
+    def many_saves_then_gc():
+        for i in range(3 * REF_RECORDS_KEPT):
+            b.save({"who": f"b{i}"}, step=1 + i)
+        b.gc(grace=0)
+
+    race_before_publish(a, many_saves_then_gc)
+    late = a.save({"who": "a, late"}, step=100)
+    repo = fp.Repo(url)
+    assert repo.head("main") == late.id and repo.load("main")["who"] == "a, late"
+    assert len(repo.log("main")) == 2 + 3 * REF_RECORDS_KEPT, "no save lost from the branch"
+    records = os.listdir(tmp_path / "r" / "refs" / "heads" / "main")
+    assert len(records) <= 2 * REF_RECORDS_KEPT
+    for i in range(3 * REF_RECORDS_KEPT):
+        repo.tag("moving", "main~1" if i % 2 else "main", force=True)
+    assert len(os.listdir(tmp_path / "r" / "refs" / "tags" / "moving")) <= 2 * REF_RECORDS_KEPT
+    assert repo.version("moving").id == repo.version("main~1").id

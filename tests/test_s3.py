@@ -142,6 +142,19 @@ def test_two_writers_on_one_branch_over_s3(s3):
     assert sorted(fp.Repo(url, storage_options=opts).load(v.id)["who"] for v in log) == ["a", "b"]
 
 
+def test_ref_records_stay_bounded_on_s3(s3):
+    from forkpoint.repo.refs import REF_RECORDS_KEPT
+
+    url, opts = s3
+    repo = fp.Repo(url, create=True, storage_options=opts)
+    for i in range(2 * REF_RECORDS_KEPT + 2):
+        v = repo.save({"i": i}, step=i)
+    records = repo.store.list("refs/heads/main")
+    assert REF_RECORDS_KEPT <= len(records) < 2 * REF_RECORDS_KEPT
+    fresh = fp.Repo(url, storage_options=opts)
+    assert fresh.head("main") == v.id and len(fresh.log("main")) == 2 * REF_RECORDS_KEPT + 2
+
+
 def test_memory_tier_flushes_to_s3_and_survives_losing_memory(s3):
     import uuid
 

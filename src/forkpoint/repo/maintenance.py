@@ -12,8 +12,7 @@ from ..format.refs import seq_of
 from ..state.leaves import empty_leaf
 from ..storage import Store
 from .records import GcReport, VerifyReport
-
-REF_RECORDS_KEPT = 4
+from .refs import drop_old_records
 
 
 class MaintenanceMixin:
@@ -171,14 +170,14 @@ class MaintenanceMixin:
         return any(name == vid or name in objects for n, vid, objects in recent if n > seq)
 
     def _compact_refs(self, store) -> None:
-        by_ref: dict[str, list[tuple[int, str]]] = {}
+        by_ref: dict[tuple[str, str], list[int]] = {}
         for key in store.list("refs"):
             seq = seq_of(key)
-            if seq is not None:
-                by_ref.setdefault(key.rsplit("/", 1)[0], []).append((seq, key))
-        for records in by_ref.values():
-            for _, key in sorted(records)[:-REF_RECORDS_KEPT]:
-                store.delete(key)
+            if seq is not None and key.count("/") == 3:
+                _, kind, name, _ = key.split("/")
+                by_ref.setdefault((kind, name), []).append(seq)
+        for (kind, name), seqs in by_ref.items():
+            drop_old_records(store, kind, name, sorted(seqs))
 
     def du(self) -> dict:
         """Logical and stored bytes per version and branch, the objects' total, and per codec

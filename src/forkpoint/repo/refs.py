@@ -1,25 +1,36 @@
-"""Branch and tag refs: write-once records, newest wins, fastest tier first."""
+"""Branch and tag refs: write-once records, newest wins, fastest tier first.
+
+Records older than the newest REF_RECORDS_KEPT of a ref are deleted as new ones are
+published, so reading a ref lists a bounded number of keys however long the history. A
+record is deleted only once a record at least REF_RECORDS_KEPT seqs newer exists; a writer
+that finds one that much newer right after its own exclusive create knows it recreated a
+deleted seq from a stale read, and treats its publish as lost.
+"""
 
 import time
-
 
 from ..errors import ConflictError, RefNotFoundError
 from ..format.manifest import Version
 from ..format.refs import check_name, decode_record, encode_record, record_key, seq_of
 from ..storage import Store
 
+REF_RECORDS_KEPT = 16
 
 class RefsMixin:
     """Refs of a Repo (see repo.core)."""
 
     def _ref_state_in(self, store: Store, kind: str, name: str) -> tuple[int, str | None]:
         """Return (highest seq, target) of a ref in one store; (-1, None) when it never existed."""
-        seqs = [s for s in map(seq_of, store.list(f"refs/{kind}/{name}")) if s is not None]
-        if not seqs:
-            return -1, None
-        seq = max(seqs)
-        key = record_key(kind, name, seq)
-        return seq, decode_record(store.read(key), f"{store.url}/{key}")["target"]
+        for _ in range(100):
+            seqs = ref_seqs(store, kind, name)
+            if not seqs:
+                return -1, None
+            key = record_key(kind, name, seqs[-1])
+            try:
+                return seqs[-1], decode_record(store.read(key), f"{store.url}/{key}")["target"]
+            except FileNotFoundError:
+                continue  # deleted as old by writers that published newer records meanwhile
+        raise ConflictError(f"could not read {kind[:-1]} {name!r} in {store.url}: too many concurrent writers")
 
     def _ref_state(self, kind: str, name: str) -> tuple[int, str | None]:
         """Return the ref as the fastest tier that has records of it sees it."""
@@ -31,8 +42,18 @@ class RefsMixin:
 
     def _publish_ref(self, kind: str, name: str, seq: int, target: str | None,
                      store: Store | None = None) -> bool:
+        """Publish record `seq` of a ref; False when that seq exists, or when it had been
+        deleted as old and this writer's read of the ref was stale (see the module doc)."""
+        store = store or self.store
         data = encode_record(seq, target, time.time(), self.writer_id)
-        return (store or self.store).create_exclusive(record_key(kind, name, seq), data)
+        if not store.create_exclusive(record_key(kind, name, seq), data):
+            return False
+        seqs = ref_seqs(store, kind, name)
+        if seqs and seqs[-1] >= seq + REF_RECORDS_KEPT:
+            return False
+        if len(seqs) >= 2 * REF_RECORDS_KEPT:
+            drop_old_records(store, kind, name, seqs)
+        return True
 
     def _set_ref(self, kind: str, name: str, target: str | None, must_exist: bool | None) -> None:
         current = self._ref_state(kind, name)[1]
@@ -91,3 +112,14 @@ class RefsMixin:
     def delete_branch(self, name: str) -> None:
         """Remove a branch ref (its versions stay until gc finds them unreachable)."""
         self._set_ref("heads", check_name(name, "branch"), None, must_exist=True)
+
+
+def ref_seqs(store: Store, kind: str, name: str) -> list[int]:
+    """The seqs of the records of one ref in `store`, ascending."""
+    return sorted(s for s in map(seq_of, store.list(f"refs/{kind}/{name}")) if s is not None)
+
+
+def drop_old_records(store: Store, kind: str, name: str, seqs: list[int]) -> None:
+    """Delete the records of a ref but the newest REF_RECORDS_KEPT (`seqs`: ascending, listed)."""
+    for seq in seqs[:-REF_RECORDS_KEPT]:
+        store.delete(record_key(kind, name, seq))
