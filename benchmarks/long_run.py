@@ -1,8 +1,14 @@
 """Many small saves in one process: save time at the start and the end of the run, time spent
 in Python's full (generation 2) garbage collections, objects left reachable and peak RSS.
-What it checks: a long run does not accumulate what finished saves used.
+What it checks: a long run does not accumulate what finished saves used, and a save does not
+get slower as the branch's history grows.
 
     python benchmarks/long_run.py --saves 1000 --dir /work
+    python benchmarks/long_run.py --checkpointer --saves 3000 --dir /work
+
+`--checkpointer`: a training loop of a small model with a Checkpointer saving asynchronously
+every step and keeping the last 3 (retention after each commit): the median step time of the
+first and the last 500 steps, and how long `close()` waits for what is still in flight.
 """
 
 import argparse
@@ -24,7 +30,11 @@ def main() -> None:
     ap.add_argument("--saves", type=int, default=1000)
     ap.add_argument("--leaves", type=int, default=40)
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--checkpointer", action="store_true")
     args = ap.parse_args()
+    if args.checkpointer:
+        checkpointer_steps(args)
+        return
     collections_ = collections.defaultdict(lambda: [0, 0.0])
     started = {}
 
@@ -55,7 +65,46 @@ def main() -> None:
     print(f"forkpoint from {os.path.dirname(fp.__file__)}")
     print(f"{args.saves} saves of {args.leaves} leaves: first 100 {first:.2f} s, last 100 {last:.2f} s; "
           f"{full[0]} full collections taking {full[1]:.2f} s; {len(gc.get_objects())} objects reachable; "
-          f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+          f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB; "
+          f"{ref_records(repo)} ref records of main")
+    repo.close()
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def ref_records(repo) -> int:
+    """How many records the branch head `main` has in the repository's first tier."""
+    return len(repo.store.list("refs/heads/main"))
+
+
+def checkpointer_steps(args) -> None:
+    import statistics
+
+    import torch
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    path = tempfile.mkdtemp(prefix="fp-long-ck-", dir=args.dir)
+    repo = fp.Repo(os.path.join(path, "r"), create=True)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ck = fp.Checkpointer(repo, {"model": model, "optim": opt}, every=1, keep=fp.Keep(last=3))
+    steps = []
+    for step in range(args.saves):
+        t0 = time.perf_counter()
+        model(torch.randn(32, 256)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        ck.step(step)
+        steps.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    ck.close()
+    closing = time.perf_counter() - t0
+    window = min(500, args.saves // 2)
+    print(f"forkpoint from {os.path.dirname(fp.__file__)}")
+    print(f"{args.saves} steps, a checkpoint every step, keep last 3: median step, first {window} "
+          f"{statistics.median(steps[:window]) * 1e3:.1f} ms, last {window} "
+          f"{statistics.median(steps[-window:]) * 1e3:.1f} ms; loop {sum(steps):.1f} s; close() "
+          f"{closing:.2f} s; {len(repo.log('main'))} versions in the log, {ref_records(repo)} ref records")
     repo.close()
     shutil.rmtree(path, ignore_errors=True)
 

@@ -169,6 +169,28 @@ def test_a_lossless_save_encodes_within_the_encoder_budget(tmp_path):
     assert {c.codec for leaf in repo.manifest(v.id).leaves for c in leaf.chunks} == {"float-planes"}
 
 
+def test_asynchronous_saves_in_flight_are_bounded(tmp_path):
+    """Saves asked for faster than they commit wait for the oldest instead of piling up."""
+    repo = fp.Repo(str(tmp_path / "r"), create=True)
+    real_barrier = repo.store.barrier
+
+    def slow_commit(keys):
+        keys = list(keys)
+        if any(k.startswith("versions/") for k in keys):
+            time.sleep(0.2)
+        return real_barrier(keys)
+
+    repo.store.barrier = slow_commit
+    pending = []
+    for i in range(6):
+        pending.append(repo.save({"i": np.full(10, i)}, step=i, sync=False))
+        assert sum(not p.done() for p in pending) <= repo.options.max_pending == 2
+    assert [p.wait().step for p in pending] == list(range(6))
+    assert [v.step for v in repo.log()] == list(range(5, -1, -1))
+    assert np.array_equal(repo.load("main")["i"], np.full(10, 5))
+    repo.close()
+
+
 def test_staging_pool_reuses_and_respects_limit():
     pool = StagingPool(limit=100)
     a = pool.get(60)

@@ -123,3 +123,28 @@ def test_gc_beside_saves_of_the_same_process_loses_nothing(tmp_path):
         t.join()
     assert errors == []
     assert repo.verify("main").ok and repo.load("main")["i"] == 24
+
+
+def test_gc_reads_each_stub_once_and_again_only_when_it_is_replaced(tmp_path):
+    """A long history is mostly stubs of pruned versions: gc reads one once, then only checks
+    its signature; a stub replaced by a full manifest (another process's flush) is read again."""
+    repo = fp.Repo(str(tmp_path / "r"), create=True)
+    vs = _fill(repo, 6)
+    full_first = repo.store.read(f"versions/{vs[0].id}.json")
+    repo.gc(keep=fp.Keep(last=2))
+    reads = []
+    real_read = repo.store.read
+
+    def counting_read(key):
+        reads.append(key)
+        return real_read(key)
+
+    repo.store.read = counting_read
+    repo.gc(keep=fp.Keep(last=2))
+    stubs = {f"versions/{v.id}.json" for v in vs[:4]}
+    assert not stubs & set(reads), "stubs met by the first gc were read again"
+    repo.store.write(f"versions/{vs[0].id}.json", [full_first])
+    reads.clear()
+    assert repo.gc(grace=0).deleted_objects > 0
+    assert f"versions/{vs[0].id}.json" in reads
+    assert torch.equal(fp.Repo(str(tmp_path / "r")).load(vs[0].id)["w"], torch.full((100_000,), 10.0))

@@ -102,6 +102,8 @@ class Repo(NodeLocalMixin, BaseRepo):
         check_name(branch, "branch")
         metrics = _json_safe(metrics or {}, "metrics")
         meta = _json_safe(meta or {}, "meta")
+        if not sync:
+            self._await_pending_room()
         sid = f"save-{self._saves}"
         self._saves += 1
         with gc_paused():
@@ -137,6 +139,7 @@ class Repo(NodeLocalMixin, BaseRepo):
         self._last_commit = finish
         if sync:
             return finish.result()
+        self._pending_commits.append(finish)
         return pending_save(finish, plan, shared + local)
 
     def _flat_parts(self, state, allow_pickle: bool):

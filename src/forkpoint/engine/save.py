@@ -43,6 +43,10 @@ class SaveOptions:
     """Under lossless/zstd, where raw saves measure faster on the store (learnt as for
     codec="auto"), store chunks raw and encode them in place after the commit, in the
     background (for hosts whose cores are idle while training runs on accelerators)."""
+    max_pending: int = 2
+    """Asynchronous saves in flight (scheduled, not committed) at most: a further
+    save(sync=False) first waits for the oldest to commit (back-pressure, so that saves asked
+    for faster than the store takes them cannot pile up)."""
 
 
 @dataclass

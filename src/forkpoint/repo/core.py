@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 import weakref
+from concurrent import futures
 
 
 from ..engine.chunkmemory import ChunkMemory
@@ -104,12 +105,14 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         self._evict_lock = threading.Lock()
         self._tier_locks = [threading.Lock() for _ in self.stores]
         self._manifests = ManifestCache()
+        self._stubs_seen: dict[str, dict] = {}
         self._layouts = ChunkMemory(Layouts)
         self._value_estimates = ChunkMemory(ValueEstimate)
         self._lock = threading.Lock()
         self._commit_seq = 0
         self._committing: set[str] = set()
         self._recent_commits: collections.deque = collections.deque(maxlen=RECENT_COMMITS)
+        self._pending_commits: collections.deque[Task] = collections.deque()
         self._closed = False
 
     # ----------------------------------------------------------------- set-up
@@ -167,12 +170,26 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         check_name(branch, "branch")
         metrics = _json_safe(metrics or {}, "metrics")
         meta = _json_safe(meta or {}, "meta")
+        if not sync:
+            self._await_pending_room()
         with gc_paused():  # through the whole save when the caller waits for it anyway
             plan, commit = self._schedule_save(state, branch, step, message, metrics, meta, sync, allow_pickle)
             self._last_commit = commit
             if sync:
                 return commit.result()
+        self._pending_commits.append(commit)
         return pending_save(commit, plan, plan.flat)
+
+    def _await_pending_room(self) -> None:
+        """Before an asynchronous save: wait until fewer than `max_pending` earlier ones are
+        uncommitted (their errors reach their own PendingSave, not this caller)."""
+        pending = self._pending_commits
+        while pending and pending[0].done():
+            pending.popleft()
+        while len(pending) >= max(1, self.options.max_pending):
+            futures.wait([pending.popleft().future])
+            while pending and pending[0].done():
+                pending.popleft()
 
     def _schedule_save(self, state, branch, step, message, metrics, meta, sync, allow_pickle):
         """Flatten `state` and queue its save's tasks; (plan, commit task)."""

@@ -113,11 +113,13 @@ class MaintenanceMixin:
         for m in self._manifests_in(store):
             vid = m.version.id
             key = f"versions/{vid}.json"
-            try:
-                old = now - store.mtime(key) > grace
-            except FileNotFoundError:
-                continue
-            if vid not in reachable and old and not self._committed_since(since, vid) and not self._in_commit(vid):
+            orphan = False
+            if vid not in reachable:
+                try:
+                    orphan = now - store.mtime(key) > grace
+                except FileNotFoundError:
+                    continue
+            if orphan and not self._committed_since(since, vid) and not self._in_commit(vid):
                 report.deleted_manifests += 1
                 if not dry_run:
                     store.delete(key)

@@ -180,14 +180,24 @@ class PlacementMixin:
             sweep(store, live, self._pinned, self._sweep_min_age(k))
 
     def _manifests_in(self, store: Store) -> list[Manifest]:
-        """Every manifest as stored on one tier (stubs included)."""
+        """Every manifest as stored on one tier (stubs included). A stub met before is not read
+        again while its store signature is unchanged (a long history is mostly stubs)."""
         out = []
+        known = self._stubs_seen.get(store.url, {})
+        stubs = {}
         for vid in self._version_ids(store):
             key = f"versions/{vid}.json"
             try:
-                out.append(Manifest.from_bytes(store.read(key), f"{store.url}/{key}"))
+                signature = store.signature(key)
+                seen = known.get(vid)
+                m = seen[1] if seen is not None and seen[0] == signature else \
+                    Manifest.from_bytes(store.read(key), f"{store.url}/{key}")
             except FileNotFoundError:
                 continue
+            if m.version.pruned and signature is not None:
+                stubs[vid] = (signature, m)
+            out.append(m)
+        self._stubs_seen[store.url] = stubs
         return out
 
     def where(self, ref: str) -> list[str]:

@@ -58,6 +58,11 @@ class Store(ABC):
     def mtime(self, key: str) -> float:
         """Return the object's last-modified time (seconds since the epoch)."""
 
+    def signature(self, key: str) -> tuple | None:
+        """A token that changes whenever `key` is replaced (say its mtime and size), or None
+        where one costs about as much as reading a small object; FileNotFoundError when absent."""
+        return None
+
     @abstractmethod
     def touch(self, key: str) -> None:
         """Set the object's modified time to now (protects it from a concurrent gc)."""

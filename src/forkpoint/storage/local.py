@@ -262,6 +262,10 @@ class LocalStore(Store):
     def mtime(self, key: str) -> float:
         return os.stat(self._path(key)).st_mtime
 
+    def signature(self, key: str) -> tuple:
+        st = os.stat(self._path(key))
+        return st.st_mtime_ns, st.st_size, st.st_ino
+
     def touch(self, key: str) -> None:
         now = time.time()
         os.utime(self._path(key), (now, now))

@@ -211,6 +211,11 @@ class MemoryStore(Store):
         self._get(key)
         return self._mtime[key]
 
+    def signature(self, key: str) -> tuple:
+        with self._lock:
+            blob = self._get(key)
+            return id(blob), len(blob), self._mtime[key]
+
     def touch(self, key: str) -> None:
         with self._lock:
             if key in self._data:
