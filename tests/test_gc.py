@@ -1,5 +1,6 @@
 """Retention and gc: Keep policies, protected heads and tags, dry runs, grace for live savers."""
 
+import time
 
 import numpy as np
 import pytest
@@ -95,6 +96,35 @@ def test_checkpointer_applies_retention(repo):
     assert [v.step for v in log] == [8, 6, 4, 2, 0]
     assert [v.pruned for v in log] == [False, False, True, True, True]
     assert len(_object_files(repo)) <= 3 * 2
+
+
+def test_checkpointer_retention_takes_a_bounded_share_of_the_time(repo, monkeypatch):
+    """A gc pass that takes long (a long history) is not run after every save: at most about
+    RETENTION_SHARE of the time goes to it, and close() still applies retention."""
+    from forkpoint.checkpointer import RETENTION_SHARE
+
+    passes = []
+    real_gc = repo.gc
+
+    def slow_gc(**kwargs):
+        passes.append(time.monotonic())
+        time.sleep(0.2)
+        return real_gc(**kwargs)
+
+    monkeypatch.setattr(repo, "gc", slow_gc)
+    ck = fp.Checkpointer(repo, {"w": torch.zeros(1000)}, every=1, keep=fp.Keep(last=2), gc_grace=0)
+    start = time.monotonic()
+    for step in range(40):
+        ck.state["w"] = torch.full((1000,), float(step))
+        ck.step(step)
+        time.sleep(0.02)
+    elapsed = time.monotonic() - start
+    ck.close()
+    allowed = 2 + elapsed * RETENTION_SHARE / 0.2
+    assert 2 <= len(passes) <= allowed, (len(passes), elapsed)
+    log = repo.log("main")
+    assert len(log) == 40 and [v.pruned for v in log].count(False) == 2
+    assert torch.equal(repo.load("main")["w"], torch.full((1000,), 39.0))
 
 
 def test_gc_beside_saves_of_the_same_process_loses_nothing(tmp_path):

@@ -20,6 +20,9 @@ from .state.hooks import CaptureGuard
 POLICY_FACTORIES: dict = {}
 EXTENSIONS: list[Callable[["Checkpointer"], None]] = []
 RESTART_COUNT_VARIABLES = ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
+RETENTION_SHARE = 0.1
+"""Retention between saves keeps one core busy this share of the time at most (a gc pass
+walks the whole history, so in a long run of frequent saves it is skipped after some)."""
 
 
 @dataclass
@@ -81,6 +84,8 @@ class Checkpointer:
         self.preemption = preemption
         self._pending: list[PendingSave] = []
         self._retention = None
+        self._retention_seconds = 0.0
+        self._retention_end = 0.0
         self._guard = CaptureGuard()
         if not sync:
             self._guard.install(obj for _, obj in capture(state)[1])
@@ -227,16 +232,27 @@ class Checkpointer:
         if done:
             self._retain()
 
-    def _retain(self) -> None:
-        """Apply retention on the repository's commit thread, off the training loop."""
+    def _retain(self, final: bool = False) -> None:
+        """Apply retention on the repository's commit thread, off the training loop: after a
+        commit, unless the last pass ended too recently for RETENTION_SHARE (or `final`)."""
         if self._retention is not None and self._retention.done():
             self._retention.result()
             self._retention = None
         if getattr(self.repo, "collective", False) and _world()[1] != 0:
             return
-        if self.keep is not None and self._retention is None:
-            self._retention = self.repo.background(self.repo.gc, keep=self.keep,
-                                                   branches=[self.branch], grace=self.gc_grace)
+        if self.keep is None or self._retention is not None:
+            return
+        rest = self._retention_seconds * (1 / RETENTION_SHARE - 1)
+        if final or time.monotonic() - self._retention_end >= rest:
+            self._retention = self.repo.background(self._timed_retention)
+
+    def _timed_retention(self):
+        start = time.monotonic()
+        try:
+            return self.repo.gc(keep=self.keep, branches=[self.branch], grace=self.gc_grace)
+        finally:
+            self._retention_end = time.monotonic()
+            self._retention_seconds = self._retention_end - start
 
     def wait(self):
         """Block until every save in flight is committed and retention applied; return the newest Version."""
@@ -246,7 +262,7 @@ class Checkpointer:
         self._pending = []
         self._finish_retention()
         if had:
-            self._retain()
+            self._retain(final=True)
             self._finish_retention()
         return self.last_version
 
