@@ -8,7 +8,8 @@ get slower as the branch's history grows.
 
 `--checkpointer`: a training loop of a small model with a Checkpointer saving asynchronously
 every step and keeping the last 3 (retention after each commit): the median step time of the
-first and the last 500 steps, and how long `close()` waits for what is still in flight.
+first and the last 500 steps, how many versions retention had not pruned yet when the loop
+ended, and how long `close()` waits for what is still in flight.
 """
 
 import argparse
@@ -96,6 +97,7 @@ def checkpointer_steps(args) -> None:
         opt.zero_grad()
         ck.step(step)
         steps.append(time.perf_counter() - t0)
+    live = sum(not v.pruned for v in repo.log("main"))
     t0 = time.perf_counter()
     ck.close()
     closing = time.perf_counter() - t0
@@ -104,7 +106,8 @@ def checkpointer_steps(args) -> None:
     print(f"{args.saves} steps, a checkpoint every step, keep last 3: median step, first {window} "
           f"{statistics.median(steps[:window]) * 1e3:.1f} ms, last {window} "
           f"{statistics.median(steps[-window:]) * 1e3:.1f} ms; loop {sum(steps):.1f} s; close() "
-          f"{closing:.2f} s; {len(repo.log('main'))} versions in the log, {ref_records(repo)} ref records")
+          f"{closing:.2f} s; {live} versions not pruned yet before close(); "
+          f"{len(repo.log('main'))} versions in the log, {ref_records(repo)} ref records")
     repo.close()
     shutil.rmtree(path, ignore_errors=True)
 

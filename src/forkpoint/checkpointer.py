@@ -21,8 +21,11 @@ POLICY_FACTORIES: dict = {}
 EXTENSIONS: list[Callable[["Checkpointer"], None]] = []
 RESTART_COUNT_VARIABLES = ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
 RETENTION_SHARE = 0.1
-"""Retention between saves keeps one core busy this share of the time at most (a gc pass
-walks the whole history, so in a long run of frequent saves it is skipped after some)."""
+"""A gc pass walks the whole history, so in a long run of frequent saves retention runs after
+some commits only: after a pass whose scan took c seconds of CPU (GcReport.scan_cpu_seconds),
+the next starts no sooner than c * (1 / share - 1) seconds later. What a pass spends pruning
+(a stub per version, as many as commits since the last pass) is not counted, so retention
+never lags further and further behind."""
 
 
 @dataclass
@@ -247,12 +250,12 @@ class Checkpointer:
             self._retention = self.repo.background(self._timed_retention)
 
     def _timed_retention(self):
-        start = time.monotonic()
         try:
-            return self.repo.gc(keep=self.keep, branches=[self.branch], grace=self.gc_grace)
+            report = self.repo.gc(keep=self.keep, branches=[self.branch], grace=self.gc_grace)
+            self._retention_seconds = report.scan_cpu_seconds
+            return report
         finally:
             self._retention_end = time.monotonic()
-            self._retention_seconds = self._retention_end - start
 
     def wait(self):
         """Block until every save in flight is committed and retention applied; return the newest Version."""

@@ -5,7 +5,7 @@ environment that wrote it, the skeleton of the state tree and the table of store
 """
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import blake3
@@ -198,10 +198,11 @@ class Manifest:
     def _canonical_around_id(self) -> tuple[bytes, bytes]:
         """The manifest's canonical JSON split where the id's value goes: each top-level field
         is encoded once, and the leaf table (most of a many-leaf manifest) written directly."""
-        fields = {"format": MANIFEST_KIND, "format_version": list(FORMAT_VERSION), **asdict(self.version),
-                  "tree": self.tree, "pickle": self.pickle}
-        del fields["id"]
-        text = {k: _canonical_text(v) for k, v in fields.items()}
+        record = {f.name: getattr(self.version, f.name) for f in fields(self.version)}  # not copied
+        top = {"format": MANIFEST_KIND, "format_version": list(FORMAT_VERSION), **record,
+               "tree": self.tree, "pickle": self.pickle}
+        del top["id"]
+        text = {k: _canonical_text(v) for k, v in top.items()}
         text["leaves"] = "[" + ",".join(map(_leaf_canonical, self.leaves)) + "]"
         keys = sorted(text)
         head = "{" + "".join(f"{_quote(k)}:{text[k]}," for k in keys if k < "id") + '"id":"'

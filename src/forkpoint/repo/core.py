@@ -161,9 +161,10 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         """Store `state` as a new version on `branch`.
 
         sync=True writes straight from live memory and returns the Version. sync=False returns
-        a PendingSave at once: tensors are copied to staging memory by background tasks, and
-        the caller must not modify them before `PendingSave.wait_capture()` (the Checkpointer
-        hooks optimizers and modules to wait exactly where needed).
+        a PendingSave at once (once fewer than `SaveOptions.max_pending`, 2, earlier ones are
+        uncommitted): tensors are copied to staging memory by background tasks, and the caller
+        must not modify them before `PendingSave.wait_capture()` (the Checkpointer hooks
+        optimizers and modules to wait exactly where needed).
         """
         if self._closed:
             raise RuntimeError(f"repository {self.url} is closed")

@@ -1,5 +1,6 @@
 """Integrity and space: verify, retention, gc, usage."""
 
+import dataclasses
 import time
 
 
@@ -70,18 +71,20 @@ class MaintenanceMixin:
             candidates.extend(v.id for v in live)
         return sorted({c for c in candidates if c not in protected})
 
-    def _prune(self, vid: str, store: Store | None = None) -> None:
-        """Replace the version's manifest on `store` (default: every tier holding it) by a stub."""
-        m = self._manifest_by_id(vid)
-        record = Version(**{**m.version.summary(), "pruned": True})
-        stub = Manifest(record, None, [], False)
+    def _prune(self, vid: str, store: Store | None = None, barrier: bool = True) -> list[Store]:
+        """Replace the version's manifest on `store` (default: every tier holding it) by a stub;
+        return the stores written (without `barrier`, the caller makes the stubs durable)."""
+        record = dataclasses.replace(self._version_by_id(vid), pruned=True)
+        stub = Manifest(record, None, [], False).to_bytes()
         key = f"versions/{vid}.json"
         targets = [store] if store is not None else [st for st in self.stores if st.exists(key)]
         for st in targets:
-            st.write(key, [stub.to_bytes()])
-            st.barrier([key])
+            st.write(key, [stub])
+            if barrier:
+                st.barrier([key])
         with self._lock:
             self._manifests.pop(vid, None)
+        return targets
 
     def gc(self, keep=None, branches: list[str] | None = None, dry_run: bool = False,
            grace: float = 600.0) -> GcReport:
@@ -90,19 +93,27 @@ class MaintenanceMixin:
         Objects, manifests and temp files younger than `grace` seconds are kept, so gc is safe
         while other processes save (a save must finish within `grace`).
         """
+        started = time.thread_time()
         report = GcReport(dry_run=dry_run)
         with self._lock:
             since = self._commit_seq
         if keep is not None:
             report.pruned_versions = self.prune_plan(keep, branches)
         pruned = set(report.pruned_versions)
+        pruning = time.thread_time()
         if not dry_run:
+            written: dict[int, tuple[Store, list[str]]] = {}
             for vid in report.pruned_versions:
-                self._prune(vid)
+                for st in self._prune(vid, barrier=False):
+                    written.setdefault(id(st), (st, []))[1].append(f"versions/{vid}.json")
+            for st, keys in written.values():
+                st.barrier(keys)
+        pruning = time.thread_time() - pruning
         now = time.time()
         reachable = self._reachable(set(self.branches().values()) | set(self.tags().values()))
         for store in self.stores:
             self._gc_store(store, reachable, pruned, now, grace, dry_run, report, since)
+        report.scan_cpu_seconds = round(time.thread_time() - started - pruning, 6)
         return report
 
     def _gc_store(self, store, reachable: set, pruned: set, now: float, grace: float,

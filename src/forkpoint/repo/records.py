@@ -58,6 +58,9 @@ class GcReport:
     deleted_manifests: int = 0
     deleted_temp: int = 0
     dry_run: bool = False
+    scan_cpu_seconds: float = 0.0
+    """CPU time of the pass but for writing the stubs of pruned versions (the part that grows
+    with the history rather than with what it prunes)."""
 
 
 @dataclass
