@@ -217,3 +217,35 @@ def test_a_sealed_manifest_is_its_canonical_json_under_its_id():
     for leaf in [*leaves, Leaf("x", "torch", "bfloat16", [], 2, [both], alias_of=1)]:  # the direct writer
         assert _leaf_canonical(leaf).encode() == _canonical(leaf.to_json())
     assert "alias_of" not in leaves[0].to_json() and {"lossy", "delta"}.isdisjoint(packed.to_json())
+
+
+def test_a_version_record_is_read_without_its_leaf_table_and_still_checked(tmp_path):
+    """`log` of a many-leaf history reads records only: the record read must equal the full
+    parse's, and any edit of the manifest (in the leaf table too) or a non-canonical layout
+    must be caught or handled exactly as by the full parse."""
+    import json
+
+    from forkpoint.format.manifest import Manifest, version_from_bytes
+
+    repo = fp.Repo(str(tmp_path / "r"), create=True)
+    state = {f'l{i}],"logical_bytes":{i}': torch.full((3,), float(i)) for i in range(50)}
+    state["tied"] = state['l0],"logical_bytes":0']
+    repo.save(state, step=0, meta={"id": "x", "leaves": [1]})
+    v = repo.save({**state, "x": 1}, step=1, message='],"logical_bytes":2', metrics={"loss": 0.5})
+    key = f"versions/{v.id}.json"
+    data = repo.store.read(key)
+    assert version_from_bytes(data, "t") == Manifest.from_bytes(data, "t").version == v
+    edited = data.replace(b'"nbytes":12', b'"nbytes":13', 1)
+    assert edited != data
+    for bad in (edited, data.replace(b'"step":1', b'"step":2')):
+        with pytest.raises(CorruptObjectError, match="does not match its id"):
+            version_from_bytes(bad, "t")
+    pretty = json.dumps(json.loads(data), indent=2).encode()
+    assert version_from_bytes(pretty, "t") == v
+    fresh = fp.Repo(str(tmp_path / "r"))
+    assert [x.step for x in fresh.log("main")] == [1, 0] and fresh.version("main~1").meta["id"] == "x"
+    assert fresh._manifests.get(v.id) is None, "the log parsed a leaf table"
+    assert torch.equal(fresh.load("main")["tied"], torch.zeros(3))
+    repo.store.write(key, [edited])
+    with pytest.raises(CorruptObjectError, match=v.id):
+        fp.Repo(str(tmp_path / "r")).log("main")

@@ -221,17 +221,74 @@ class Manifest:
     @staticmethod
     def from_bytes(data: bytes, where: str) -> "Manifest":
         """Parse and check a manifest; raise FormatError naming `where` if it is unusable."""
+        record = _parsed(data, where)
+        _check_id(record, data, where)
         try:
-            record = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise FormatError(f"manifest {where} is not valid JSON ({e}); it may be truncated") from None
-        check_format(record, MANIFEST_KIND, f"manifest {where}")
-        if not record.get("pruned") and _record_id(record) != record.get("id"):
-            raise CorruptObjectError(
-                f"manifest {where} does not match its id {record.get('id')!r}: it was corrupted or edited")
-        try:
-            version = Version(**{k: record[k] for k in Version.__dataclass_fields__ if k in record})
+            version = _version_of(record)
             leaves = [Leaf.from_json(d) for d in record.get("leaves", [])]
         except TypeError as e:
             raise FormatError(f"manifest {where} has malformed fields: {e}") from None
         return Manifest(version, record.get("tree"), leaves, bool(record.get("pickle", False)))
+
+
+def version_from_bytes(data: bytes, where: str) -> Version:
+    """The Version record of a manifest, checked against its id like `Manifest.from_bytes`,
+    without parsing its leaf table (what a log of a many-leaf history needs)."""
+    data = bytes(data)
+    cut = _without_leaves(data)
+    if cut is None:
+        return Manifest.from_bytes(data, where).version
+    record = _parsed(cut, where)
+    _check_id(record, data, where)
+    try:
+        return _version_of(record)
+    except TypeError as e:
+        raise FormatError(f"manifest {where} has malformed fields: {e}") from None
+
+
+def _parsed(data: bytes, where: str) -> dict:
+    try:
+        record = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise FormatError(f"manifest {where} is not valid JSON ({e}); it may be truncated") from None
+    check_format(record, MANIFEST_KIND, f"manifest {where}")
+    return record
+
+
+def _version_of(record: dict) -> Version:
+    return Version(**{k: record[k] for k in Version.__dataclass_fields__ if k in record})
+
+
+_LEAVES_START, _LEAVES_END = b',"leaves":[', b'],"logical_bytes":'
+
+
+def _without_leaves(data: bytes) -> bytes | None:
+    """A canonical manifest's bytes with an empty leaf table, or None when they do not have the
+    canonical layout. Inside JSON strings every quote is escaped, so the first `],"logical_bytes":`
+    after the table's start is its end (the key that sorts next)."""
+    start = data.find(_LEAVES_START)
+    if start < 0:
+        return None
+    end = data.find(_LEAVES_END, start)
+    if end < 0:
+        return None
+    return data[:start + len(_LEAVES_START)] + data[end:]
+
+
+def _check_id(record: dict, data: bytes, where: str) -> None:
+    """Raise CorruptObjectError unless the manifest's bytes hash to its id (stubs of pruned
+    versions carry their version's id and are not checked). Canonical bytes are hashed as they
+    are, the id's value left out; other layouts are re-encoded first."""
+    if record.get("pruned"):
+        return
+    vid = record.get("id")
+    if isinstance(vid, str):
+        marker = f'"id":"{vid}"'.encode()
+        at = data.find(marker)
+        if at >= 0:
+            hasher = blake3.blake3(data[:at + 6])
+            hasher.update(data[at + len(marker) - 1:])
+            if hasher.hexdigest()[:24] == vid:
+                return
+    if _record_id(record) != vid:
+        raise CorruptObjectError(f"manifest {where} does not match its id {vid!r}: it was corrupted or edited")

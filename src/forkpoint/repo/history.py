@@ -4,7 +4,7 @@ import collections
 import threading
 
 from ..errors import FormatError, RefNotFoundError
-from ..format.manifest import Manifest, Version
+from ..format.manifest import Manifest, Version, version_from_bytes
 from ..format.refs import parse_ref_expr
 from ..storage import Store
 
@@ -35,6 +35,11 @@ class ManifestCache:
     def record(self, vid: str) -> Version | None:
         return self.records.get(vid)
 
+    def put_record(self, vid: str, record: Version) -> None:
+        """Keep the record of a version whose manifest was read without its leaf table."""
+        with self.lock:
+            self.records.setdefault(vid, record)
+
     def put(self, vid: str, m: Manifest) -> None:
         with self.lock:
             old = self.full.pop(vid, None)
@@ -61,27 +66,42 @@ class HistoryMixin:
         cached = self._manifests.get(vid)
         if cached is not None:
             return cached
+        data, where = self._manifest_bytes(vid)
+        m = Manifest.from_bytes(data, where)
+        self._check_names(m.version, vid, where)
+        self._manifests.put(vid, m)
+        return m
+
+    def _manifest_bytes(self, vid: str) -> tuple[bytes, str]:
+        """(bytes, where) of version `vid`'s manifest from the fastest tier holding it."""
         if not isinstance(vid, str) or not vid or not all(c in "0123456789abcdef" for c in vid):
             raise FormatError(f"invalid version id {vid!r} in {self.url}: expected hex digits")
         key = f"versions/{vid}.json"
         for store in self.stores:
             try:
-                data = store.read(key)
-                break
+                return store.read(key), f"{store.url}/{key}"
             except FileNotFoundError:
                 continue
-        else:
-            raise RefNotFoundError(f"version {vid} does not exist in {self.url}") from None
-        m = Manifest.from_bytes(data, f"{store.url}/{key}")
-        if m.version.id != vid:
-            raise FormatError(f"manifest {self.url}/{key} names version {m.version.id}, not {vid}")
-        self._manifests.put(vid, m)
-        return m
+        raise RefNotFoundError(f"version {vid} does not exist in {self.url}") from None
+
+    def _check_names(self, version: Version, vid: str, where: str) -> None:
+        if version.id != vid:
+            raise FormatError(f"manifest {where} names version {version.id}, not {vid}")
 
     def _version_by_id(self, vid: str) -> Version:
-        """The Version record of `vid` (from the record cache when its manifest was met)."""
+        """The Version record of `vid`: from the record cache when its manifest was met, else
+        read without its leaf table (and cached)."""
         record = self._manifests.record(vid)
-        return record if record is not None else self._manifest_by_id(vid).version
+        if record is not None:
+            return record
+        cached = self._manifests.get(vid)
+        if cached is not None:
+            return cached.version
+        data, where = self._manifest_bytes(vid)
+        record = version_from_bytes(data, where)
+        self._check_names(record, vid, where)
+        self._manifests.put_record(vid, record)
+        return record
 
     def _version_ids(self, store: Store | None = None) -> list[str]:
         stores = [store] if store is not None else self.stores
