@@ -6,6 +6,12 @@ get slower as the branch's history grows.
     python benchmarks/long_run.py --saves 1000 --dir /work
     python benchmarks/long_run.py --checkpointer --saves 3000 --dir /work
 
+`--history`: `--saves` versions of a state of `--leaves` small tensors, then, each in a fresh
+process (medians of `--repeats`), `forkpoint log` and a retention plan (`repo.prune_plan`),
+which read every version's record.
+
+    python benchmarks/long_run.py --history --saves 40 --leaves 20000 --dir /work
+
 `--checkpointer`: a training loop of a small model with a Checkpointer saving asynchronously
 every step and keeping the last 3 (retention after each commit): the median step time of the
 first and the last 500 steps, how many versions retention had not pruned yet when the loop
@@ -32,9 +38,14 @@ def main() -> None:
     ap.add_argument("--leaves", type=int, default=40)
     ap.add_argument("--dir", default=None)
     ap.add_argument("--checkpointer", action="store_true")
+    ap.add_argument("--history", action="store_true")
+    ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     if args.checkpointer:
         checkpointer_steps(args)
+        return
+    if args.history:
+        history_reads(args)
         return
     collections_ = collections.defaultdict(lambda: [0, 0.0])
     started = {}
@@ -109,6 +120,39 @@ def checkpointer_steps(args) -> None:
           f"{closing:.2f} s; {live} versions not pruned yet before close(); "
           f"{len(repo.log('main'))} versions in the log, {ref_records(repo)} ref records")
     repo.close()
+    shutil.rmtree(path, ignore_errors=True)
+
+
+
+def history_reads(args) -> None:
+    import statistics
+    import subprocess
+    import sys
+
+    import torch
+
+    path = tempfile.mkdtemp(prefix="fp-long-history-", dir=args.dir)
+    url = os.path.join(path, "r")
+    repo = fp.Repo(url, create=True)
+    state = {f"layer{i}": torch.full((16,), float(i)) for i in range(args.leaves)}
+    for i in range(args.saves):
+        state["layer0"] += 1
+        repo.save(state, step=i)
+    repo.close()
+    commands = {
+        "forkpoint log": [sys.executable, "-m", "forkpoint.cli.main", "log", "-r", url],
+        "repo.prune_plan(fp.Keep(last=3))": [sys.executable, "-c", "import forkpoint as fp, sys; "
+                                             "print(len(fp.Repo(sys.argv[1]).prune_plan(fp.Keep(last=3))))", url],
+    }
+    print(f"forkpoint from {os.path.dirname(fp.__file__)}")
+    for name, command in commands.items():
+        times = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+            times.append(time.perf_counter() - t0)
+        print(f"{name} in a fresh process, {args.saves} versions of {args.leaves} leaves: "
+              f"{statistics.median(times):.2f} s (median of {args.repeats})")
     shutil.rmtree(path, ignore_errors=True)
 
 
