@@ -367,7 +367,8 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
                     f"branch {record.branch!r} of {self.url} moved while saving; version {vid} is "
                     f"stored but not on the branch: keep it with repo.fork({vid!r}, name) or "
                     "repo.tag(name, ...) before gc removes it")
-            self.store.delete(key)
+            if published is False:  # None: left for gc (see _publish_ref)
+                self.store.delete(key)
         raise ConflictError(f"branch {record.branch!r}: gave up after repeated concurrent updates")
 
 

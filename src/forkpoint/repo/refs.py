@@ -16,6 +16,7 @@ from ..storage import Store
 
 REF_RECORDS_KEPT = 16
 
+
 class RefsMixin:
     """Refs of a Repo (see repo.core)."""
 
@@ -41,16 +42,19 @@ class RefsMixin:
         return -1, None
 
     def _publish_ref(self, kind: str, name: str, seq: int, target: str | None,
-                     store: Store | None = None) -> bool:
-        """Publish record `seq` of a ref; False when that seq exists, or when it had been
-        deleted as old and this writer's read of the ref was stale (see the module doc)."""
+                     store: Store | None = None) -> bool | None:
+        """Publish record `seq` of a ref: True when done; False when that seq exists; None
+        when it had been deleted as old and this writer's read of the ref was stale (see the
+        module doc; its record is not the newest, though in theory, after REF_RECORDS_KEPT
+        publishes between its create and its check, others may have read it, so what it
+        names must stay)."""
         store = store or self.store
         data = encode_record(seq, target, time.time(), self.writer_id)
         if not store.create_exclusive(record_key(kind, name, seq), data):
             return False
         seqs = ref_seqs(store, kind, name)
         if seqs and seqs[-1] >= seq + REF_RECORDS_KEPT:
-            return False
+            return None
         if len(seqs) >= 2 * REF_RECORDS_KEPT:
             drop_old_records(store, kind, name, seqs)
         return True
