@@ -180,3 +180,25 @@ def test_gc_reads_each_stub_once_and_again_only_when_it_is_replaced(tmp_path):
     assert repo.gc(grace=0).deleted_objects > 0
     assert f"versions/{vs[0].id}.json" in reads
     assert torch.equal(fp.Repo(str(tmp_path / "r")).load(vs[0].id)["w"], torch.full((100_000,), 10.0))
+
+
+def test_gc_removes_the_records_of_refs_deleted_longer_ago_than_the_grace(repo):
+    """Deleted tags (a Trainer's old `checkpoint-<step>` tags) must not cost every later listing
+    of refs a read each: gc drops all their records once older than the grace period."""
+    repo.save({"x": 1})
+    for i in range(5):
+        repo.tag(f"checkpoint-{i}", "main")
+    repo.fork("main", "scratch")
+    for i in range(4):
+        repo.delete_tag(f"checkpoint-{i}")
+    repo.delete_branch("scratch")
+    repo.gc()
+    assert len({k.split("/")[2] for k in repo.store.list("refs/tags")}) == 5, "a young deletion is kept"
+    repo.gc(grace=0)
+    assert repo.store.list("refs/tags") == repo.store.list("refs/tags/checkpoint-4")
+    assert not repo.store.list("refs/heads/scratch") and repo.store.list("refs/heads/main")
+    assert set(repo.tags()) == {"checkpoint-4"} and set(repo.branches()) == {"main"}
+    repo.tag("checkpoint-0", "main")
+    repo.fork("main", "scratch")
+    assert set(fp.Repo(repo.url).tags()) == {"checkpoint-0", "checkpoint-4"}
+    assert "scratch" in fp.Repo(repo.url).branches()

@@ -9,7 +9,7 @@ from ..engine.save import stored_codec
 from ..errors import CorruptObjectError, FormatError
 from ..format.manifest import Manifest, Version
 from ..format.objects import object_key
-from ..format.refs import seq_of
+from ..format.refs import decode_record, record_key, seq_of
 from ..state.leaves import empty_leaf
 from ..storage import Store
 from .records import GcReport, VerifyReport
@@ -164,7 +164,7 @@ class MaintenanceMixin:
             except FileNotFoundError:
                 pass
         if not dry_run:
-            self._compact_refs(store)
+            self._compact_refs(store, now, grace)
 
     def _in_commit(self, vid: str) -> bool:
         """True while this process is committing version `vid` (manifest written, ref not yet)."""
@@ -182,7 +182,10 @@ class MaintenanceMixin:
             return True
         return any(name == vid or name in objects for n, vid, objects in recent if n > seq)
 
-    def _compact_refs(self, store) -> None:
+    def _compact_refs(self, store, now: float, grace: float) -> None:
+        """Drop old ref records; a ref deleted more than `grace` seconds ago loses all of them
+        (newest last), so listing refs costs nothing for the tags and branches that were removed
+        (a Trainer's `checkpoint-<step>` tags, say)."""
         by_ref: dict[tuple[str, str], list[int]] = {}
         for key in store.list("refs"):
             seq = seq_of(key)
@@ -190,7 +193,18 @@ class MaintenanceMixin:
                 _, kind, name, _ = key.split("/")
                 by_ref.setdefault((kind, name), []).append(seq)
         for (kind, name), seqs in by_ref.items():
-            drop_old_records(store, kind, name, sorted(seqs))
+            seqs.sort()
+            newest = record_key(kind, name, seqs[-1])
+            try:
+                gone = (decode_record(store.read(newest), f"{store.url}/{newest}")["target"] is None
+                        and now - store.mtime(newest) > grace)
+            except FileNotFoundError:
+                continue
+            if gone:
+                for seq in seqs:
+                    store.delete(record_key(kind, name, seq))
+            else:
+                drop_old_records(store, kind, name, seqs)
 
     def du(self) -> dict:
         """Logical and stored bytes per version and branch, the objects' total, and per codec
