@@ -74,18 +74,23 @@ def main() -> None:
     repo.drain()
     gc.collect()
     full = collections_[2]
-    print(f"forkpoint from {os.path.dirname(fp.__file__)}")
-    print(f"{args.saves} saves of {args.leaves} leaves: first 100 {first:.2f} s, last 100 {last:.2f} s; "
-          f"{full[0]} full collections taking {full[1]:.2f} s; {len(gc.get_objects())} objects reachable; "
-          f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB; "
-          f"{ref_records(repo)} ref records of main")
-    repo.close()
-    shutil.rmtree(path, ignore_errors=True)
+    report(repo, path, f"{args.saves} saves of {args.leaves} leaves: first 100 {first:.2f} s, last 100 "
+           f"{last:.2f} s; {full[0]} full collections taking {full[1]:.2f} s; {len(gc.get_objects())} "
+           f"objects reachable; peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB; "
+           f"{ref_records(repo)} ref records of main")
 
 
 def ref_records(repo) -> int:
     """How many records the branch head `main` has in the repository's first tier."""
     return len(repo.store.list("refs/heads/main"))
+
+
+def report(repo, path: str, line: str) -> None:
+    """Print which forkpoint ran and `line`, then close the repository and remove `path`."""
+    print(f"forkpoint from {os.path.dirname(fp.__file__)}")
+    print(line)
+    repo.close()
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def checkpointer_steps(args) -> None:
@@ -113,15 +118,11 @@ def checkpointer_steps(args) -> None:
     ck.close()
     closing = time.perf_counter() - t0
     window = min(500, args.saves // 2)
-    print(f"forkpoint from {os.path.dirname(fp.__file__)}")
-    print(f"{args.saves} steps, a checkpoint every step, keep last 3: median step, first {window} "
-          f"{statistics.median(steps[:window]) * 1e3:.1f} ms, last {window} "
-          f"{statistics.median(steps[-window:]) * 1e3:.1f} ms; loop {sum(steps):.1f} s; close() "
-          f"{closing:.2f} s; {live} versions not pruned yet before close(); "
-          f"{len(repo.log('main'))} versions in the log, {ref_records(repo)} ref records")
-    repo.close()
-    shutil.rmtree(path, ignore_errors=True)
-
+    report(repo, path, f"{args.saves} steps, a checkpoint every step, keep last 3: median step, first "
+           f"{window} {statistics.median(steps[:window]) * 1e3:.1f} ms, last {window} "
+           f"{statistics.median(steps[-window:]) * 1e3:.1f} ms; loop {sum(steps):.1f} s; close() "
+           f"{closing:.2f} s; {live} versions not pruned yet before close(); "
+           f"{len(repo.log('main'))} versions in the log, {ref_records(repo)} ref records")
 
 
 def history_reads(args) -> None:
