@@ -220,7 +220,9 @@ class Manifest:
 
     @staticmethod
     def from_bytes(data: bytes, where: str) -> "Manifest":
-        """Parse and check a manifest; raise FormatError naming `where` if it is unusable."""
+        """Parse and check a manifest (any bytes-like `data`, e.g. a memory tier's view of a
+        large one); raise FormatError naming `where` if it is unusable."""
+        data = data if isinstance(data, bytes) else bytes(data)
         record = _parsed(data, where)
         _check_id(record, data, where)
         try:
@@ -234,7 +236,7 @@ class Manifest:
 def version_from_bytes(data: bytes, where: str) -> Version:
     """The Version record of a manifest, checked against its id like `Manifest.from_bytes`,
     without parsing its leaf table (what a log of a many-leaf history needs)."""
-    data = bytes(data)
+    data = data if isinstance(data, bytes) else bytes(data)
     cut = _without_leaves(data)
     if cut is None:
         return Manifest.from_bytes(data, where).version

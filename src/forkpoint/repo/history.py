@@ -94,9 +94,6 @@ class HistoryMixin:
         record = self._manifests.record(vid)
         if record is not None:
             return record
-        cached = self._manifests.get(vid)
-        if cached is not None:
-            return cached.version
         data, where = self._manifest_bytes(vid)
         record = version_from_bytes(data, where)
         self._check_names(record, vid, where)
