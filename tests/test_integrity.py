@@ -13,7 +13,7 @@ import torch
 
 import forkpoint as fp
 from forkpoint.engine import object_key
-from forkpoint.errors import CorruptObjectError, MissingObjectError, StorageFullError
+from forkpoint.errors import CorruptObjectError, FormatError, MissingObjectError, StorageFullError
 from forkpoint.storage import LocalStore
 
 
@@ -240,6 +240,9 @@ def test_a_version_record_is_read_without_its_leaf_table_and_still_checked(tmp_p
     for bad in (edited, data.replace(b'"step":1', b'"step":2')):
         with pytest.raises(CorruptObjectError, match="does not match its id"):
             version_from_bytes(bad, "t")
+    for truncated in (data[:len(data) // 2], data[:-1], b""):
+        with pytest.raises(FormatError, match="not valid JSON"):
+            version_from_bytes(truncated, "t")
     pretty = json.dumps(json.loads(data), indent=2).encode()
     assert version_from_bytes(pretty, "t") == v
     fresh = fp.Repo(str(tmp_path / "r"))
