@@ -1,6 +1,7 @@
 """Versions and lineage: manifests by id, ref resolution, logs."""
 
 import collections
+import itertools
 import threading
 
 from ..errors import FormatError, RefNotFoundError
@@ -141,16 +142,18 @@ class HistoryMixin:
 
     def log(self, ref: str = "main", limit: int | None = None) -> list[Version]:
         """Return the first-parent history of `ref`, newest first (pruned records included)."""
-        out: list[Version] = []
-        vid: str | None = self.resolve(ref)
-        while vid is not None and (limit is None or len(out) < limit):
+        return list(itertools.islice(self._first_parents(self.resolve(ref)), limit))
+
+    def _first_parents(self, vid: str | None):
+        """Yield the records of `vid` and its first-parent ancestors, newest first, lazily
+        (stopping where a record is missing)."""
+        while vid is not None:
             try:
                 v = self._version_by_id(vid)
             except RefNotFoundError:
-                break
-            out.append(v)
+                return
+            yield v
             vid = v.parents[0] if v.parents else None
-        return out
 
     def versions(self) -> list[Version]:
         """Return every version record in the repository, oldest first."""

@@ -102,15 +102,7 @@ class PlacementMixin:
 
     def _descends(self, vid: str, ancestor: str) -> bool:
         """True when `ancestor` is `vid` or on its first-parent line (walked only as far as it)."""
-        while vid is not None:
-            if vid == ancestor:
-                return True
-            try:
-                parents = self._version_by_id(vid).parents
-            except RefNotFoundError:
-                return False
-            vid = parents[0] if parents else None
-        return False
+        return any(v.id == ancestor for v in self._first_parents(vid))
 
     def _forget_writer(self, writer) -> None:
         with self._evict_lock:
