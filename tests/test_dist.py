@@ -288,3 +288,44 @@ def test_encode_later_is_refused_by_a_distributed_repo(tmp_path):
     for kwargs in ({"encode_later": True}, {"options": SaveOptions(codec="lossless", encode_later=True)}):
         with pytest.raises(ValueError, match="encode_later=True is not supported by fp.dist.Repo"):
             fp.dist.Repo(str(tmp_path / "r"), create=True, codec="lossless", **kwargs)
+
+
+def test_a_coordinator_wait_does_not_hold_up_what_other_threads_tell_peers():
+    """A TCPStore client runs one call at a time. Rank 0 waits for a flush's parts in one
+    thread while another thread announces a save's outcome, which rank 1 needs before it can
+    flush: the announcement must get through (it once waited out the flush's timeout)."""
+    import threading
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from forkpoint.dist.coordinator import Coordinator
+
+    server = dist.TCPStore("127.0.0.1", 0, 2, True, timedelta(seconds=30), wait_for_workers=False)
+    clients = [dist.PrefixStore("fp/", dist.TCPStore("127.0.0.1", server.port, 2, False, timedelta(seconds=30)))
+               for _ in range(2)]
+    rank0, rank1 = (Coordinator(c, r, 2, timeout=8.0) for r, c in enumerate(clients))
+    got = {}
+
+    def flush_gate():
+        try:
+            got["parts"] = rank0.gather("flush-v")
+        except Exception as e:
+            got["error"] = e
+
+    def other_rank():
+        got["outcome"] = rank1.outcome("save-2")
+        rank1.publish("flush-v", {})
+
+    waiting, peer = threading.Thread(target=flush_gate), threading.Thread(target=other_rank)
+    rank0.publish("flush-v", {})
+    peer.start()
+    waiting.start()
+    time.sleep(0.5)
+    rank0.announce("save-2", {"id": "v"})
+    waiting.join()
+    peer.join()
+    assert "error" not in got, got.get("error")
+    assert got["outcome"] == {"id": "v"} and got["parts"] == [{}, {}]
+    rank0.close()
+    rank1.close()

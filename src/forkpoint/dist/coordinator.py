@@ -3,11 +3,16 @@
 Each rank publishes its part (the chunks it wrote, its rank-local leaves) under the save's
 id; the coordinator (rank 0) waits for every part with a timeout, commits, and announces
 the outcome, which the other ranks wait for. Nothing here blocks forever.
+
+A c10d store client runs one call at a time: a `wait` on it holds up every other thread's
+`set` and `get` until it returns. Waits therefore go through clients of their own (clones,
+pooled), so that one save's wait never delays what another save in flight tells its peers.
 """
 
 import json
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from ..errors import ForkpointError
@@ -25,6 +30,36 @@ class Coordinator:
     rank: int
     world: int
     timeout: float
+    _idle_waiters: list = field(default_factory=list, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def wait(self, keys: list[str], seconds: float) -> None:
+        """Block until every key of `keys` is set; raise (the store's error) after `seconds`.
+        Runs on a pooled clone of the store, never on the client other threads share."""
+        with self._lock:
+            waiter = self._idle_waiters.pop() if self._idle_waiters else None
+        if waiter is None:
+            waiter = _clone(self.store)
+        if waiter is None:
+            return self._poll(keys, seconds)
+        waiter.wait(keys, timedelta(seconds=seconds))  # a waiter that raised is dropped
+        with self._lock:
+            self._idle_waiters.append(waiter)
+
+    def _poll(self, keys: list[str], seconds: float) -> None:
+        """`wait` for a store that cannot be cloned: short checks with a growing pause."""
+        deadline, pause = time.monotonic() + seconds, 0.001
+        while not self.store.check(keys):
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"keys {keys} not set within {seconds:.0f} s")
+            time.sleep(pause)
+            pause = min(2 * pause, 0.05)
+
+    def close(self) -> None:
+        """Drop the store and the waiters' connections."""
+        with self._lock:
+            self._idle_waiters.clear()
+        self.store = None
 
     def publish(self, sid: str, part: dict) -> None:
         """Make this rank's part of save `sid` available to the coordinator."""
@@ -36,7 +71,7 @@ class Coordinator:
         keys = [f"{sid}/part/{r}" for r in range(self.world)]
         start = time.monotonic()
         try:
-            self.store.wait(keys, timedelta(seconds=self.timeout))
+            self.wait(keys, self.timeout)
         except Exception:
             missing = [r for r, k in enumerate(keys) if not self._has(k)]
             raise DistSaveError(
@@ -65,7 +100,7 @@ class Coordinator:
         if "error" in outcome:
             return
         try:
-            self.store.wait([f"{sid}/done"], timedelta(seconds=self.timeout))
+            self.wait([f"{sid}/done"], self.timeout)
             for key in ("outcome", "read", "done", *(extras or {}), *cleanup):
                 self.store.delete_key(f"{sid}/{key}")
         except Exception:
@@ -77,7 +112,7 @@ class Coordinator:
         runs before this rank acknowledges it (reads of the save's other keys go there)."""
         key = f"{sid}/outcome"
         try:
-            self.store.wait([key], timedelta(seconds=2 * self.timeout))
+            self.wait([key], 2 * self.timeout)
             outcome = json.loads(self.store.get(key))
         except Exception as e:
             raise DistSaveError(
@@ -99,7 +134,7 @@ class Coordinator:
         """The value of a key of save `sid` (waiting up to the timeout for it with `wait`)."""
         if wait:
             try:
-                self.store.wait([f"{sid}/{key}"], timedelta(seconds=self.timeout))
+                self.wait([f"{sid}/{key}"], self.timeout)
             except Exception:
                 raise DistSaveError(f"save {sid}: {key} did not appear within {self.timeout:.0f} s; "
                                     "the rank that sets it may have died") from None
@@ -114,3 +149,11 @@ class Coordinator:
             return bool(self.store.check([key]))
         except Exception:
             return False
+
+
+def _clone(store):
+    """A new client of the same store (None when the store type cannot be cloned)."""
+    try:
+        return store.clone()
+    except (AttributeError, NotImplementedError, RuntimeError):
+        return None

@@ -90,7 +90,7 @@ class Repo(NodeLocalMixin, BaseRepo):
     def close(self) -> None:
         """Wait for saves in flight, then release threads and the process group's store."""
         super().close()
-        self.coordinator.store = None
+        self.coordinator.close()
 
     def save(self, state, branch: str = "main", step: int | None = None, message: str = "",
              metrics: dict | None = None, meta: dict | None = None, sync: bool = True,
