@@ -174,6 +174,22 @@ def test_unsupported_tensor_kinds(repo):
     assert not repo.branches()
 
 
+def test_keys_that_share_a_path_are_refused_before_anything_is_written(repo):
+    """An int key and its digits as a str key would give two leaves one path, which a restore
+    cannot tell apart (it once committed such a version and then failed to restore it)."""
+    repo.save({"w": torch.ones(2)})
+    head = repo.head()
+    for state in ({"opt": {1: torch.zeros(3), "1": torch.ones(3)}}, {"a": {"1": 2, 1: torch.ones(3)}}):
+        with pytest.raises(UnsupportedTypeError, match=r"state path '(opt|a)' has dict keys .* share the state path '(opt|a)/1'"):
+            repo.save(state)
+    assert repo.head() == head and repo.verify().ok
+    state = {"opt": {1: torch.zeros(3), "2": torch.ones(3), "a/b": torch.full((2,), 3.0), "a~1b": torch.ones(1)}}
+    repo.save(state)
+    out = {"opt": {1: torch.empty(3), "2": torch.empty(3), "a/b": torch.empty(2), "a~1b": torch.empty(1)}}
+    repo.restore(out)
+    assert all(torch.equal(out["opt"][k], state["opt"][k]) for k in state["opt"])
+
+
 def test_map_location_and_device_recorded(repo):
     repo.save({"w": torch.ones(3)})
     assert repo.manifest().leaves[0].device == "cpu"

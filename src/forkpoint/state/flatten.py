@@ -110,8 +110,11 @@ def flatten(tree, allow_pickle: bool = False, copy: bool = False,
                         f"state path {path or '/'!r} has a dict key {k!r} of type {type(k).__name__}; "
                         "forkpoint stores str and int keys"
                     )
+            paths = [child_path(path, k) for k in ks]
+            if len(set(paths)) < len(paths):
+                _refuse_shared_path(path, ks, paths)
             return {"t": "odict" if isinstance(obj, OrderedDict) else "dict", "k": ks,
-                    "v": [walk(obj[k], child_path(path, k), keys + (k,)) for k in ks]}
+                    "v": [walk(obj[k], p, keys + (k,)) for k, p in zip(ks, paths)]}
         if isinstance(obj, (list, tuple)):
             kind = "list" if isinstance(obj, list) else "tuple"
             return {"t": kind, "v": [walk(v, child_path(path, i), keys + (i,)) for i, v in enumerate(obj)]}
@@ -133,6 +136,18 @@ def flatten(tree, allow_pickle: bool = False, copy: bool = False,
         )
 
     return walk(tree, "", ()), leaves
+
+
+def _refuse_shared_path(path: str, ks: list, paths: list[str]) -> None:
+    """Raise UnsupportedTypeError for two keys of one dict whose paths are equal (an int key
+    and its digits as a str: a restore could not tell their leaves apart)."""
+    first: dict[str, object] = {}
+    for k, p in zip(ks, paths):
+        if p in first:
+            raise UnsupportedTypeError(
+                f"state path {path or '/'!r} has dict keys {first[p]!r} and {k!r}, which share the state "
+                f"path {p!r}: rename one of them")
+        first[p] = k
 
 
 def unflatten(node, values: list, where: str = "manifest"):
