@@ -188,7 +188,16 @@ def test_asynchronous_saves_in_flight_are_bounded(tmp_path):
     assert [p.wait().step for p in pending] == list(range(6))
     assert [v.step for v in repo.log()] == list(range(5, -1, -1))
     assert np.array_equal(repo.load("main")["i"], np.full(10, 5))
+    repo.options.max_pending = 1
+    for i in range(6, 9):
+        pending.append(repo.save({"i": np.full(10, i)}, step=i, sync=False))
+        assert pending[-2].done(), "each asynchronous save waits for the one before to commit"
+        assert sum(not p.done() for p in pending) <= 1
+    assert pending[-1].wait().step == 8
     repo.close()
+    for bad in ({"max_pending": 0}, {"chunk_bytes": 0}, {"workers": 1.5}, {"staging_bytes": -1}):
+        with pytest.raises(ValueError, match=f"SaveOptions.{next(iter(bad))} must be an int >= "):
+            SaveOptions(**bad)
 
 
 def test_staging_pool_reuses_and_respects_limit():

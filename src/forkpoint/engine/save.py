@@ -48,6 +48,13 @@ class SaveOptions:
     save(sync=False) first waits for the oldest to commit (back-pressure, so that saves asked
     for faster than the store takes them cannot pile up)."""
 
+    def __post_init__(self):
+        for name, least in (("chunk_bytes", 1), ("small_leaf_bytes", 0), ("pack_bytes", 1), ("workers", 1),
+                            ("staging_bytes", 1), ("window_bytes", 1), ("max_pending", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"SaveOptions.{name} must be an int >= {least}, got {value!r}")
+
 
 @dataclass
 class StoredLeaves:

@@ -187,7 +187,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         pending = self._pending_commits
         while pending and pending[0].done():
             pending.popleft()
-        while len(pending) >= max(1, self.options.max_pending):
+        while len(pending) >= self.options.max_pending:
             futures.wait([pending.popleft().future])
             while pending and pending[0].done():
                 pending.popleft()
