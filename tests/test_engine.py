@@ -418,6 +418,22 @@ def test_the_manifest_cache_is_bounded_by_leaves_and_keeps_the_newest(tmp_path):
     repo.close()
 
 
+def test_the_record_cache_keeps_the_most_recently_used_records(tmp_path):
+    """Version records (about 2 KB each) are kept for the RECORDS_CACHED most recently used
+    versions, not for every version a long run ever saved; a walk past them reads them again."""
+    repo = fp.Repo(str(tmp_path / "r"), create=True)
+    repo._manifests.record_limit = 4
+    for step in range(10):
+        repo.save({"x": np.full(3, step)}, step=step)
+    cache = repo._manifests
+    assert len(cache.records) == 4 and [cache.records[v].step for v in cache.records] == [6, 7, 8, 9]
+    oldest = next(iter(cache.records))
+    assert cache.record(oldest).step == 6 and list(cache.records)[-1] == oldest
+    assert [v.step for v in repo.log()] == list(range(9, -1, -1)) and len(cache.records) == 4
+    assert fp.Repo(repo.url).log(limit=3)[2].step == 7 and repo.version("main~9").step == 0
+    repo.close()
+
+
 def test_gc_pauses_nest_across_threads_and_restore_the_collector():
     import gc
 

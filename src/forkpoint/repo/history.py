@@ -11,19 +11,22 @@ from ..storage import Store
 
 MANIFESTS_CACHED = 64
 LEAVES_CACHED = 30_000
+RECORDS_CACHED = 50_000
 
 
 class ManifestCache:
     """Parsed manifests this process met: the most recently used in full, at most `limit` of
-    them and `leaf_limit` leaves in all (always the newest one), and the Version record (small)
-    of every one, so that walking a long history reads nothing while a run of many saves does
-    not keep every leaf table in memory (a state of 20k leaves takes ~25 MB a manifest)."""
+    them and `leaf_limit` leaves in all (always the newest one), and the Version records (about
+    2 KB each) of the `record_limit` most recently used, so that walking a long history reads
+    nothing while a run of many saves keeps neither every leaf table (a state of 20k leaves
+    takes ~25 MB a manifest) nor every record in memory."""
 
-    def __init__(self, limit: int = MANIFESTS_CACHED, leaf_limit: int = LEAVES_CACHED):
-        self.limit, self.leaf_limit = limit, leaf_limit
+    def __init__(self, limit: int = MANIFESTS_CACHED, leaf_limit: int = LEAVES_CACHED,
+                 record_limit: int = RECORDS_CACHED):
+        self.limit, self.leaf_limit, self.record_limit = limit, leaf_limit, record_limit
         self.full: collections.OrderedDict[str, Manifest] = collections.OrderedDict()
         self.leaves = 0
-        self.records: dict[str, Version] = {}
+        self.records: collections.OrderedDict[str, Version] = collections.OrderedDict()
         self.lock = threading.Lock()
 
     def get(self, vid: str) -> Manifest | None:
@@ -34,19 +37,29 @@ class ManifestCache:
             return m
 
     def record(self, vid: str) -> Version | None:
-        return self.records.get(vid)
+        with self.lock:
+            record = self.records.get(vid)
+            if record is not None:
+                self.records.move_to_end(vid)
+            return record
 
     def put_record(self, vid: str, record: Version) -> None:
         """Keep the record of a version whose manifest was read without its leaf table."""
         with self.lock:
-            self.records.setdefault(vid, record)
+            self._keep_record(vid, self.records.get(vid, record))
+
+    def _keep_record(self, vid: str, record: Version) -> None:
+        self.records[vid] = record
+        self.records.move_to_end(vid)
+        while len(self.records) > self.record_limit:
+            self.records.popitem(last=False)
 
     def put(self, vid: str, m: Manifest) -> None:
         with self.lock:
             old = self.full.pop(vid, None)
             self.leaves += len(m.leaves) - (len(old.leaves) if old is not None else 0)
             self.full[vid] = m
-            self.records[vid] = m.version
+            self._keep_record(vid, m.version)
             while len(self.full) > 1 and (len(self.full) > self.limit or self.leaves > self.leaf_limit):
                 self.leaves -= len(self.full.popitem(last=False)[1].leaves)
 
