@@ -1,5 +1,8 @@
 """Retention and gc: Keep policies, protected heads and tags, dry runs, grace for live savers."""
 
+import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -69,10 +72,84 @@ def test_grace_protects_objects_of_a_save_in_flight(repo):
 
     digest = content_hash(orphan)
     repo.store.write(object_key(digest), [pack_header(0, orphan.nbytes), orphan])
+    _age(repo, object_key(digest), 60)
+    other = fp.Repo(repo.url)
+    other._hold_lease(other.store)  # another process that saves
     assert repo.gc(grace=600).deleted_objects == 0
     assert repo.store.exists(object_key(digest))
     assert repo.gc(grace=0).deleted_objects == 1
     assert not repo.store.exists(object_key(digest))
+    other.close()
+
+
+def _referenced(repo):
+    return {o for name in repo.branches() for v in repo.log(name) if not v.pruned
+            for leaf in repo.manifest(v.id).leaves for c in leaf.chunks for o in c.objects}
+
+
+def _age(repo, key, seconds):
+    path = os.path.join(repo.url, key)
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+FOREIGN_WRITER = """
+import os, sys, torch, forkpoint as fp
+repo = fp.Repo(sys.argv[1])
+repo.save({"w": torch.full((1000,), -1.0)}, branch="other")
+os._exit(0)  # dies without closing: its writer lease stays, as a live saver's would
+"""
+
+
+def test_gc_frees_what_pruning_freed_at_once_unless_another_process_may_be_saving(repo):
+    """The grace period is for other processes' saves in flight: with no other writer lease
+    younger than it, gc removes the objects of the versions it prunes right away (a Keep of
+    2 leaves 2 versions on disk, not every version of the last 10 minutes)."""
+    vs = _fill(repo, 5)
+    assert repo.store.list("writers") == [repo._lease_key()]
+    for key in repo.store.list("objects"):
+        _age(repo, key, 60)  # saved a minute ago, as by a loop that saves every few seconds
+    report = repo.gc(keep=fp.Keep(last=2))
+    assert report.others_writing == [] and report.deleted_objects == 2  # step 0's pack holds "frozen" too
+    assert _object_files(repo) == _referenced(repo) == {o for v in vs[3:] for leaf in repo.manifest(v.id).leaves
+                                                        for c in leaf.chunks for o in c.objects}
+    assert repo.verify().ok and torch.equal(repo.load("main~1")["w"], torch.full((100_000,), 13.0))
+
+    _fill(repo, 3)
+    subprocess.run([sys.executable, "-c", FOREIGN_WRITER, repo.url], check=True, timeout=120)
+    for key in repo.store.list("objects"):
+        _age(repo, key, 60)
+    foreign = [k for k in repo.store.list("writers") if k != repo._lease_key()]
+    assert len(foreign) == 1
+    before = _object_files(repo)
+    report = repo.gc(keep=fp.Keep(last=2), branches=["main"])
+    assert report.others_writing == [repo.url] and report.deleted_objects == 0 and _object_files(repo) == before
+    _age(repo, foreign[0], 700)
+    report = repo.gc(keep=fp.Keep(last=2), branches=["main"])
+    assert report.others_writing == [] and report.deleted_objects > 0 and _object_files(repo) == _referenced(repo)
+    assert repo.store.list("writers") == [repo._lease_key()], "a lease older than the grace period is removed"
+    assert repo.verify().ok and torch.equal(repo.load("other")["w"], torch.full((1000,), -1.0))
+    repo.close()
+    assert repo.store.list("writers") == [], "close removes this process's lease"
+    script = FOREIGN_WRITER.replace("os._exit(0)", "fp.Repo(sys.argv[1]).gc()  # exits without close")
+    subprocess.run([sys.executable, "-c", script, repo.url], check=True, timeout=120)
+    assert repo.store.list("writers") == [], "a process that exits normally leaves no lease; gc alone writes none"
+
+
+def test_gc_with_no_other_writer_keeps_what_was_written_in_the_last_seconds(repo):
+    """A writer that starts after gc looked at the leases writes its lease first, so what it
+    writes is newer than that look: gc keeps unreferenced objects of the last QUIET_MARGIN
+    seconds (and, while another lease is fresh, of the whole grace period)."""
+    from forkpoint.format.objects import content_hash, pack_header
+    from forkpoint.repo.writers import QUIET_MARGIN
+
+    _fill(repo, 1)
+    orphan = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    key = object_key(content_hash(orphan))
+    repo.store.write(key, [pack_header(0, orphan.nbytes), orphan])
+    assert repo.gc().deleted_objects == 0 and repo.store.exists(key)
+    _age(repo, key, QUIET_MARGIN + 5)
+    assert repo.gc().deleted_objects == 1 and not repo.store.exists(key)
 
 
 def test_dedup_of_unchanged_leaves_costs_no_bytes(repo):

@@ -36,6 +36,7 @@ from .compaction import CompactionMixin
 from .compare import CompareMixin
 from .history import HistoryMixin, ManifestCache
 from .maintenance import MaintenanceMixin
+from .writers import WritersMixin
 from .placement import PlacementMixin
 from .reading import ReadingMixin
 from .records import PendingSave, _environment
@@ -49,7 +50,8 @@ MAX_ENCODERS = 8
 slot of its own, so that the other write tasks keep the store busy meanwhile)."""
 
 
-class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin, CompactionMixin, PlacementMixin):
+class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin, CompactionMixin, PlacementMixin,
+           WritersMixin):
     """A forkpoint repository at `url`: a local path, file://, mem://name, or an fsspec URL
     such as s3://bucket/prefix (`storage_options` go to the fsspec file system).
     With `encode_later=True`, a lossless/zstd save writes its chunks raw where raw saves
@@ -113,6 +115,8 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         self._committing: set[str] = set()
         self._recent_commits: collections.deque = collections.deque(maxlen=RECENT_COMMITS)
         self._pending_commits: collections.deque[Task] = collections.deque()
+        self._leases: dict[str, float] = {}
+        self._release_leases_at_exit()
         self._closed = False
 
     # ----------------------------------------------------------------- set-up
@@ -144,6 +148,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         self._sched.shutdown(wait=True)
         self._staging.clear()
         self._device.clear()
+        self._release_leases()
         for store in self.stores:
             store.close()
         self._closed = True
@@ -202,6 +207,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
                 f"state path {sharded!r} is a sharded DTensor: this process holds only part of it; "
                 "save sharded state from every rank with fp.dist.Repo")
         record = Version("", [], branch, step, 0.0, message, metrics, meta, env=_environment())
+        self._hold_lease(self.store)
         head = self._head_manifest(branch)
         known, deltas = self._known_chunks(head), self._delta_plan(head)
         with self._sched.batch():

@@ -91,7 +91,9 @@ class MaintenanceMixin:
         """Prune versions by `keep`, then delete objects no version needs and stale temp files.
 
         Objects, manifests and temp files younger than `grace` seconds are kept, so gc is safe
-        while other processes save (a save must finish within `grace`).
+        while other processes save (a save must finish within `grace`). Where no other
+        process holds a writer lease younger than `grace` (repo.writers), objects and
+        manifests older than QUIET_MARGIN seconds go at once.
         """
         started = time.thread_time()
         report = GcReport(dry_run=dry_run)
@@ -120,6 +122,13 @@ class MaintenanceMixin:
                   dry_run: bool, report: GcReport, since: int) -> None:
         """Sweep one tier: orphan manifests, unreferenced objects, stale temp files, old refs.
         Nothing committed by this process after commit number `since` is touched."""
+        deadline = now - grace
+        if grace > 0:
+            quiet = self._quiet_since(store, grace, dry_run)
+            if quiet is None:
+                report.others_writing.append(store.url)
+            else:
+                deadline = max(deadline, quiet)
         live_objects = set()
         for m in self._manifests_in(store):
             vid = m.version.id
@@ -127,7 +136,7 @@ class MaintenanceMixin:
             orphan = False
             if vid not in reachable:
                 try:
-                    orphan = now - store.mtime(key) > grace
+                    orphan = store.mtime(key) < deadline
                 except FileNotFoundError:
                     continue
             if orphan and not self._committed_since(since, vid) and not self._in_commit(vid):
@@ -143,7 +152,7 @@ class MaintenanceMixin:
             if name in live_objects:
                 continue
             try:
-                if now - store.mtime(key) <= grace:
+                if store.mtime(key) >= deadline:
                     continue
                 size = store.size(key)
             except FileNotFoundError:

@@ -29,6 +29,7 @@ class PlacementMixin:
         tier = f"tier{k + 1}"
         src, dst = self.stores[k], self.stores[k + 1]
         keys = self._flush_keys(vid, k, m)
+        self._hold_lease(dst)
         with self._evict_lock:
             self._flushing.add(vid)
             self._flush_pins[vid] = {key.rsplit("/", 1)[-1] for key in keys}
@@ -232,6 +233,7 @@ class PlacementMixin:
         if m.version.pruned:
             return
         keys = sorted(object_keys(m))
+        self._hold_lease(self.store)
         for key in keys:
             copy_object(self.stores[1:], self.store, key)
         self.store.barrier(keys)

@@ -1,0 +1,106 @@
+"""Writer leases: which processes may have a save in flight on a store.
+
+A process keeps a small record, `writers/<writer id>.json`, on each store it writes objects
+or manifests to: written before its first write there, rewritten before a later one once it
+is LEASE_REFRESH seconds old, removed when the repository is closed. gc's grace period exists
+for other processes' saves in flight; when no other process's lease on a store is younger
+than the grace period, gc there keeps only what was written in the last QUIET_MARGIN seconds
+(a writer that starts afterwards writes its lease first, so everything it writes or touches
+is newer), and removes at once what its own pruning freed.
+"""
+
+import json
+import os
+import socket
+import time
+import weakref
+
+from ..storage import Store
+
+LEASES = "writers"
+LEASE_REFRESH = 60.0
+QUIET_MARGIN = 5.0
+
+
+class WritersMixin:
+    """Writer leases of a Repo (see repo.core)."""
+
+    def _lease_key(self) -> str:
+        return f"{LEASES}/{self.writer_id.replace(':', '-')}.json"
+
+    def _write_lease(self, store: Store) -> None:
+        record = {"writer": self.writer_id, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}
+        store.write(self._lease_key(), [json.dumps(record).encode()])
+
+    def _hold_lease(self, store: Store) -> None:
+        """Call before writing objects or manifests to `store`: write this process's lease
+        there unless it wrote it less than LEASE_REFRESH seconds ago."""
+        now = time.monotonic()
+        with self._lock:
+            last = self._leases.get(store.url)
+            if last is not None and now - last < LEASE_REFRESH:
+                return
+            self._leases[store.url] = now
+        self._write_lease(store)
+
+    def _release_leases_at_exit(self) -> None:
+        """Arrange for `_release_leases` to run when the Repo is collected or the interpreter
+        exits, if it was not closed (a script or command that never calls close)."""
+        self._lease_finalizer = weakref.finalize(
+            self, release_leases, list(self.stores), self._lease_key(), self._leases, self._lock)
+
+    def _release_leases(self) -> None:
+        """Remove this process's leases (at close: it writes nothing more)."""
+        self._lease_finalizer()
+
+    def _quiet_since(self, store: Store, grace: float, dry_run: bool) -> float | None:
+        """The time (the store's clock where it tells) before which nothing on `store` can
+        belong to another process's save in flight, or None while another process's lease
+        there is younger than `grace`. Removes leases older than the grace period."""
+        now = time.time()
+        own = self._lease_key()
+        if not dry_run:
+            with self._lock:
+                held = store.url in self._leases
+            try:
+                self._write_lease(store)
+                now = min(now, store.mtime(own))
+                if held:
+                    with self._lock:
+                        self._leases[store.url] = time.monotonic()
+                else:
+                    store.delete(own)  # written for the store's clock only
+            except OSError:
+                return None
+        quiet, stale = True, []
+        for key in store.list(LEASES):
+            if key == own:
+                continue
+            try:
+                age = now - store.mtime(key)
+            except FileNotFoundError:
+                continue
+            if age < grace:
+                quiet = False
+            elif age > max(grace, 2 * LEASE_REFRESH):
+                stale.append(key)
+        if not dry_run:
+            for key in stale:
+                try:
+                    store.delete(key)
+                except FileNotFoundError:
+                    pass
+        return now - QUIET_MARGIN if quiet else None
+
+
+def release_leases(stores: list[Store], key: str, leases: dict, lock) -> None:
+    """Delete lease `key` from the stores whose URL `leases` holds, and forget them."""
+    with lock:
+        urls = set(leases)
+        leases.clear()
+    for store in stores:
+        if store.url in urls:
+            try:
+                store.delete(key)
+            except Exception:  # best effort: at exit the store may be gone; the lease then ages out
+                pass
