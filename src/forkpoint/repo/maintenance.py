@@ -114,14 +114,16 @@ class MaintenanceMixin:
         now = time.time()
         reachable = self._reachable(set(self.branches().values()) | set(self.tags().values()))
         for store in self.stores:
-            self._gc_store(store, reachable, pruned, now, grace, dry_run, report, since)
+            pruning += self._gc_store(store, reachable, pruned, now, grace, dry_run, report, since)
         report.scan_cpu_seconds = round(time.thread_time() - started - pruning, 6)
         return report
 
     def _gc_store(self, store, reachable: set, pruned: set, now: float, grace: float,
-                  dry_run: bool, report: GcReport, since: int) -> None:
+                  dry_run: bool, report: GcReport, since: int) -> float:
         """Sweep one tier: orphan manifests, unreferenced objects, stale temp files, old refs.
-        Nothing committed by this process after commit number `since` is touched."""
+        Nothing committed by this process after commit number `since` is touched. Returns
+        the CPU seconds spent deleting objects (work that grows with what was pruned)."""
+        deleting = 0.0
         deadline = now - grace
         if grace > 0:
             quiet = self._quiet_since(store, grace, dry_run)
@@ -163,7 +165,9 @@ class MaintenanceMixin:
                 report.deleted_objects += 1
                 report.freed_bytes += size
                 if not dry_run:
+                    begun = time.thread_time()
                     store.delete(key)
+                    deleting += time.thread_time() - begun
         for key in store.list("tmp"):
             try:
                 if now - store.mtime(key) > grace:
@@ -174,6 +178,7 @@ class MaintenanceMixin:
                 pass
         if not dry_run:
             self._compact_refs(store, now, grace)
+        return deleting
 
     def _in_commit(self, vid: str) -> bool:
         """True while this process is committing version `vid` (manifest written, ref not yet)."""

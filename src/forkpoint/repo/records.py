@@ -59,8 +59,8 @@ class GcReport:
     deleted_temp: int = 0
     dry_run: bool = False
     scan_cpu_seconds: float = 0.0
-    """CPU time of the pass but for writing the stubs of pruned versions (the part that grows
-    with the history rather than with what it prunes)."""
+    """CPU time of the pass but for writing the stubs of pruned versions and deleting objects
+    (the part that grows with the history rather than with what it prunes)."""
     others_writing: list[str] = field(default_factory=list)
     """Tiers where another process's writer lease was younger than the grace period, so
     unreferenced objects and manifests younger than it were kept."""
