@@ -105,6 +105,9 @@ def checkpointer_steps(args) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ck = fp.Checkpointer(repo, {"model": model, "optim": opt}, every=1, keep=fp.Keep(last=3))
+    passes = []
+    gc = repo.gc
+    repo.gc = lambda *a, **k: passes.append(gc(*a, **k)) or passes[-1]
     steps = []
     for step in range(args.saves):
         t0 = time.perf_counter()
@@ -122,7 +125,8 @@ def checkpointer_steps(args) -> None:
            f"{window} {statistics.median(steps[:window]) * 1e3:.1f} ms, last {window} "
            f"{statistics.median(steps[-window:]) * 1e3:.1f} ms; loop {sum(steps):.1f} s; close() "
            f"{closing:.2f} s; {live} versions not pruned yet before close(); "
-           f"{len(repo.log('main'))} versions in the log, {ref_records(repo)} ref records")
+           f"{len(repo.log('main'))} versions in the log, {ref_records(repo)} ref records; {len(passes)} gc "
+           f"passes deleted {sum(p.deleted_objects for p in passes)} objects")
 
 
 def history_reads(args) -> None:
