@@ -53,6 +53,30 @@ def test_dcp_save_and_load_through_forkpoint(tmp_path):
     assert again.version.parents == [v.id]
 
 
+def test_gc_during_a_dcp_save_spares_its_objects(tmp_path):
+    """Objects a DCP save wrote are unreferenced until its finish commits them: a gc of the
+    same process in between (no other writer lease, objects older than QUIET_MARGIN) spares them."""
+    import os
+    import time
+
+    repo = fp.Repo(str(tmp_path / "repo"), create=True)
+    model, opt = trained()
+    writer = forkpoint.dcp.Writer(repo, branch="main", step=1)
+    real_finish = writer.finish
+
+    def finish_after_a_gc(metadata, results):
+        then = time.time() - 60
+        for key in repo.store.list("objects"):
+            os.utime(os.path.join(repo.url, key), (then, then))
+        assert repo.gc().deleted_objects == 0
+        return real_finish(metadata, results)
+
+    writer.finish = finish_after_a_gc
+    dcp.save({"model": model.state_dict()}, storage_writer=writer, no_dist=True)
+    assert repo.verify().ok and same(repo.load("main")["model"], model.state_dict())
+    assert not repo._writers, "the commit releases the save's pins"
+
+
 def test_native_version_read_by_dcp_load(tmp_path):
     repo = fp.Repo(str(tmp_path / "repo"), create=True)
     model, opt = trained()

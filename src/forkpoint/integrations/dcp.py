@@ -58,6 +58,8 @@ def make_writer_class():
             self.repo, self.branch, self.step = repo, branch, step
             self.message, self.metrics, self.meta = message, metrics or {}, meta or {}
             self.version: Version | None = None
+            self.is_coordinator = True
+            self._object_writers: list = []
 
         def reset(self, checkpoint_id=None) -> None:
             self.version = None
@@ -80,7 +82,11 @@ def make_writer_class():
             from torch.distributed.checkpoint.planner import WriteItemType
             from torch.distributed.checkpoint.storage import WriteResult
 
+            self.repo._hold_lease(self.repo.store)
             writer = ObjectWriter(self.repo.store, self.repo.options.codec)
+            with self.repo._evict_lock:  # this process's gc spares its objects until the commit
+                self.repo._writers.add(writer)
+            self._object_writers.append(writer)
             results, pack, pack_items = [], [], []
             for item in plan.items:
                 if item.type == WriteItemType.BYTE_IO:
@@ -108,6 +114,8 @@ def make_writer_class():
                     results.append(WriteResult(item.index, n, StoredItem(item_hash, digest, offset, n, codec, written)))
                     offset, written = offset + n, 0
             self.repo.store.barrier(writer.written)
+            if not self.is_coordinator:
+                self._forget_writers()
             fut = Future()
             fut.set_result(results)
             return fut
@@ -145,7 +153,15 @@ def make_writer_class():
             record.logical_bytes = sum(leaf.nbytes for leaf in leaves)
             record.stored_bytes = sum(s.written for s in where.values())
             manifest = Manifest(record, _nest(keys, values), leaves)
-            self.version = self.repo._commit(manifest)
+            try:
+                self.version = self.repo._commit(manifest)
+            finally:
+                self._forget_writers()
+
+        def _forget_writers(self) -> None:
+            for writer in self._object_writers:
+                self.repo._forget_writer(writer)
+            self._object_writers = []
 
         def storage_meta(self):
             return None
