@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import forkpoint as fp
+from forkpoint.errors import PrunedVersionError
 
 HERE = os.path.dirname(__file__)
 
@@ -94,6 +95,24 @@ def test_flush_every_keeps_lineage_with_stubs(tmp_path):
     assert [v.step for v in log] == [8, 7, 6, 5, 4, 3, 2, 1, 0]
     assert [v.step for v in log if not v.pruned] == [8, 5, 2]
     assert slow.load("main")["i"] == 8
+
+
+def test_the_writing_process_sees_unflushed_evicted_versions_as_gone(tmp_path):
+    """A version evicted from the fast tier without being flushed (flush_every) is gone: the
+    process that saved it reports it pruned, on no tier, and refuses to load it, as a fresh
+    process does, although the disk tier got its stub while the version was still live above."""
+    fast, disk = str(tmp_path / "fast"), str(tmp_path / "disk")
+    repo = fp.Repo(tiers=[fp.tier(fast, keep=2, flush_every=5), disk], create=True)
+    ids = [repo.save(state(i), step=i).id for i in range(7)]
+    repo.drain()
+    for r in (repo, fp.Repo(tiers=[fast, disk])):
+        assert [(v.step, v.pruned) for v in r.log()] == [
+            (6, False), (5, False), (4, False), (3, True), (2, True), (1, True), (0, True)]
+        assert [r.where(i) for i in ids] == [[]] * 4 + [[disk], [fast], [fast]]
+        with pytest.raises(PrunedVersionError, match="flush_every"):
+            r.load(ids[3])
+        assert r.load(ids[4])["i"] == 4
+    repo.close()
 
 
 def test_last_tier_keep_prunes(tmp_path):

@@ -4,7 +4,7 @@ import logging
 
 from ..engine.scheduler import Priority, Task
 from ..errors import FormatError, RefNotFoundError
-from ..format.manifest import Manifest
+from ..format.manifest import Manifest, version_from_bytes
 from ..format.objects import object_key
 from ..storage import Store
 from ..tiers import farthest_next_use
@@ -175,6 +175,7 @@ class PlacementMixin:
             if self._writes_below(k) and not nxt.exists(f"versions/{vid}.json"):
                 self._prune(vid, nxt)
             store.delete(f"versions/{vid}.json")
+            self._manifests.pop(vid)
         with self._evict_lock:
             live = set()
             for m in self._manifests_in(store):
@@ -203,9 +204,19 @@ class PlacementMixin:
         return out
 
     def where(self, ref: str) -> list[str]:
-        """Return the URLs of the tiers that hold the version's manifest, fastest first."""
+        """Return the URLs of the tiers that hold the version in full (its manifest, not the
+        stub of a pruned or evicted version), fastest first."""
         vid = self.resolve(ref)
-        return [st.url for st in self.stores if st.exists(f"versions/{vid}.json")]
+        key = f"versions/{vid}.json"
+        held = []
+        for st in self.stores:
+            try:
+                record = version_from_bytes(st.read(key), f"{st.url}/{key}")
+            except FileNotFoundError:
+                continue
+            if not record.pruned:
+                held.append(st.url)
+        return held
 
     def prefetch(self, refs, order: list[str] | None = None) -> list[Task]:
         """Copy versions to the fastest tier in the background; return their tasks.

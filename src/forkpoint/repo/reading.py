@@ -23,8 +23,9 @@ class ReadingMixin:
                 self._future_order.remove(m.version.id)
         if m.version.pruned:
             raise PrunedVersionError(
-                f"version {m.version.id} (step {m.version.step}) of {self.url} was pruned by "
-                "retention; its record remains in the log but its data is gone")
+                f"version {m.version.id} (step {m.version.step}) of {self.url} was pruned (by "
+                "retention, or evicted from a faster tier without being flushed, see fp.tier's flush_every); "
+                "its record remains in the log but its data is gone")
         return m
 
     def _read_values(self, m: Manifest, indices: list[int], targets: dict, map_location,
