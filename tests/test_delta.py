@@ -91,6 +91,32 @@ def test_gc_keeps_the_bases_of_kept_versions(tmp_path):
     assert fp.Repo(url).verify().problems == []
 
 
+def test_du_says_what_each_branch_holds_and_what_deleting_it_frees(tmp_path):
+    """A branch's held bytes count the delta bases its kept versions need; its exclusive bytes
+    are what deleting it and a gc free (measured on the store)."""
+    url = str(tmp_path / "r")
+    repo = fp.Repo(url, create=True, codec="lossless", delta=fp.Delta(max_chain=4))
+    states = list(train_like(7))
+    for i, state in enumerate(states[:4]):
+        repo.save(state, step=i)
+    repo.fork("main", "alt")
+    for i, state in enumerate(states[4:], start=4):
+        repo.save({**state, "w": state["w"] + 1}, branch="alt", step=i)
+    repo.gc(keep=fp.Keep(last=1), grace=0)
+    head = repo.manifest("main")
+    needed = {o for leaf in head.leaves for c in leaf.chunks for o in c.objects}
+    assert any(c.delta for leaf in head.leaves for c in leaf.chunks), "the kept head is stored as deltas"
+    usage = repo.du()["branches"]
+    on_store = lambda objs: sum(repo.store.size(f"objects/{o[:2]}/{o}") for o in objs)
+    assert usage["main"]["held_bytes"] == on_store(needed) > usage["main"]["stored_bytes"]
+    before = repo.du()["objects_bytes"]
+    repo.delete_branch("alt")
+    repo.gc(grace=0)
+    assert before - repo.du()["objects_bytes"] == usage["alt"]["exclusive_bytes"] > 0
+    assert repo.du()["branches"]["main"]["exclusive_bytes"] == repo.du()["objects_bytes"]
+    assert same(fp.Repo(url).load("main"), states[3])
+
+
 def test_corrupt_base_is_caught_and_named(tmp_path):
     url = str(tmp_path / "r")
     repo = fp.Repo(url, create=True, codec="lossless", delta=True)

@@ -288,7 +288,8 @@ def gc(keep_last, keep_every, keep_best, branch_names, grace, dry_run, repo_url,
 @repo_option
 @json_option
 def du(repo_url, as_json):
-    """Logical vs stored bytes per version and per branch."""
+    """Logical vs stored bytes per version and per branch; what each branch holds on the store
+    (its unpruned versions' objects, delta bases included) and what only it needs."""
     usage = _open(repo_url).du()
     if as_json:
         return _emit(usage)
@@ -298,9 +299,10 @@ def du(repo_url, as_json):
                       _size(v["logical_bytes"]), _size(v["stored_bytes"]),
                       _ratio(v["logical_bytes"], v["stored_bytes"], 1))
     console.print(table)
-    table = Table("branch", "versions", "logical", "stored")
+    table = Table("branch", "versions", "logical", "stored", "held", "only this branch")
     for name, b in usage["branches"].items():
-        table.add_row(name, str(b["versions"]), _size(b["logical_bytes"]), _size(b["stored_bytes"]))
+        table.add_row(name, str(b["versions"]), _size(b["logical_bytes"]), _size(b["stored_bytes"]),
+                      _size(b["held_bytes"]), _size(b["exclusive_bytes"]))
     console.print(table)
     table = Table("codec", "objects", "decoded", "stored", "ratio")
     for codec, c in usage["codecs"].items():

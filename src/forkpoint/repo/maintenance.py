@@ -224,28 +224,48 @@ class MaintenanceMixin:
         """Logical and stored bytes per version and branch, the objects' total, and per codec
         (as the object headers say now) the decoded and stored bytes of the distinct objects in
         use. A version's `stored_bytes` is what its save wrote (before any encoding after the
-        commit)."""
+        commit). A branch's `held_bytes` is what the distinct objects its unpruned versions need
+        (delta bases included) take on the store now; `exclusive_bytes` the part of it no other
+        branch or tag needs: what deleting the branch and a gc would free."""
         versions = {v.id: v for v in self.versions()}
-        branches = {}
-        for name, chain in self._chains().items():
-            branches[name] = {"versions": len(chain),
-                              "logical_bytes": sum(v.logical_bytes for v in chain if not v.pruned),
-                              "stored_bytes": sum(v.stored_bytes for v in chain if not v.pruned)}
-        total = sum(self.store.size(k) for k in self.store.list("objects"))
         objects: dict[str, tuple[str, int]] = {}
+        needs: dict[str, set[str]] = {}
         for vid, v in versions.items():
             if v.pruned:
                 continue
+            needed = needs[vid] = set()
             for leaf in self._manifest_by_id(vid).leaves:
                 for c in leaf.chunks:
                     size = objects.get(c.object, ("", 0))[1]
                     objects[c.object] = ("delta+" if c.delta else "", max(size, c.start + c.size))
+                    needed.add(c.object)
                     for base in (c.delta or {}).get("chain", []):
                         objects.setdefault(base, ("delta chain (pruned version): ", c.size))
+                        needed.add(base)
+        sizes: dict[str, int | None] = {}
+        for digest in objects:
+            try:
+                sizes[digest] = self.store.size(object_key(digest))
+            except FileNotFoundError:
+                sizes[digest] = None
+        chains = self._chains()
+        held = {name: set().union(*(needs.get(v.id, set()) for v in chain)) for name, chain in chains.items()}
+        tagged = set().union(*(needs.get(vid, set()) for vid in self.tags().values()))
+        branches = {}
+        for name, chain in chains.items():
+            others = tagged.union(*(objs for other, objs in held.items() if other != name))
+            branches[name] = {"versions": len(chain),
+                              "logical_bytes": sum(v.logical_bytes for v in chain if not v.pruned),
+                              "stored_bytes": sum(v.stored_bytes for v in chain if not v.pruned),
+                              "held_bytes": sum(sizes[o] or 0 for o in held[name]),
+                              "exclusive_bytes": sum(sizes[o] or 0 for o in held[name] - others)}
+        total = sum(self.store.size(k) for k in self.store.list("objects"))
         codecs: dict[str, dict] = {}
         for digest, (label, decoded) in objects.items():
+            stored = sizes[digest]
+            if stored is None:
+                continue
             try:
-                stored = self.store.size(object_key(digest))
                 codec = label + stored_codec(self.store, object_key(digest))
             except FileNotFoundError:
                 continue
