@@ -22,6 +22,26 @@ def test_tier_and_repo_arguments(tmp_path):
         fp.Repo()
     with pytest.raises(ValueError, match="on_conflict"):
         fp.Repo(str(tmp_path / "a"), create=True, on_conflict="maybe")
+    with pytest.raises(TypeError, match="keep must be an int, got '2'"):
+        fp.tier(str(tmp_path / "a"), keep="2")
+    with pytest.raises(TypeError, match="flush_every must be an int, got 2.5"):
+        fp.tier(str(tmp_path / "a"), flush_every=2.5)
+
+
+@pytest.mark.parametrize("second", ["{d}/a", "{d}/./a/", "file://{d}/a", "{d}/link"])
+def test_a_store_given_twice_as_tiers_is_refused(tmp_path, second):
+    """The same store as two tiers would lose versions: evicting from the fast one deletes the
+    manifest the slow one is meant to keep."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "a")
+    with pytest.raises(ValueError, match="are the same store"):
+        fp.Repo(tiers=[fp.tier(str(tmp_path / "a"), keep=1), second.format(d=tmp_path)], create=True)
+    with pytest.raises(ValueError, match="are the same store"):
+        fp.Repo(tiers=["mem://same", str(tmp_path / "b"), "mem://same"], create=True)
+    repo = fp.Repo(tiers=[fp.tier(str(tmp_path / "a"), keep=1), str(tmp_path / "a" / "below")], create=True)
+    ids = [repo.save({"w": torch.full((1000,), float(i))}, step=i).id for i in range(3)]
+    repo.close()
+    assert [fp.Repo(str(tmp_path / "a" / "below")).load(i)["w"][0].item() for i in ids] == [0.0, 1.0, 2.0]
 
 
 def test_prefetch_and_where_of_unknown_refs(tmp_path):

@@ -7,9 +7,10 @@ can be read; `keep` bounds how many versions a tier holds (the last tier prunes)
 node's part of a version there and flushes the parts to the shared tier below.
 """
 
+import os
 from dataclasses import dataclass, field
 
-from ..storage import Store, open_store
+from ..storage import LocalStore, Store, open_store
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,10 @@ class Tier:
     local: bool = False
 
     def __post_init__(self):
+        for name in ("keep", "flush_every"):
+            value = getattr(self, name)
+            if not (value is None and name == "keep") and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"tier {self.url}: {name} must be an int, got {value!r}")
         if self.keep is not None and self.keep < 1:
             raise ValueError(f"tier {self.url}: keep must be >= 1, got {self.keep}")
         if self.flush_every < 1:
@@ -41,7 +46,15 @@ def open_tiers(tiers) -> tuple[list[Tier], list[Store]]:
     if not tiers:
         raise ValueError("tiers must name at least one store")
     specs = [t if isinstance(t, Tier) else tier(t) for t in tiers]
-    return specs, [open_store(t.url, **t.storage_options) for t in specs]
+    stores = [open_store(t.url, **t.storage_options) for t in specs]
+    seen: dict[str, str] = {}
+    for spec, store in zip(specs, stores):
+        place = os.path.realpath(store.root) if isinstance(store, LocalStore) else store.url
+        if place in seen:
+            raise ValueError(f"tiers {seen[place]!r} and {spec.url!r} are the same store ({place}): each tier "
+                             "must be a store of its own (evicting from one would delete from the other)")
+        seen[place] = spec.url
+    return specs, stores
 
 
 def farthest_next_use(candidates: list[str], future: list[str]) -> str:
