@@ -55,6 +55,27 @@ def test_bfloat16_precision_equals_a_cast_round_trip(tmp_path):
     assert repo.version(v.id).stored_bytes < 0.6 * weights.nbytes
 
 
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+@pytest.mark.parametrize("policy", [fp.Lossy(rel_error=1e-3), fp.Lossy(dtype="bfloat16")], ids=["rel", "bf16"])
+def test_complex_values_are_rounded_part_by_part_within_the_bound(tmp_path, dtype, policy):
+    """The real and imaginary parts are rounded apart, so |stored - value| <= bound * |value|
+    (a complex64 was rounded as one float64, which zeroed its real parts)."""
+    g = torch.Generator().manual_seed(3)
+    z = torch.complex(torch.randn(512, 512, generator=g), torch.randn(512, 512, generator=g) * 1e-6).to(dtype)
+    repo = fp.Repo(str(tmp_path / "r"), create=True, codec=policy)
+    v = repo.save({"z": z})
+    got = repo.load(v.id)["z"]
+    bound = policy.rel_error or 2.0 ** -8
+    wide, back = z.to(torch.complex128), got.to(torch.complex128)
+    per_value = ((back - wide).abs() / wide.abs()).max().item()
+    assert 0 < per_value <= bound
+    for part in (torch.real, torch.imag):
+        assert ((part(back) - part(wide)).abs() <= bound * part(wide).abs()).all()
+    leaf = repo.manifest(v.id).leaves[0]
+    assert per_value <= leaf.lossy["max_rel_error"] <= bound
+    assert v.stored_bytes < 0.6 * v.logical_bytes
+
+
 def test_default_is_exact_and_bad_policies_are_refused(tmp_path):
     weights, _ = adam_like(seed=2)
     repo = fp.Repo(str(tmp_path / "r"), create=True)

@@ -503,10 +503,13 @@ def element_kind(d) -> tuple[int, bool]:
 
 def element_of(kind: str, dtype: str, shape, nbytes: int) -> tuple[int, bool]:
     """(bytes per element, whether it is floating point) of `nbytes` of `shape` elements of
-    a `kind` leaf of `dtype` (what chooses a chunk's codec)."""
+    a `kind` leaf of `dtype` (what chooses a chunk's codec). A complex element counts as its
+    two floats, so codecs and lossy rounding see the real and imaginary parts apart."""
     count = int(np.prod(shape)) if shape else 1
     itemsize = nbytes // count if count else 1
     floating = kind in ("torch", "numpy") and dtype.startswith(("float", "bfloat", "complex"))
+    if floating and dtype.startswith("complex") and itemsize > 1:
+        itemsize //= 2
     return itemsize, floating
 
 
