@@ -195,7 +195,7 @@ def test_asynchronous_saves_in_flight_are_bounded(tmp_path):
         assert sum(not p.done() for p in pending) <= 1
     assert pending[-1].wait().step == 8
     repo.close()
-    for bad in ({"max_pending": 0}, {"chunk_bytes": 0}, {"workers": 1.5}, {"staging_bytes": -1}):
+    for bad in ({"max_pending": 0}, {"chunk_bytes": 0}, {"chunk_bytes": 1}, {"workers": 1.5}, {"staging_bytes": -1}):
         with pytest.raises(ValueError, match=f"SaveOptions.{next(iter(bad))} must be an int >= "):
             SaveOptions(**bad)
 

@@ -27,6 +27,10 @@ from .scheduler import Priority, Scheduler, Task
 from .staging import StagingPool
 
 
+MIN_CHUNK_BYTES = 4096
+"""The smallest chunk_bytes accepted: a page (smaller chunks only multiply objects and records)."""
+
+
 @dataclass
 class SaveOptions:
     """How leaves are laid out, encoded and staged."""
@@ -49,7 +53,7 @@ class SaveOptions:
     for faster than the store takes them cannot pile up)."""
 
     def __post_init__(self):
-        for name, least in (("chunk_bytes", 1), ("small_leaf_bytes", 0), ("pack_bytes", 1), ("workers", 1),
+        for name, least in (("chunk_bytes", MIN_CHUNK_BYTES), ("small_leaf_bytes", 0), ("pack_bytes", 1), ("workers", 1),
                             ("staging_bytes", 1), ("window_bytes", 1), ("max_pending", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
