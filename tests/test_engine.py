@@ -195,6 +195,13 @@ def test_asynchronous_saves_in_flight_are_bounded(tmp_path):
         assert sum(not p.done() for p in pending) <= 1
     assert pending[-1].wait().step == 8
     repo.close()
+    shared = SaveOptions(chunk_bytes=1 << 20)
+    both = fp.Repo(str(tmp_path / "both"), create=True, codec="lossless", options=shared, delta=True)
+    assert (both.options.codec, both.options.chunk_bytes, both.options.delta) == ("lossless", 1 << 20, fp.Delta())
+    assert shared == SaveOptions(chunk_bytes=1 << 20), "the caller's options are not changed"
+    leaf = both.manifest(both.save({"w": np.ones(300_000, np.float32)}).id).leaves[0]
+    assert len(leaf.chunks) == 2 and {c.codec for c in leaf.chunks} == {"float-planes"}
+    both.close()
     for bad in ({"max_pending": 0}, {"chunk_bytes": 0}, {"chunk_bytes": 1}, {"workers": 1.5}, {"staging_bytes": -1}):
         with pytest.raises(ValueError, match=f"SaveOptions.{next(iter(bad))} must be an int >= "):
             SaveOptions(**bad)

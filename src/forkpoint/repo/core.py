@@ -5,6 +5,7 @@ A version is visible once its manifest is durable and a ref record points at it.
 """
 
 import collections
+import dataclasses
 import json
 import math
 import os
@@ -57,8 +58,8 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
     With `encode_later=True`, a lossless/zstd save writes its chunks raw where raw saves
     measure faster on the store, and encodes them in the background after its commit."""
 
-    def __init__(self, url: str | Store | None = None, create: bool = False, codec: str | dict = "raw",
-                 on_conflict: str = "retry", workers: int = 4, options: SaveOptions | None = None,
+    def __init__(self, url: str | Store | None = None, create: bool = False, codec: "str | dict | None" = None,
+                 on_conflict: str = "retry", workers: int | None = None, options: SaveOptions | None = None,
                  storage_options: dict | None = None, tiers: list | None = None,
                  delta: "Delta | bool | None" = None, encode_later: bool | None = None):
         if tiers is not None:
@@ -75,7 +76,8 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         if on_conflict not in ("retry", "error"):
             raise ValueError(f"on_conflict must be 'retry' or 'error', got {on_conflict!r}")
         self.on_conflict = on_conflict
-        self.options = options or SaveOptions(codec=codec, workers=workers)
+        given = {k: v for k, v in (("codec", codec), ("workers", workers)) if v is not None}
+        self.options = dataclasses.replace(options, **given) if options is not None else SaveOptions(**given)
         if delta is not None and not isinstance(delta, (bool, Delta)):
             raise TypeError(f"delta must be True, False, None or fp.Delta(...), got {delta!r}")
         if delta:
