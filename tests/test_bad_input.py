@@ -81,3 +81,36 @@ def test_scheduler_rejects_unknown_resources_and_late_submissions():
     sched.shutdown()
     with pytest.raises(RuntimeError, match="shut down"):
         sched.submit("x", lambda: 1, priority=0)
+
+
+def test_save_and_checkpointer_fields_are_checked(tmp_path):
+    """A version's step, message, metrics and meta are what resume, retention and log rely on:
+    wrong types are refused before anything is written, integer scalars are taken."""
+    import numpy as np
+
+    repo = fp.Repo(str(tmp_path / "r"), create=True)
+    for bad, match in [({"step": "3"}, "step must be an int or None, got str '3'"),
+                       ({"step": 1.5}, "step must be an int"), ({"step": True}, "step must be an int"),
+                       ({"message": 5}, "message must be a str"),
+                       ({"metrics": [1, 2]}, "metrics must be a dict"), ({"meta": "x"}, "meta must be a dict")]:
+        with pytest.raises(TypeError, match=match):
+            repo.save({"a": 1}, **bad)
+    assert repo.branches() == {}, "nothing was committed"
+    v = repo.save({"a": 1}, step=np.int64(7))
+    assert v.step == 7 and type(v.step) is int
+    assert repo.save({"a": 2}, step=torch.tensor(8)).step == 8
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(TypeError, match="needs an fp.Repo, got str"):
+        fp.Checkpointer(str(tmp_path / "r"), {"m": model}, every=1)
+    with pytest.raises(TypeError, match="keep must be fp.Keep"):
+        fp.Checkpointer(repo, {"m": model}, every=1, keep="3")
+    with pytest.raises(ValueError, match="every= takes one of: int, 'auto'"):
+        fp.Checkpointer(repo, {"m": model}, every="5")
+    ck = fp.Checkpointer(repo, {"m": model}, every=1, keep=2, sync=True)
+    assert ck.keep == fp.Keep(last=2)
+    with pytest.raises(TypeError, match="step must be an int or None, got str"):
+        ck.step("9")
+    for step in range(9, 13):
+        ck.step(step)
+    ck.close()
+    assert [(v.step, v.pruned) for v in repo.log()][:4] == [(12, False), (11, False), (10, True), (9, True)]

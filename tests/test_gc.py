@@ -206,6 +206,23 @@ def test_checkpointer_retention_takes_a_bounded_share_of_the_time(repo, monkeypa
     assert torch.equal(repo.load("main")["w"], torch.full((1000,), 39.0))
 
 
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+def test_close_applies_retention_to_saves_committed_after_the_last_pass(repo, monkeypatch, sync):
+    """Passes are spaced out (RETENTION_SHARE); whatever committed after the last one, even
+    saves already collected by step(), is retained by close()."""
+    import forkpoint.checkpointer as checkpointer
+
+    monkeypatch.setattr(checkpointer, "RETENTION_SHARE", 1e-6)
+    ck = fp.Checkpointer(repo, {"w": torch.zeros(1000)}, every=2, keep=fp.Keep(last=2), gc_grace=0, sync=sync)
+    for step in range(10):
+        ck.state["w"] = torch.full((1000,), float(step))
+        if step == 9:
+            time.sleep(0.5)  # step 8's save commits, and step(9) collects it
+        ck.step(step)
+    ck.close()
+    assert [v.pruned for v in repo.log("main")] == [False, False, True, True, True]
+
+
 def test_gc_beside_saves_of_the_same_process_loses_nothing(tmp_path):
     """gc with grace=0 while this process saves: its temp files and the objects of versions
     committed after gc read the manifests are left alone."""

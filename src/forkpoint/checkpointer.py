@@ -3,7 +3,7 @@
 `every` is a step count, a policy object with `should_save(step, last_save_time)` (e.g.
 `fp.Seconds(600)`), or a name registered by `forkpoint.policy` ("auto"); `keep` is any
 object with `select(versions, tagged)` (e.g. `fp.Keep`). Upper layers extend a
-Checkpointer through `POLICY_FACTORIES` and `EXTENSIONS` (e.g. preemption handlers), so
+Checkpointer through `POLICY_FACTORIES`, `RETENTION_FACTORIES` and `EXTENSIONS` (e.g. preemption handlers), so
 this module never imports them.
 """
 
@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .repo import PendingSave, Repo
+from .repo.core import step_number
 from .state import capture
 from .state.hooks import CaptureGuard
 
 POLICY_FACTORIES: dict = {}
+RETENTION_FACTORIES: dict = {}
 EXTENSIONS: list[Callable[["Checkpointer"], None]] = []
 RESTART_COUNT_VARIABLES = ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
 RETENTION_SHARE = 0.1
@@ -45,6 +47,16 @@ class _Never:
         return "saves only when asked (no interval)"
 
 
+def resolve_retention(keep):
+    """Turn `keep` (None, an int: the newest versions kept, or an object with
+    `select(versions, tagged)`) into a retention policy or None."""
+    if keep is None or callable(getattr(keep, "select", None)):
+        return keep
+    if isinstance(keep, int) and not isinstance(keep, bool) and int in RETENTION_FACTORIES:
+        return RETENTION_FACTORIES[int](keep)
+    raise TypeError(f"keep must be fp.Keep(...) or an int (the newest versions kept), got {keep!r}")
+
+
 def resolve_policy(every):
     """Turn `every` (None, int, registered name or policy object) into a policy object."""
     if every is None:
@@ -54,7 +66,9 @@ def resolve_policy(every):
     key = int if isinstance(every, int) else every if isinstance(every, str) else None
     if key is not None:
         if key not in POLICY_FACTORIES:
-            raise ValueError(f"unknown save policy {every!r}; known: {sorted(map(str, POLICY_FACTORIES))}")
+            known = ", ".join(f"'{k}'" if isinstance(k, str) else k.__name__ for k in POLICY_FACTORIES)
+            raise ValueError(f"unknown save policy {every!r}; every= takes one of: {known}, or a policy "
+                             "object such as fp.Seconds(600)")
         return POLICY_FACTORIES[key](every)
     if not callable(getattr(every, "should_save", None)):
         raise TypeError(f"every={every!r} has no should_save(step, last_save_time)")
@@ -81,12 +95,17 @@ class Checkpointer:
     def __init__(self, repo: Repo, state, every=None, keep=None, branch: str = "main",
                  sync: bool = False, allow_pickle: bool = False, gc_grace: float = 600.0,
                  preemption=True, warm: bool = True):
+        if not isinstance(repo, Repo):
+            raise TypeError(f"Checkpointer needs an fp.Repo, got {type(repo).__name__} {repo!r}: "
+                            "pass fp.Repo(path, create=True)")
+        keep = resolve_retention(keep)
         self.policy = resolve_policy(every)
         self.repo, self.state, self.keep = repo, state, keep
         self.branch, self.sync, self.allow_pickle, self.gc_grace = branch, sync, allow_pickle, gc_grace
         self.preemption = preemption
         self._pending: list[PendingSave] = []
         self._retention = None
+        self._unretained = False
         self._retention_seconds = 0.0
         self._retention_end = 0.0
         self._guard = CaptureGuard()
@@ -141,6 +160,9 @@ class Checkpointer:
     def step(self, step: int, metrics: dict | None = None):
         """Call after each training step; saves (asynchronously by default) when due."""
         self._check_open()
+        step = step_number(step)
+        if step is None:
+            raise TypeError("Checkpointer.step needs the step number (an int), got None")
         self.last_step = step
         self._observe_stall()
         due = self.should_save(step)
@@ -199,6 +221,7 @@ class Checkpointer:
         if sync:
             self.save_seconds.append(elapsed)
             self.last_version = result
+            self._unretained = True
             self._note_stall(elapsed)
             self._observe_stall()
             self._retain()
@@ -232,6 +255,7 @@ class Checkpointer:
         self._pending = [p for p in self._pending if not p.done()]
         for p in done:
             self.last_version = p.wait()
+            self._unretained = True
         if done:
             self._retain()
 
@@ -247,6 +271,7 @@ class Checkpointer:
             return
         rest = self._retention_seconds * (1 / RETENTION_SHARE - 1)
         if final or time.monotonic() - self._retention_end >= rest:
+            self._unretained = False
             self._retention = self.repo.background(self._timed_retention)
 
     def _timed_retention(self):
@@ -264,7 +289,7 @@ class Checkpointer:
         had = bool(self._pending)
         self._pending = []
         self._finish_retention()
-        if had:
+        if had or self._unretained:
             self._retain(final=True)
             self._finish_retention()
         return self.last_version

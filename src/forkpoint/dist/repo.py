@@ -22,9 +22,8 @@ from ..engine.scheduler import Priority
 from ..errors import ForkpointError
 from ..format.manifest import Chunk, Leaf, Manifest, Version
 from ..format.objects import object_key
-from ..format.refs import check_name
 from ..repo import Repo as BaseRepo
-from ..repo.core import _json_safe, pending_save
+from ..repo.core import pending_save, save_fields
 from ..repo.records import _environment
 from ..state import RankSlot, capture, flatten
 from ..state.stateful import get_at
@@ -99,9 +98,7 @@ class Repo(NodeLocalMixin, BaseRepo):
         Version on every rank (sync) or a PendingSave; DistSaveError if any rank failed."""
         if self._closed:
             raise RuntimeError(f"repository {self.url} is closed")
-        check_name(branch, "branch")
-        metrics = _json_safe(metrics or {}, "metrics")
-        meta = _json_safe(meta or {}, "meta")
+        step, message, metrics, meta = save_fields(branch, step, message, metrics, meta)
         if not sync:
             self._await_pending_room()
         sid = f"save-{self._saves}"

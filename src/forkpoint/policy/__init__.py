@@ -1,6 +1,6 @@
 """When to save and what to keep: small policy dataclasses, registered with the Checkpointer."""
 
-from ..checkpointer import EXTENSIONS, POLICY_FACTORIES
+from ..checkpointer import EXTENSIONS, POLICY_FACTORIES, RETENTION_FACTORIES
 from .interval import Auto, young_daly
 from .preemption import PREEMPTED_EXIT_CODE, Preemption, install_preemption
 from .retention import Keep
@@ -8,6 +8,7 @@ from .schedule import EverySteps, Seconds
 
 POLICY_FACTORIES[int] = EverySteps
 POLICY_FACTORIES["auto"] = lambda _: Auto()
+RETENTION_FACTORIES[int] = lambda last: Keep(last=last)
 EXTENSIONS.append(install_preemption)
 
 __all__ = ["Auto", "EverySteps", "Keep", "PREEMPTED_EXIT_CODE", "Preemption", "Seconds",

@@ -5,9 +5,11 @@ A version is visible once its manifest is durable and a ref record points at it.
 """
 
 import collections
+import collections.abc
 import dataclasses
 import json
 import math
+import operator
 import os
 import socket
 import threading
@@ -175,9 +177,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         """
         if self._closed:
             raise RuntimeError(f"repository {self.url} is closed")
-        check_name(branch, "branch")
-        metrics = _json_safe(metrics or {}, "metrics")
-        meta = _json_safe(meta or {}, "meta")
+        step, message, metrics, meta = save_fields(branch, step, message, metrics, meta)
         if not sync:
             self._await_pending_room()
         with gc_paused():  # through the whole save when the caller waits for it anyway
@@ -394,10 +394,34 @@ def pending_save(commit: Task, plan, flat) -> PendingSave:
     return PendingSave(commit, plan.capture_tasks(), by_ptr)
 
 
+def save_fields(branch, step, message, metrics, meta) -> tuple:
+    """The checked (step, message, metrics, meta) of a save to `branch`: TypeError or
+    ValueError naming the field that is not what a version records."""
+    check_name(branch, "branch")
+    if not isinstance(message, str):
+        raise TypeError(f"message must be a str, got {type(message).__name__} {message!r}")
+    return step_number(step), message, _json_safe(metrics or {}, "metrics"), _json_safe(meta or {}, "meta")
+
+
+def step_number(step) -> int | None:
+    """`step` as an int (numpy and torch integer scalars included), or None; anything else
+    (a str, a float, a bool) raises TypeError, since resume and retention count on it."""
+    if step is None:
+        return None
+    if not isinstance(step, bool):
+        try:
+            return operator.index(step)
+        except TypeError:
+            pass
+    raise TypeError(f"step must be an int or None, got {type(step).__name__} {step!r}")
+
+
 def _json_safe(d: dict, what: str) -> dict:
     """`d` as plain JSON data: tensor and numpy scalars become numbers, and non-finite floats
     (a diverged loss, Lightning's inf score) the strings "nan", "inf" and "-inf", which JSON can
     hold and which never rank as a best metric."""
+    if not isinstance(d, collections.abc.Mapping):
+        raise TypeError(f"{what} must be a dict, got {type(d).__name__} {d!r}")
     try:
         return json.loads(json.dumps(_finite(d), allow_nan=False))
     except (TypeError, ValueError) as e:
