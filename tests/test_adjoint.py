@@ -60,6 +60,24 @@ def test_checker_refuses_invalid_schedules():
         revolve(10, 0)
 
 
+def test_schedule_sizes_must_be_ints():
+    """A float step count made revolve loop forever; sizes must be ints (numpy ints taken)."""
+    import numpy as np
+
+    from forkpoint.adjoint import Level, multilevel, online, two_level
+
+    for make in (lambda: revolve(10.5, 2), lambda: revolve(10, 2.0), lambda: revolve("10", 2),
+                 lambda: two_level(10.0, 2, 5), lambda: online(2.5), lambda: multilevel(7.5, [Level(2)]),
+                 lambda: Level(1.5), lambda: revolve(True, 2)):
+        with pytest.raises(TypeError, match="must be an int"):
+            make()
+    with pytest.raises(ValueError, match="write_cost must be a finite number >= 0"):
+        Level(2, write_cost=-1)
+    with pytest.raises(ValueError, match="forward_cost"):
+        multilevel(5, [Level(2)], forward_cost=float("nan"))
+    assert check(revolve(np.int64(20), np.int32(3)))["advances"] == optimal_advances(20, 3)
+
+
 def _net(n, dropout):
     import torch
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .schedule import ADJOINT, ADVANCE, END_FORWARD, END_REVERSE, FREE, RESTORE, TAKE, Action, Schedule
+from .schedule import ADJOINT, ADVANCE, END_FORWARD, END_REVERSE, FREE, RESTORE, TAKE, Action, Schedule, count
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,14 @@ class Level:
     slots: int | None
     write_cost: float = 0.0
     read_cost: float = 0.0
+
+    def __post_init__(self):
+        if self.slots is not None:
+            object.__setattr__(self, "slots", count("Level.slots", self.slots, least=0))
+        for name in ("write_cost", "read_cost"):
+            cost = getattr(self, name)
+            if isinstance(cost, bool) or not (isinstance(cost, (int, float)) and 0 <= cost < float("inf")):
+                raise ValueError(f"Level.{name} must be a finite number >= 0, got {cost!r}")
 
 
 class _Table:
@@ -88,11 +96,13 @@ def multilevel(n_steps: int, levels: list[Level], forward_cost: float = 1.0,
 
     `schedule.makespan` is its total time; `schedule.stats()` its advances, writes and reads
     per level. Slots of a level with `slots=None` are unlimited."""
-    if n_steps < 1:
-        raise ValueError(f"n_steps must be >= 1, got {n_steps}")
-    if not levels or any(lv.slots is not None and lv.slots < 0 for lv in levels):
+    n_steps = count("n_steps", n_steps)
+    if not levels:
         raise ValueError("levels must be a non-empty list of fp.adjoint.Level with slots >= 0 or None")
     levels = [lv if isinstance(lv, Level) else Level(*lv) for lv in levels]
+    for name, cost in (("forward_cost", forward_cost), ("backward_cost", backward_cost)):
+        if not (isinstance(cost, (int, float)) and 0 <= cost < float("inf")):
+            raise ValueError(f"{name} must be a finite number >= 0, got {cost!r}")
     table = _Table(n_steps, levels, forward_cost, backward_cost)
     full = tuple(levels[i].slots for i in table.limited)
     sched = Schedule(n_steps, [lv.slots if lv.slots is not None else n_steps for lv in levels])

@@ -14,7 +14,7 @@ of Stumm and Walther's online algorithms.
 from functools import lru_cache
 
 from .schedule import (ADJOINT, ADVANCE, END_FORWARD, END_REVERSE, FREE, RESTORE, TAKE, Action, Schedule,
-                       _cost, revolve)
+                       _cost, count, revolve)
 
 HORIZON_MAX = 256
 
@@ -28,9 +28,7 @@ class OnlineSchedule:
     the whole Schedule, reverse sweep included."""
 
     def __init__(self, snapshots: int):
-        if snapshots < 1:
-            raise ValueError(f"snapshots must be >= 1 (one holds the initial state), got {snapshots}")
-        self.s = snapshots
+        self.s = count("snapshots", snapshots, why=" (one holds the initial state)")
         self.kept = (0,)
         self.current = 0
         self.schedule = Schedule(0, [snapshots], [Action(TAKE, 0)])

@@ -6,6 +6,7 @@ n-1, ..., 0. The snapshot of x_0 counts among the snapshots; the taping step of 
 adjoint is not counted as an advance.
 """
 
+import operator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from math import comb
@@ -99,12 +100,24 @@ def best_split(length: int, snaps: int) -> int:
     return min(range(lo, hi + 1), key=g)
 
 
+def count(name: str, value, least: int = 1, why: str = "") -> int:
+    """`value` as an int of at least `least`: TypeError for what is not an integer (a float, a
+    bool, a str), ValueError naming `name` below that."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
+    if value < least:
+        raise ValueError(f"{name} must be >= {least}{why}, got {value}")
+    return value
+
+
 def revolve(n_steps: int, snapshots: int) -> Schedule:
     """The offline binomial schedule: exactly t(l, s) advances, at most `snapshots` held."""
-    if n_steps < 1:
-        raise ValueError(f"n_steps must be >= 1, got {n_steps}")
-    if snapshots < 1:
-        raise ValueError(f"snapshots must be >= 1 (one holds the initial state), got {snapshots}")
+    n_steps = count("n_steps", n_steps)
+    snapshots = count("snapshots", snapshots, why=" (one holds the initial state)")
     sched = Schedule(n_steps, [snapshots])
     acts = sched.actions
     acts.append(Action(TAKE, 0))
@@ -153,8 +166,7 @@ def two_level(n_steps: int, memory_slots: int, stride: int) -> Schedule:
     """Disk-unlimited two-level schedule: during the forward sweep every `stride`-th state goes
     to level 1 (storage, unlimited); the reverse sweep restores each segment from level 1,
     last first, and reverses it with Revolve in `memory_slots` level-0 slots."""
-    if stride < 1 or memory_slots < 1:
-        raise ValueError(f"need stride >= 1 and memory_slots >= 1, got {stride}, {memory_slots}")
+    n_steps, memory_slots, stride = count("n_steps", n_steps), count("memory_slots", memory_slots), count("stride", stride)
     starts = list(range(0, n_steps, stride))
     sched = Schedule(n_steps, [memory_slots, len(starts)])
     acts = sched.actions
