@@ -84,6 +84,24 @@ def test_fork_tag_verify_gc_du(filled):
     assert "pruned" in run("du", "-r", filled)
 
 
+def test_bad_arguments_get_a_one_line_error(filled):
+    """Wrong values are refused with a message and exit code 2, not a traceback, and change nothing."""
+    before = fp.Repo(filled).log()
+    for args, message in [(["gc", "--keep-last", "0"], "0 is not in the range x>=1"),
+                          (["gc", "--grace", "-5"], "-5.0 is not in the range x>=0"),
+                          (["gc", "--keep-best", "loss"], "expected METRIC:K:min|max"),
+                          (["gc", "--keep-best", "loss:2:low"], "expected METRIC:K:min|max"),
+                          (["tag", "bad name", "main"], "invalid tag name 'bad name'"),
+                          (["fork", "main", "main"], "branch 'main' already exists")]:
+        r = subprocess.run([sys.executable, "-m", "forkpoint.cli.main", *args, "-r", filled],
+                           capture_output=True, text=True)
+        assert r.returncode == 2 and message in " ".join(r.stderr.split()), (args, r.stderr)
+        assert "Traceback" not in r.stderr
+    assert fp.Repo(filled).log() == before
+    report = json.loads(run("gc", "--keep-best", "loss:1:min", "--dry-run", "-r", filled, "--json"))
+    assert report["dry_run"] and report["pruned_versions"] == [fp.Repo(filled).resolve("main~3")]
+
+
 def test_verify_fails_on_corruption(filled):
     repo = fp.Repo(filled)
     obj = repo.manifest("main").leaves[0].chunks[0].object

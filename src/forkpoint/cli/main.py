@@ -258,11 +258,12 @@ def compact(refs, codec, repo_url, as_json):
 
 
 @cli.command()
-@click.option("--keep-last", type=int, default=None, help="keep the newest N versions per branch")
-@click.option("--keep-every", type=int, default=None, help="keep versions whose step is a multiple of K")
+@click.option("--keep-last", type=click.IntRange(min=1), default=None, help="keep the newest N versions per branch")
+@click.option("--keep-every", type=click.IntRange(min=1), default=None,
+              help="keep versions whose step is a multiple of K")
 @click.option("--keep-best", default=None, help="METRIC:K:min|max")
 @click.option("--branch", "branch_names", multiple=True, help="apply retention to these branches only")
-@click.option("--grace", type=float, default=600.0, show_default=True,
+@click.option("--grace", type=click.FloatRange(min=0), default=600.0, show_default=True,
               help="seconds: keep objects younger than this (protects saves in flight)")
 @click.option("--dry-run", is_flag=True, help="report what would be freed, change nothing")
 @repo_option
@@ -271,9 +272,13 @@ def gc(keep_last, keep_every, keep_best, branch_names, grace, dry_run, repo_url,
     """Apply retention, then delete unreferenced objects."""
     best = None
     if keep_best:
-        metric, k, mode = keep_best.split(":")
-        best = (metric, int(k), mode)
-    keep = Keep(last=keep_last, every=keep_every, best=best) if (keep_last or keep_every or best) else None
+        parts = keep_best.rsplit(":", 2)
+        if len(parts) != 3 or not parts[1].isdigit() or parts[2] not in ("min", "max"):
+            raise click.BadParameter(f"{keep_best!r}: expected METRIC:K:min|max, e.g. val_loss:3:min",
+                                     param_hint="--keep-best")
+        best = (parts[0], int(parts[1]), parts[2])
+    given = keep_last is not None or keep_every is not None or best is not None
+    keep = Keep(last=keep_last, every=keep_every, best=best) if given else None
     report = _open(repo_url).gc(keep=keep, branches=list(branch_names) or None, dry_run=dry_run,
                                 grace=grace)
     if as_json:
@@ -369,7 +374,7 @@ def demo(directory, steps):
 def main():
     try:
         cli(standalone_mode=True)
-    except ForkpointError as e:
+    except (ForkpointError, ValueError) as e:
         Console(stderr=True).print(f"[red]error:[/red] {e}")
         sys.exit(2)
 

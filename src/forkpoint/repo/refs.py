@@ -14,6 +14,7 @@ from ..format.manifest import Version
 from ..format.refs import check_name, decode_record, encode_record, record_key, seq_of
 from ..storage import Store
 
+_REF_NOUN = {"heads": "branch", "tags": "tag"}
 REF_RECORDS_KEPT = 16
 
 
@@ -31,7 +32,7 @@ class RefsMixin:
                 return seqs[-1], decode_record(store.read(key), f"{store.url}/{key}")["target"]
             except FileNotFoundError:
                 continue  # deleted as old by writers that published newer records meanwhile
-        raise ConflictError(f"could not read {kind[:-1]} {name!r} in {store.url}: too many concurrent writers")
+        raise ConflictError(f"could not read {_REF_NOUN.get(kind, kind)} {name!r} in {store.url}: too many concurrent writers")
 
     def _ref_state(self, kind: str, name: str) -> tuple[int, str | None]:
         """Return the ref as the fastest tier that has records of it sees it."""
@@ -62,9 +63,9 @@ class RefsMixin:
     def _set_ref(self, kind: str, name: str, target: str | None, must_exist: bool | None) -> None:
         current = self._ref_state(kind, name)[1]
         if must_exist is True and current is None:
-            raise RefNotFoundError(f"no {kind[:-1]} {name!r} in {self.url}")
+            raise RefNotFoundError(f"no {_REF_NOUN.get(kind, kind)} {name!r} in {self.url}")
         if must_exist is False and current is not None:
-            raise ValueError(f"{kind[:-1]} {name!r} already exists in {self.url} (at {current})")
+            raise ValueError(f"{_REF_NOUN.get(kind, kind)} {name!r} already exists in {self.url} (at {current})")
         for store in reversed(self.stores):
             self._move_ref(store, kind, name, target)
 
@@ -73,7 +74,7 @@ class RefsMixin:
             seq, _ = self._ref_state_in(store, kind, name)
             if self._publish_ref(kind, name, seq + 1, target, store):
                 return
-        raise ConflictError(f"could not update {kind[:-1]} {name!r} in {store.url}: too many concurrent writers")
+        raise ConflictError(f"could not update {_REF_NOUN.get(kind, kind)} {name!r} in {store.url}: too many concurrent writers")
 
     def _names(self, kind: str) -> dict[str, str]:
         names = {key.split("/")[2] for store in self.stores
