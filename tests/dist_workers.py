@@ -4,6 +4,7 @@ import json
 import os
 import signal
 import traceback
+import time
 
 import torch
 import torch.distributed as dist
@@ -418,3 +419,18 @@ def _cuda_replicated_saves(rank, world, out, url, device="cuda"):
     if rank == 0:
         torch.save({k: v.cpu() for k, v in state.items()}, os.path.join(out, "reference.pt"))
     return {"versions": [first.id, second.id], "written": written}
+
+
+def _refused_save(rank, world, out, url, refuser):
+    """Rank `refuser` passes a bad step: every rank fails at once, and the next save works."""
+    repo = fp.dist.Repo(url, create=True, timeout=60)
+    start = time.monotonic()
+    try:
+        repo.save({"w": torch.ones(10)}, step="x" if rank == refuser else 1)
+        raised = None
+    except Exception as e:
+        raised = f"{type(e).__name__}: {e}"
+    seconds = time.monotonic() - start
+    version = repo.save({"w": torch.full((10,), 2.0)}, step=2)
+    repo.close()
+    return {"raised": raised, "seconds": seconds, "next": version.id}

@@ -109,6 +109,21 @@ def test_rank_killed_mid_save_leaves_no_version_and_others_fail_fast(tmp_path):
     assert repo.verify().ok
 
 
+@pytest.mark.parametrize("refuser", [0, 1])
+def test_a_rank_refusing_a_save_fails_every_rank_at_once(tmp_path, refuser):
+    """A rank whose arguments are wrong raises at once and tells the others, which fail with
+    DistSaveError naming it instead of waiting out the timeout (60 s); the next save works."""
+    url = str(tmp_path / "repo")
+    records = launch("refused_save", 2, tmp_path / "out", url, refuser, timeout=120)
+    results = [rec["result"] for rec in records]
+    assert results[refuser]["raised"].startswith("TypeError: step must be an int")
+    other = results[1 - refuser]["raised"]
+    assert other.startswith("DistSaveError") and "TypeError: step must be an int" in other
+    assert all(r["seconds"] < 30 for r in results), results
+    assert results[0]["next"] == results[1]["next"]
+    assert [v.step for v in fp.Repo(url).log()] == [2]
+
+
 def test_real_dcp_save_and_load_through_forkpoint_on_different_rank_counts(tmp_path):
     url = str(tmp_path / "repo")
     records = launch("dcp_save", 2, tmp_path / "save", url)

@@ -98,18 +98,22 @@ class Repo(NodeLocalMixin, BaseRepo):
         Version on every rank (sync) or a PendingSave; DistSaveError if any rank failed."""
         if self._closed:
             raise RuntimeError(f"repository {self.url} is closed")
-        step, message, metrics, meta = save_fields(branch, step, message, metrics, meta)
-        if not sync:
-            self._await_pending_room()
         sid = f"save-{self._saves}"
         self._saves += 1
-        with gc_paused():
-            skeleton, shared, local_skeleton, local, select = self._flat_parts(state, allow_pickle)
-        n_shared = len(shared)
-        pack_key = writer_class(shared)
-        self._hold_lease(self.store)
-        head = self._head_manifest(branch)
-        known, deltas = self._known_chunks(head), self._delta_plan(head)
+        try:
+            step, message, metrics, meta = save_fields(branch, step, message, metrics, meta)
+            if not sync:
+                self._await_pending_room()
+            with gc_paused():
+                skeleton, shared, local_skeleton, local, select = self._flat_parts(state, allow_pickle)
+            n_shared = len(shared)
+            pack_key = writer_class(shared)
+            self._hold_lease(self.store)
+            head = self._head_manifest(branch)
+            known, deltas = self._known_chunks(head), self._delta_plan(head)
+        except Exception as e:
+            self._refuse_save(sid, e)
+            raise
         with self._sched.batch():
             with self._evict_lock:  # registered before any of its objects can be written
                 plan = schedule_save(self._sched, self.store, self._tier, shared + local, known,
@@ -139,6 +143,17 @@ class Repo(NodeLocalMixin, BaseRepo):
             return finish.result()
         self._pending_commits.append(finish)
         return pending_save(finish, plan, shared + local)
+
+    def _refuse_save(self, sid: str, error: Exception) -> None:
+        """Tell the other ranks at once that this rank cannot take part in save `sid` (bad
+        arguments, an unsupported leaf), instead of letting them wait out the timeout."""
+        message = f"{type(error).__name__}: {error}"
+        try:
+            self.coordinator.publish(sid, {"error": message})
+            if self.rank == 0:
+                self.coordinator.announce(sid, {"error": f"rank 0 refused it: {message}"})
+        except Exception:  # the store is gone: the others then time out as before
+            pass
 
     def _flat_parts(self, state, allow_pickle: bool):
         """(skeleton, shared leaves, rank-local skeleton, rank-local leaves, select) of `state`:
