@@ -434,3 +434,19 @@ def _refused_save(rank, world, out, url, refuser):
     version = repo.save({"w": torch.full((10,), 2.0)}, step=2)
     repo.close()
     return {"raised": raised, "seconds": seconds, "next": version.id}
+
+
+def _disagreeing_save(rank, world, out, url):
+    """Ranks pass different steps, then different structures: each save fails on every rank
+    with an error that says how they differ."""
+    repo = fp.dist.Repo(url, create=True, timeout=60)
+    raised = []
+    for kwargs, state in (({"step": rank}, {"w": torch.ones(10)}),
+                          ({"step": 1}, {"w": torch.ones(10), **({"extra": torch.ones(2)} if rank else {})})):
+        try:
+            repo.save(state, **kwargs)
+            raised.append(None)
+        except fp.dist.DistSaveError as e:
+            raised.append(str(e))
+    repo.close()
+    return raised

@@ -124,6 +124,16 @@ def test_a_rank_refusing_a_save_fails_every_rank_at_once(tmp_path, refuser):
     assert [v.step for v in fp.Repo(url).log()] == [2]
 
 
+def test_ranks_that_disagree_on_a_save_are_told_how(tmp_path):
+    url = str(tmp_path / "repo")
+    records = launch("disagreeing_save", 2, tmp_path / "out", url, timeout=120)
+    for rec in records:
+        steps, structure = rec["result"]
+        assert "rank 0: branch 'main' step 0, rank 1: branch 'main' step 1" in steps
+        assert "shared leaves per rank: rank 0: 1, rank 1: 2" in structure
+    assert not fp.Repo(url).branches(), "nothing was committed"
+
+
 def test_real_dcp_save_and_load_through_forkpoint_on_different_rank_counts(tmp_path):
     url = str(tmp_path / "repo")
     records = launch("dcp_save", 2, tmp_path / "save", url)

@@ -124,7 +124,8 @@ class Repo(NodeLocalMixin, BaseRepo):
                 self._writers.add(plan.writer)
             fingerprint = layout_fingerprint(shared)
             part = self._sched.submit(
-                "part", lambda: self._publish_part(sid, plan, n_shared, local_skeleton, fingerprint),
+                "part", lambda: self._publish_part(sid, plan, n_shared, local_skeleton, fingerprint,
+                                                   {"branch": branch, "step": step}),
                 priority=Priority.COMMIT, after=plan.writes)
             if self.rank == 0:
                 record = Version("", [], branch, step, 0.0, message, metrics, meta,
@@ -190,7 +191,8 @@ class Repo(NodeLocalMixin, BaseRepo):
         _, shared, _, local, select = self._flat_parts(state, allow_pickle)
         return self._warm(shared + local, select, writer_class(shared))
 
-    def _publish_part(self, sid: str, plan, n_shared: int, local_skeleton: dict, fingerprint: str):
+    def _publish_part(self, sid: str, plan, n_shared: int, local_skeleton: dict, fingerprint: str,
+                      call: dict):
         """Make this rank's written chunks durable and hand them to the coordinator."""
         try:
             failed = next((t.future.exception() for t in plan.writes if t.future.exception()), None)
@@ -209,7 +211,7 @@ class Repo(NodeLocalMixin, BaseRepo):
                 "chunks": {str(i): [c.to_json() for c in leaf.chunks]
                            for i, leaf in enumerate(stored.leaves[:n_shared]) if leaf.chunks},
                 "local_tree": local_skeleton, "local_leaves": locals_,
-                "stored_bytes": stored.stored_bytes, "layout": fingerprint}
+                "stored_bytes": stored.stored_bytes, "layout": fingerprint, "leaves": n_shared, "call": call}
             if self.node_local:
                 part["held"] = sorted({o for leaf in stored.leaves for c in leaf.chunks for o in c.objects
                                        if self.store.exists(object_key(o))})
@@ -326,8 +328,13 @@ def assemble_manifest(record: Version, skeleton, leaves: list[Leaf], parts: list
                       allow_pickle: bool) -> Manifest:
     """One manifest from rank 0's shared leaf table and every rank's part."""
     if len({p["layout"] for p in parts}) != 1:
-        raise DistSaveError("ranks saved differently structured states (paths, dtypes or shapes differ); "
-                            "every rank must pass the same state tree")
+        counts = ", ".join(f"rank {r}: {p.get('leaves', '?')}" for r, p in enumerate(parts))
+        raise DistSaveError("ranks saved differently structured states (paths, dtypes or shapes differ; "
+                            f"shared leaves per rank: {counts}); every rank must pass the same state tree")
+    calls = [p.get("call", {"branch": record.branch, "step": record.step}) for p in parts]
+    if any(c != {"branch": record.branch, "step": record.step} for c in calls):
+        said = ", ".join(f"rank {r}: branch {c['branch']!r} step {c['step']!r}" for r, c in enumerate(calls))
+        raise DistSaveError(f"ranks asked for different saves ({said}); every rank must pass the same branch and step")
     leaves = [Leaf.from_json(leaf.to_json()) for leaf in leaves]
     for leaf in leaves:
         leaf.chunks = []
