@@ -195,6 +195,11 @@ def test_map_location_and_device_recorded(repo):
     assert repo.manifest().leaves[0].device == "cpu"
     out = repo.load(map_location="meta")
     assert out["w"].device.type == "meta"
+    assert repo.load(map_location={"cpu": "meta"})["w"].device.type == "meta", "a dict maps saved devices"
+    assert repo.load(map_location={"cuda:1": "cuda:0"})["w"].device.type == "cpu", "others stay where saved"
+    seen = []
+    got = repo.load(map_location=lambda t, saved_on: seen.append(saved_on) or t.double())["w"]
+    assert seen == ["cpu"] and got.dtype == torch.float64
 
 
 def test_large_leaf_is_chunked_and_small_leaves_packed(tmp_path):

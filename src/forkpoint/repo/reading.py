@@ -90,7 +90,8 @@ class ReadingMixin:
     @gc_paused()
     def load(self, ref: str = "main", paths: list[str] | None = None, map_location=None,
              allow_pickle: bool = False, mmap: bool = False, all_ranks: bool = False):
-        """Return the state tree of `ref` (tensors on `map_location`, default CPU). With
+        """Return the state tree of `ref` (tensors on `map_location`, default CPU: a device, a
+        dict from saved device to target, or `f(tensor, saved device)`, as in torch.load). With
         mmap=True, large leaves on a local or /dev/shm tier are memory-mapped (copy-on-write,
         still verified) instead of copied into fresh memory. Rank-local state saved by several
         ranks comes back as this rank's part, or as the list of every rank's with all_ranks."""

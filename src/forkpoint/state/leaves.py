@@ -249,6 +249,8 @@ def finish_leaf(kind: str, obj, device: str, map_location, allow_pickle: bool, p
     """Turn a filled buffer into the user-facing value (device move, scalar, bytes, unpickle)."""
     if kind == "torch":
         target = map_location if map_location is not None else "cpu"
+        if isinstance(target, dict):
+            target = target.get(device, device)
         if callable(target):
             return target(obj, device)
         return obj if str(target) == "cpu" else obj.to(target)
