@@ -17,6 +17,9 @@ from datetime import timedelta
 
 from ..errors import ForkpointError
 
+ERROR_ACK_SECONDS = 10.0
+"""How long the coordinator waits for the other ranks to read a failed save's outcome."""
+
 
 class DistSaveError(ForkpointError):
     """A distributed save did not commit: a rank failed, died or timed out. No version appeared."""
@@ -89,18 +92,18 @@ class Coordinator:
 
     def announce(self, sid: str, outcome: dict, extras: dict | None = None, cleanup=()) -> None:
         """(Coordinator) tell every rank how save `sid` ended, with `extras` ({key: value}) for
-        them to fetch; after a commit, wait (up to the timeout) until every rank has read what
-        it needs, so that the store, which rank 0 may host, outlives their reads; then remove
-        the save's keys (and the `cleanup` keys other ranks set)."""
+        them to fetch; wait (up to the timeout after a commit, ERROR_ACK_SECONDS after a failure)
+        until every rank has read what it needs, so that the store, which rank 0 may host,
+        outlives their reads; then remove the save's keys (and the `cleanup` keys other ranks set)."""
         if self.world == 1:
             return
         for key, value in (extras or {}).items():
             self.store.set(f"{sid}/{key}", value)
         self.store.set(f"{sid}/outcome", json.dumps(outcome))
-        if "error" in outcome:
-            return
         try:
-            self.wait([f"{sid}/done"], self.timeout)
+            # after a failure, wait briefly: a rank that died never reads it, but a process
+            # exiting right after raising would take the store (which rank 0 may host) with it
+            self.wait([f"{sid}/done"], min(self.timeout, ERROR_ACK_SECONDS) if "error" in outcome else self.timeout)
             for key in ("outcome", "read", "done", *(extras or {}), *cleanup):
                 self.store.delete_key(f"{sid}/{key}")
         except Exception:
@@ -123,12 +126,17 @@ class Coordinator:
             if fetch is not None and "error" not in outcome:
                 fetch(outcome)
         finally:
-            try:
-                if self.store.add(f"{sid}/read", 1) == self.world - 1:
-                    self.store.set(f"{sid}/done", "1")
-            except Exception:
-                pass
+            self.acknowledge(sid)
         return outcome
+
+    def acknowledge(self, sid: str) -> None:
+        """(Other ranks) say this rank needs nothing more of save `sid` (it read the outcome,
+        or refused the save and will not wait for one)."""
+        try:
+            if self.store.add(f"{sid}/read", 1) == self.world - 1:
+                self.store.set(f"{sid}/done", "1")
+        except Exception:
+            pass
 
     def get(self, sid: str, key: str, wait: bool = False) -> bytes:
         """The value of a key of save `sid` (waiting up to the timeout for it with `wait`)."""

@@ -153,6 +153,8 @@ class Repo(NodeLocalMixin, BaseRepo):
             self.coordinator.publish(sid, {"error": message})
             if self.rank == 0:
                 self.coordinator.announce(sid, {"error": f"rank 0 refused it: {message}"})
+            else:
+                self.coordinator.acknowledge(sid)
         except Exception:  # the store is gone: the others then time out as before
             pass
 
