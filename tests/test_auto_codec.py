@@ -155,3 +155,46 @@ def test_a_failed_write_counts_no_bytes(tmp_path):
     with writer._measured(MiB, False):
         pass
     assert writer.auto_meter.nbytes == MiB and writer.auto_meter.active == 0
+
+
+def test_a_flush_encodes_auto_objects_where_the_tier_below_measures_encoding_faster(tmp_path):
+    """codec="auto" on tiers: saves into the fast tier stay raw; a flush encodes the raw auto
+    objects as it copies them where the lower tier's AutoChoice (learnt from flushes) says
+    encoded writes are faster there, and copies them raw where it says raw; each tier alone
+    reads back bit-exactly, and flushes teach the lower tier's AutoChoice."""
+    fast, slow, plain = f"mem://{tmp_path.name}", str(tmp_path / "slow"), str(tmp_path / "plain")
+    states = [{"w": compressible(3 * MiB, seed=i), "n": np.arange(300_000) // 7} for i in range(3)]
+    repo = fp.Repo(tiers=[fast, slow], create=True, codec="auto")
+    choice_for(repo.stores[0]).rates.update({False: 2e9, True: 1e9})  # raw saves win up there
+    choice_for(repo.stores[1]).rates.update({False: 1e8, True: 4e8})  # encoded writes win below
+    ids = [repo.save(s, step=i).id for i, s in enumerate(states)]
+    repo.drain()
+    assert set(repo.stored_codecs(ids[-1]).values()) == {"raw"}, "the fast tier holds raw objects"
+    below = fp.Repo(slow)
+    codecs = set(below.stored_codecs(ids[-1]).values())
+    assert "float-planes" in codecs, codecs
+    assert below.du()["objects_bytes"] < 0.8 * sum(v.logical_bytes for v in repo.log())
+    for vid, state in zip(ids, states):
+        got = below.load(vid)
+        assert np.array_equal(got["w"], state["w"]) and np.array_equal(got["n"], state["n"])
+    assert below.verify().ok
+    learnt = choice_for(repo.stores[1]).rates
+    assert set(learnt) == {False, True} and learnt[True] != 4e8, "the flushes were measured"
+    choice_for(repo.stores[0]).rates.update({False: 1e8, True: 4e9})  # now saves encode up there too
+    encoded = {"w": compressible(3 * MiB, seed=9), "n": np.arange(300_000) // 5}
+    vid = repo.save(encoded, step=3).id
+    repo.drain()
+    assert repo.stats()["flush_errors"] == []
+    assert "float-planes" in set(repo.stored_codecs(vid).values()), "encoded at the save"
+    got = fp.Repo(slow).load(vid)
+    assert np.array_equal(got["w"], encoded["w"]) and np.array_equal(got["n"], encoded["n"])
+    assert fp.Repo(slow).verify(vid).ok
+    repo.close()
+
+    other = fp.Repo(tiers=[f"mem://{tmp_path.name}-2", plain], create=True, codec="auto")
+    choice_for(other.stores[0]).rates.update({False: 2e9, True: 1e9})
+    choice_for(other.stores[1]).rates.update({False: 4e8, True: 1e8})  # raw writes win there
+    vid = other.save(states[0]).id
+    other.drain()
+    assert set(fp.Repo(plain).stored_codecs(vid).values()) == {"raw"}
+    other.close()

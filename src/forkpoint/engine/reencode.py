@@ -7,6 +7,7 @@ file and the encoded one are the same object to every reader; the encoded bytes 
 before they atomically replace the raw ones, and a crash at any instant leaves one or the other.
 """
 
+import contextlib
 from dataclasses import dataclass
 
 from ..errors import CorruptObjectError
@@ -56,3 +57,44 @@ def encode_in_place(store: Store, item: LaterEncode) -> int:
         return 0
     store.write(item.key, [pack_header(item.codec.id, length), *payload])
     return view.nbytes - coded
+
+
+def copy_encoded(sources: list[Store], dst: Store, item: LaterEncode, encoding=None) -> tuple[int, bool] | None:
+    """Copy object `item.key` to `dst` from the first source holding it, encoded with
+    `item.codec` when it codes at least 5% smaller; return (bytes written, 0 when `dst` has it
+    already; whether they were encoded), or None when the first source holding it has it
+    encoded already (the caller copies it as it is). The raw bytes are checked against the
+    object's name before they are encoded, so a damaged copy is never given a valid header;
+    `encoding()` is held around the encoding (the scheduler's encoder budget)."""
+    if dst.exists(item.key):
+        dst.touch(item.key)
+        return 0, False
+    digest = item.key.rsplit("/", 1)[-1]
+    damaged = None
+    for src in sources:
+        where = f"{src.url}/{item.key}"
+        try:
+            blob = src.map(item.key, 0, None)
+            if blob is None:
+                blob = src.read(item.key)
+        except FileNotFoundError:
+            continue
+        view = memoryview(blob).cast("B")
+        codec_id, length, header_size = unpack_header(bytes(view[:OBJECT_HEADER_SIZE]), where)
+        if codec_id != 0:
+            return None
+        data = view[header_size:header_size + length]
+        if data.nbytes != length or content_hash(data, parallel=False) != digest:
+            damaged = CorruptObjectError(f"{where} does not match its hash: corrupted")
+            continue
+        with encoding() if encoding is not None else contextlib.nullcontext():
+            payload = item.codec.pieces(data, item.itemsize, threads=1)
+        coded = OBJECT_HEADER_SIZE + sum(memoryview(p).nbytes for p in payload)
+        if coded < MIN_GAIN * view.nbytes:
+            dst.write(item.key, [pack_header(item.codec.id, length), *payload])
+            return coded, True
+        dst.write(item.key, [view])
+        return view.nbytes, False
+    if damaged is not None:
+        raise damaged
+    raise FileNotFoundError(f"{item.key} is in no tier")

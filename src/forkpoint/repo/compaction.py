@@ -16,6 +16,25 @@ log = logging.getLogger("forkpoint")
 COMPACTED_POLICIES = ("lossless", "zstd", "auto")
 
 
+def encodable_objects(m, rules, policies, items: dict[str, LaterEncode] | None = None) -> dict[str, LaterEncode]:
+    """{object key: how to encode it} for the objects of manifest `m` whose chunks fall under
+    one of `policies` (lossy ones count as lossless) by `rules`; packs under the last rule,
+    coded as bytes; deltas left out. Adds to `items` when given."""
+    items = {} if items is None else items
+    for leaf in m.leaves:
+        itemsize, floating = element_of(leaf.kind, leaf.dtype, leaf.shape, leaf.nbytes)
+        for c in leaf.chunks:
+            packed = c.object != c.hash
+            policy = rules[-1][1] if packed else policy_for(rules, leaf.path)
+            if c.delta or not (isinstance(policy, Lossy) or policy in policies):
+                continue
+            size, fl = (1, False) if packed else (itemsize, floating)
+            key = object_key(c.object)
+            item = items.setdefault(key, LaterEncode(key, policy_codec(policy, size, fl), size))
+            item.nbytes = max(item.nbytes, c.start + c.size)
+    return items
+
+
 class CompactionMixin:
     """In-place encoding of a Repo's objects (see repo.core)."""
 
@@ -32,19 +51,8 @@ class CompactionMixin:
         items: dict[str, LaterEncode] = {}
         for vid in vids:
             m = self._manifest_by_id(vid)
-            if m.version.pruned:
-                continue
-            for leaf in m.leaves:
-                itemsize, floating = element_of(leaf.kind, leaf.dtype, leaf.shape, leaf.nbytes)
-                for c in leaf.chunks:
-                    packed = c.object != c.hash
-                    policy = rules[-1][1] if packed else policy_for(rules, leaf.path)
-                    if c.delta or not (isinstance(policy, Lossy) or policy in COMPACTED_POLICIES):
-                        continue
-                    size, fl = (1, False) if packed else (itemsize, floating)
-                    key = object_key(c.object)
-                    item = items.setdefault(key, LaterEncode(key, policy_codec(policy, size, fl), size))
-                    item.nbytes = max(item.nbytes, c.start + c.size)
+            if not m.version.pruned:
+                encodable_objects(m, rules, COMPACTED_POLICIES, items)
         report = CompactReport(versions=len(vids))
         tasks = [(item, self._sched.submit(
                     "compact", lambda store=store, item=item: self._compact_object(store, item),

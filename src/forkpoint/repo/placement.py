@@ -1,7 +1,11 @@
 """Tiers: flush versions down, evict per tier, prefetch up, report where versions live."""
 
 import logging
+from dataclasses import dataclass, field
 
+from ..engine.autocodec import BusyMeter, choice_for
+from ..engine.reencode import copy_encoded
+from ..engine.save import codec_rules
 from ..engine.scheduler import Priority, Task
 from ..errors import FormatError, RefNotFoundError
 from ..format.manifest import Manifest, version_from_bytes
@@ -9,8 +13,19 @@ from ..format.objects import object_key
 from ..storage import Store
 from ..tiers import farthest_next_use
 from ..tiers.movement import copy_manifest, copy_object, object_keys, sweep
+from .compaction import encodable_objects
 
 log = logging.getLogger("forkpoint")
+
+
+@dataclass
+class FlushWay:
+    """How one flush copies its auto objects: {object key: how to encode it}, whether it
+    encodes them (the destination's AutoChoice), and the meter timing those copies."""
+
+    items: dict
+    encoded: bool
+    meter: BusyMeter = field(default_factory=BusyMeter)
 
 
 class PlacementMixin:
@@ -35,7 +50,8 @@ class PlacementMixin:
             self._flush_pins[vid] = {key.rsplit("/", 1)[-1] for key in keys}
             encoding = {key: self._encoding[key] for key in keys if key in self._encoding} if k == 0 else {}
         self._sched.promote(encoding.values())
-        copies = [self._sched.submit("flush", lambda key=key: copy_object(self.stores[k:], dst, key),
+        way = self._flush_encodes(m, dst, keys)
+        copies = [self._sched.submit("flush", lambda key=key: self._copy_down(k, dst, key, way),
                                      priority=Priority.FLUSH, needs={f"io:{tier}": 1}, tier=tier,
                                      after=[encoding[key]] if key in encoding else ())
                   for key in keys]
@@ -44,6 +60,8 @@ class PlacementMixin:
             committed = False
             try:
                 failed = next((c.future.exception() for c in copies if c.future.exception()), None)
+                if way is not None and failed is None:
+                    choice_for(dst).record(way.encoded, way.meter.nbytes, way.meter.busy, keep=self._writes_below(k))
                 if failed is None:
                     dst.barrier(keys)
                 if self._flush_gate(vid, k, failed):
@@ -69,6 +87,36 @@ class PlacementMixin:
 
         return self._sched.submit("flush", finish, priority=Priority.FLUSH, after=copies,
                                   needs={f"io:{tier}": 1}, tier=tier)
+
+    def _flush_encodes(self, m: Manifest, dst: Store, keys: list[str]):
+        """How a flush of `m` to `dst` copies its objects under codec="auto": (FlushWay, or None
+        when no chunk is under "auto"). Where the destination's AutoChoice (learnt from the
+        flushes to it) says encoded writes are faster there, raw auto objects are encoded as
+        they are copied, so saves into a fast tier stay raw while a slower tier below gets
+        them encoded."""
+        rules = codec_rules(self.options.codec)
+        if not any(policy == "auto" for _, policy in rules):
+            return None
+        wanted = set(keys)
+        items = {key: item for key, item in encodable_objects(m, rules, ("auto",)).items() if key in wanted}
+        return FlushWay(items, choice_for(dst).pick(slow_store=dst.bandwidth_hint is not None))
+
+    def _copy_down(self, k: int, dst: Store, key: str, way) -> int:
+        """Copy one object of a flush from tier k (or the tiers below it) to `dst`, encoded
+        where `way` says so; auto objects are timed (decoded bytes) for the AutoChoice."""
+        item = way.items.get(key) if way is not None else None
+        if item is None:
+            return copy_object(self.stores[k:], dst, key)
+        way.meter.start()
+        written = 0
+        try:
+            done = copy_encoded(self.stores[k:], dst, item, lambda: self._sched.hold("encode")) \
+                if way.encoded else None
+            copied = done[0] if done is not None else copy_object(self.stores[k:], dst, key)
+            written = item.nbytes if copied else 0
+            return copied
+        finally:
+            way.meter.finish(written)
 
     def _flush_keys(self, vid: str, k: int, m: Manifest) -> list[str]:
         """The object keys this process copies from tier k to tier k + 1 to flush version `vid`."""
