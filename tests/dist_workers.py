@@ -438,7 +438,8 @@ def _refused_save(rank, world, out, url, refuser):
 
 def _disagreeing_save(rank, world, out, url):
     """Ranks pass different steps, then different structures: each save fails on every rank
-    with an error that says how they differ."""
+    with an error that says how they differ. Then a step given on one rank only (None on the
+    other, as DeepSpeed's integration does) is the version's."""
     repo = fp.dist.Repo(url, create=True, timeout=60)
     raised = []
     for kwargs, state in (({"step": rank}, {"w": torch.ones(10)}),
@@ -448,5 +449,6 @@ def _disagreeing_save(rank, world, out, url):
             raised.append(None)
         except fp.dist.DistSaveError as e:
             raised.append(str(e))
+    known = [repo.save({"w": torch.full((10,), float(i))}, step=(7 + i) if rank == i else None).step for i in (0, 1)]
     repo.close()
-    return raised
+    return raised + [known]

@@ -9,6 +9,7 @@ A node-local tier 0 (`fp.tier(path, local=True)`, or `mem://`, private to each p
 handled by dist/node_local.py.
 """
 
+import dataclasses
 import json
 import os
 import socket
@@ -334,9 +335,13 @@ def assemble_manifest(record: Version, skeleton, leaves: list[Leaf], parts: list
         raise DistSaveError("ranks saved differently structured states (paths, dtypes or shapes differ; "
                             f"shared leaves per rank: {counts}); every rank must pass the same state tree")
     calls = [p.get("call", {"branch": record.branch, "step": record.step}) for p in parts]
-    if any(c != {"branch": record.branch, "step": record.step} for c in calls):
+    steps = {c["step"] for c in calls if c["step"] is not None}
+    if len(steps) > 1 or any(c["branch"] != record.branch for c in calls):
         said = ", ".join(f"rank {r}: branch {c['branch']!r} step {c['step']!r}" for r, c in enumerate(calls))
-        raise DistSaveError(f"ranks asked for different saves ({said}); every rank must pass the same branch and step")
+        raise DistSaveError(f"ranks asked for different saves ({said}); every rank must pass the same branch "
+                            "and step (or step=None: the others' step)")
+    if steps and record.step is None:
+        record = dataclasses.replace(record, step=steps.pop())
     leaves = [Leaf.from_json(leaf.to_json()) for leaf in leaves]
     for leaf in leaves:
         leaf.chunks = []
