@@ -36,27 +36,18 @@ def encode_in_place(store: Store, item: LaterEncode) -> int:
     it at least 5% smaller; return the bytes saved (0 when it is gone, no longer raw, or did not
     code smaller). The raw bytes are verified against the object's name first: a damaged object
     raises CorruptObjectError and stays as it is. All of it runs in the calling thread."""
-    where = f"{store.url}/{item.key}"
-    digest = item.key.rsplit("/", 1)[-1]
     try:
-        blob = store.map(item.key, 0, None)
-        if blob is None:
-            blob = store.read(item.key)
+        raw = _raw_object(store, item.key)
     except FileNotFoundError:
         return 0
-    view = memoryview(blob).cast("B")
-    codec_id, length, header_size = unpack_header(bytes(view[:OBJECT_HEADER_SIZE]), where)
-    if codec_id != 0:
+    if raw is None:
         return 0
-    data = view[header_size:]
-    if data.nbytes != length or content_hash(data, parallel=False) != digest:
-        raise CorruptObjectError(f"{where} does not match its hash: corrupted")
-    payload = item.codec.pieces(data, item.itemsize, threads=1)
-    coded = OBJECT_HEADER_SIZE + sum(memoryview(p).nbytes for p in payload)
-    if coded >= MIN_GAIN * view.nbytes:
+    view, data = raw
+    parts = _encoded_parts(item, view, data)
+    if parts is None:
         return 0
-    store.write(item.key, [pack_header(item.codec.id, length), *payload])
-    return view.nbytes - coded
+    store.write(item.key, parts)
+    return view.nbytes - sum(memoryview(p).nbytes for p in parts)
 
 
 def copy_encoded(sources: list[Store], dst: Store, item: LaterEncode, encoding=None) -> tuple[int, bool] | None:
@@ -69,32 +60,49 @@ def copy_encoded(sources: list[Store], dst: Store, item: LaterEncode, encoding=N
     if dst.exists(item.key):
         dst.touch(item.key)
         return 0, False
-    digest = item.key.rsplit("/", 1)[-1]
     damaged = None
     for src in sources:
-        where = f"{src.url}/{item.key}"
         try:
-            blob = src.map(item.key, 0, None)
-            if blob is None:
-                blob = src.read(item.key)
+            raw = _raw_object(src, item.key)
         except FileNotFoundError:
             continue
-        view = memoryview(blob).cast("B")
-        codec_id, length, header_size = unpack_header(bytes(view[:OBJECT_HEADER_SIZE]), where)
-        if codec_id != 0:
-            return None
-        data = view[header_size:header_size + length]
-        if data.nbytes != length or content_hash(data, parallel=False) != digest:
-            damaged = CorruptObjectError(f"{where} does not match its hash: corrupted")
+        except CorruptObjectError as e:
+            damaged = e
             continue
-        with encoding() if encoding is not None else contextlib.nullcontext():
-            payload = item.codec.pieces(data, item.itemsize, threads=1)
-        coded = OBJECT_HEADER_SIZE + sum(memoryview(p).nbytes for p in payload)
-        if coded < MIN_GAIN * view.nbytes:
-            dst.write(item.key, [pack_header(item.codec.id, length), *payload])
-            return coded, True
-        dst.write(item.key, [view])
-        return view.nbytes, False
+        if raw is None:
+            return None
+        view, data = raw
+        parts = _encoded_parts(item, view, data, encoding)
+        dst.write(item.key, parts or [view])
+        return sum(memoryview(p).nbytes for p in parts or [view]), parts is not None
     if damaged is not None:
         raise damaged
     raise FileNotFoundError(f"{item.key} is in no tier")
+
+
+def _raw_object(store: Store, key: str) -> tuple[memoryview, memoryview] | None:
+    """(the whole object, its decoded bytes) of raw object `key` of `store`, checked against
+    its name; None when it is stored encoded. FileNotFoundError when absent, CorruptObjectError
+    when damaged."""
+    where = f"{store.url}/{key}"
+    blob = store.map(key, 0, None)
+    if blob is None:
+        blob = store.read(key)
+    view = memoryview(blob).cast("B")
+    codec_id, length, header_size = unpack_header(bytes(view[:OBJECT_HEADER_SIZE]), where)
+    if codec_id != 0:
+        return None
+    data = view[header_size:header_size + length]
+    if data.nbytes != length or content_hash(data, parallel=False) != key.rsplit("/", 1)[-1]:
+        raise CorruptObjectError(f"{where} does not match its hash: corrupted")
+    return view, data
+
+
+def _encoded_parts(item: LaterEncode, view: memoryview, data: memoryview, encoding=None) -> list | None:
+    """The header and payload of `data` encoded with `item.codec` (holding `encoding()` while
+    it encodes), or None where they are not 5% smaller than the raw object `view`."""
+    with encoding() if encoding is not None else contextlib.nullcontext():
+        payload = item.codec.pieces(data, item.itemsize, threads=1)
+    if OBJECT_HEADER_SIZE + sum(memoryview(p).nbytes for p in payload) >= MIN_GAIN * view.nbytes:
+        return None
+    return [pack_header(item.codec.id, data.nbytes), *payload]
