@@ -198,3 +198,31 @@ def test_a_flush_encodes_auto_objects_where_the_tier_below_measures_encoding_fas
     other.drain()
     assert set(fp.Repo(plain).stored_codecs(vid).values()) == {"raw"}
     other.close()
+
+
+def test_a_flush_that_would_encode_a_damaged_object_fails_and_commits_nothing_below(tmp_path):
+    """A raw object damaged on the fast tier is never encoded under its name: the flush fails,
+    names it, and the lower tier gets neither the object nor the version."""
+    import os
+
+    from forkpoint.format.objects import object_key
+
+    fast, slow = str(tmp_path / "fast"), str(tmp_path / "slow")
+    repo = fp.Repo(tiers=[fp.tier(fast, flush_every=2), slow], create=True, codec="auto")
+    choice_for(repo.stores[0]).rates.update({False: 2e9, True: 1e9})
+    choice_for(repo.stores[1]).rates.update({False: 1e8, True: 4e8})
+    w = compressible(3 * MiB, seed=4)
+    first = repo.save({"w": w, "n": np.arange(10)}, step=0)
+    obj = repo.manifest(first.id).leaves[0].chunks[0].object
+    path = os.path.join(fast, object_key(obj))
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        f.write(b"\xff" * 8)
+    second = repo.save({"w": w, "n": np.arange(10) + 1}, step=1)  # reuses the damaged object
+    repo.drain()
+    errors = repo.stats()["flush_errors"]
+    assert [e["version"] for e in errors] == [second.id] and obj in errors[0]["error"]
+    assert "does not match its hash" in errors[0]["error"]
+    assert not os.path.exists(os.path.join(slow, object_key(obj)))
+    assert fp.Repo(slow).branches() == {}, "nothing was committed below"
+    repo.close()
