@@ -74,6 +74,17 @@ static void minimum_redundancy(int *a, int n) {
     }
 }
 
+/* Each byte with its bits in reverse order (canonical codes are written LSB first). */
+static uint8_t REVERSED[256];
+
+static void fill_reversed(void) {
+    for (int i = 0; i < 256; i++) {
+        uint8_t r = 0;
+        for (int b = 0; b < 8; b++) r |= (uint8_t)(((i >> b) & 1) << (7 - b));
+        REVERSED[i] = r;
+    }
+}
+
 typedef struct { uint32_t freq; int symbol; } SymbolFreq;
 
 /* Sort `m` symbols by (frequency, symbol), ascending: LSD radix sort, one byte of the
@@ -128,9 +139,8 @@ static void build_code(const uint32_t *freq, int n, int limit, uint8_t *lengths,
     for (i = 0; i < n; i++) {
         len = lengths[i];
         if (!len) continue;
-        uint32_t c = (uint32_t)next_code[len]++, r = 0;
-        for (int b = 0; b < len; b++) { r = (r << 1) | (c & 1); c >>= 1; }
-        codes[i] = (uint16_t)r;
+        uint32_t c = (uint32_t)next_code[len]++;
+        codes[i] = (uint16_t)(((uint32_t)REVERSED[c & 0xff] << 8 | REVERSED[c >> 8]) >> (16 - len));
     }
 }
 
@@ -451,4 +461,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_planes", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__planes(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__planes(void) {
+    fill_reversed();
+    return PyModule_Create(&module);
+}
