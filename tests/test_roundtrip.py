@@ -167,6 +167,12 @@ def test_unsupported_tensor_kinds(repo):
         repo.save({"q": torch.quantize_per_tensor(torch.randn(4), 0.1, 0, torch.qint8)})
     with pytest.raises(UnsupportedTypeError, match="sparse"):
         repo.save({"s": torch.eye(3).to_sparse()})
+    with pytest.raises(UnsupportedTypeError, match="sparse tensor .*sparse_csr"):
+        repo.save({"s": torch.eye(3).to_sparse_csr()})
+    for layout in (torch.strided, torch.jagged):
+        nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], layout=layout)
+        with pytest.raises(UnsupportedTypeError, match=r"state path 'n/t' holds a nested tensor.*unbind"):
+            repo.save({"n": {"t": nested}})
     with pytest.raises(UnsupportedTypeError, match="object"):
         repo.save({"o": np.array([object()], dtype=object)})
     with pytest.raises(UnsupportedTypeError, match=r"state path 'm/w' is a meta tensor.*to_empty"):

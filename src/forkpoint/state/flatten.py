@@ -48,7 +48,7 @@ def _tensor_identity(t):
         local = t.to_local()
         inner = _tensor_identity(local) if local.numel() else None
         return None if inner is None else ("dtensor", tuple(t.shape)) + inner
-    if t.layout is not sys.modules["torch"].strided or t.is_quantized:
+    if t.layout is not sys.modules["torch"].strided or t.is_quantized or t.is_nested:
         return None
     return t.data_ptr(), t.dtype, t.shape, t.stride(), t.device
 

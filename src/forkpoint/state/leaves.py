@@ -94,7 +94,7 @@ def plain_cpu(t) -> bool:
     import torch
 
     return (type(t) in (torch.Tensor, torch.nn.Parameter) and t.is_cpu and t.layout is torch.strided
-            and not t.is_quantized and t.is_contiguous() and not t.is_conj() and not t.is_neg()
+            and not t.is_quantized and not t.is_nested and t.is_contiguous() and not t.is_conj() and not t.is_neg()
             and t.numel() > 0 and _numpy_view(t.dtype) is not None)
 
 
@@ -151,13 +151,17 @@ def torch_leaf(t, path: str, copy: bool, device_capture=None) -> LeafData:
         leaf.shape, leaf.box, leaf.owner, leaf.itemsize = shape, box, owner, local.element_size()
         return leaf
 
+    if t.is_nested:
+        raise UnsupportedTypeError(
+            f"state path {path!r} holds a nested tensor ({t.dtype}, {t.layout}); forkpoint stores dense "
+            "tensors: store its components (list(t.unbind())) or a padded copy (t.to_padded_tensor(0)) instead")
     dtype = dtype_name(t.dtype)
     quantized = t.is_quantized or dtype.startswith(("qint", "quint"))
     if quantized or t.is_sparse or t.layout != torch.strided:
+        kind = "quantized" if quantized else "sparse" if "sparse" in str(t.layout) else f"{t.layout}"
         raise UnsupportedTypeError(
-            f"state path {path!r} holds a {'quantized' if quantized else 'sparse'} "
-            f"tensor ({t.dtype}, {t.layout}); forkpoint stores dense, non-quantized tensors: convert it "
-            "(e.g. .to_dense() / .dequantize()) first"
+            f"state path {path!r} holds a {kind} tensor ({t.dtype}, {t.layout}); forkpoint stores dense, "
+            "non-quantized tensors: convert it (e.g. .to_dense() / .dequantize()) first"
         )
     if t.is_meta:
         raise UnsupportedTypeError(
@@ -284,7 +288,7 @@ def live_buffer(obj):
         if plain_cpu(obj):
             return "torch", dtype_name(obj.dtype), tuple(obj.shape), host_bytes(obj), None
         if (obj.device.type != "cpu" or not obj.is_contiguous() or obj.is_conj() or obj.is_neg()
-                or obj.layout != torch.strided or obj.is_quantized):
+                or obj.layout != torch.strided or obj.is_quantized or obj.is_nested):
             return None
         t = obj.detach()
         flat = t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
