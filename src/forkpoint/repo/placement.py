@@ -88,6 +88,36 @@ class PlacementMixin:
         return self._sched.submit("flush", finish, priority=Priority.FLUSH, after=copies,
                                   needs={f"io:{tier}": 1}, tier=tier)
 
+    def finish_flushes(self) -> list[Task]:
+        """Schedule the flushes a stopped process left undone (killed or crashed before its
+        background flushes ended): on each tier above the last, the committed versions the tier
+        below lacks (with flush_every > 1, only branch heads and tagged versions), oldest first.
+        Skipped for a tier another running process writes to (its own flushes are in flight)
+        and by distributed repositories. Returns the flush tasks."""
+        if getattr(self, "collective", False):
+            return []
+        tasks = []
+        for k in range(len(self.stores) - 1):
+            store, below = self.stores[k], self.stores[k + 1]
+            if self._others_alive(store):
+                continue
+            present = [m.version for m in self._manifests_in(store) if not m.version.pruned]
+            heads = {self._ref_state_in(store, "heads", b)[1] for b in {v.branch for v in present}} - {None}
+            tags = set(self.tags().values())
+            committed = self._reachable(heads | tags)
+            due = [v for v in sorted(present, key=lambda v: v.time)
+                   if v.id in committed and v.id not in self._flushing
+                   and (self.tier_specs[k].flush_every == 1 or v.id in heads | tags)]
+            for v in due:
+                try:
+                    if not version_from_bytes(below.read(f"versions/{v.id}.json"), below.url).pruned:
+                        continue
+                except FileNotFoundError:
+                    pass
+                log.info("finishing the flush of version %s to %s", v.id, below.url)
+                tasks.append(self._schedule_flush(v.id, k))
+        return tasks
+
     def _flush_encodes(self, m: Manifest, dst: Store, keys: list[str]):
         """How a flush of `m` to `dst` copies its objects under codec="auto": (FlushWay, or None
         when no chunk is under "auto"). Where the destination's AutoChoice (learnt from the

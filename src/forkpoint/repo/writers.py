@@ -49,6 +49,11 @@ class WritersMixin:
         self._lease_finalizer = weakref.finalize(
             self, release_leases, list(self.stores), self._lease_key(), self._leases, self._lock)
 
+    def _others_alive(self, store: Store, young: float = 600.0) -> bool:
+        """True when another running process may write to `store` (see live_writer)."""
+        own = self._lease_key()
+        return any(live_writer(store, key, own, young) for key in store.list(LEASES))
+
     def _release_leases(self) -> None:
         """Remove this process's leases (at close: it writes nothing more)."""
         self._lease_finalizer()
@@ -91,6 +96,31 @@ class WritersMixin:
                 except FileNotFoundError:
                     pass
         return now - QUIET_MARGIN if quiet else None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def live_writer(store: Store, key: str, own: str, young: float) -> bool:
+    """True when lease `key` may belong to a running process other than this one: a process
+    of this host that is alive, or one of another host whose lease is younger than `young` s."""
+    if key == own:
+        return False
+    try:
+        record = json.loads(store.read(key))
+        age = time.time() - store.mtime(key)
+    except (FileNotFoundError, ValueError):
+        return False
+    if record.get("host") == socket.gethostname() and isinstance(record.get("pid"), int):
+        return record["pid"] == os.getpid() or _pid_alive(record["pid"])
+    return age < young
 
 
 def release_leases(stores: list[Store], key: str, leases: dict, lock) -> None:
