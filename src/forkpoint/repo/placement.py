@@ -101,22 +101,23 @@ class PlacementMixin:
             store, below = self.stores[k], self.stores[k + 1]
             if self._others_alive(store):
                 continue
-            present = [m.version for m in self._manifests_in(store) if not m.version.pruned]
-            heads = {self._ref_state_in(store, "heads", b)[1] for b in {v.branch for v in present}} - {None}
-            tags = set(self.tags().values())
-            committed = self._reachable(heads | tags)
-            due = [v for v in sorted(present, key=lambda v: v.time)
-                   if v.id in committed and v.id not in self._flushing
-                   and (self.tier_specs[k].flush_every == 1 or v.id in heads | tags)]
-            for v in due:
-                try:
-                    if not version_from_bytes(below.read(f"versions/{v.id}.json"), below.url).pruned:
-                        continue
-                except FileNotFoundError:
-                    pass
-                log.info("finishing the flush of version %s to %s", v.id, below.url)
-                tasks.append(self._schedule_flush(v.id, k))
+            present, heads = self._committed_on(store)
+            kept = heads | set(self.tags().values())
+            for v in reversed(present):
+                if v.id in self._flushing or (self.tier_specs[k].flush_every > 1 and v.id not in kept):
+                    continue
+                if not self._holds_in_full(below, v.id):
+                    log.info("finishing the flush of version %s to %s", v.id, below.url)
+                    tasks.append(self._schedule_flush(v.id, k))
         return tasks
+
+    def _committed_on(self, store: Store) -> tuple[list, set]:
+        """(The committed versions `store` holds in full, newest first; its branch heads.)"""
+        present = sorted((m.version for m in self._manifests_in(store) if not m.version.pruned),
+                         key=lambda v: v.time, reverse=True)
+        heads = {self._ref_state_in(store, "heads", b)[1] for b in {v.branch for v in present}} - {None}
+        committed = self._reachable(heads | set(self.tags().values()))
+        return [v for v in present if v.id in committed], heads
 
     def _flush_encodes(self, m: Manifest, dst: Store, keys: list[str]):
         """How a flush of `m` to `dst` copies its objects under codec="auto": (FlushWay, or None
@@ -220,11 +221,7 @@ class PlacementMixin:
         last = k == len(self.stores) - 1
         if spec.keep is None:
             return
-        present = sorted((m.version for m in self._manifests_in(store) if not m.version.pruned),
-                         key=lambda v: v.time, reverse=True)
-        heads = {self._ref_state_in(store, "heads", b)[1] for b in {v.branch for v in present}}
-        committed = self._reachable((heads | set(self.tags().values())) - {None})
-        present = [v for v in present if v.id in committed]
+        present, heads = self._committed_on(store)
         pinned = set(heads) | set(self.tags().values()) | {spare}
         busy = set(self._flushing)
         excess = len(present) - spec.keep
@@ -285,16 +282,15 @@ class PlacementMixin:
         """Return the URLs of the tiers that hold the version in full (its manifest, not the
         stub of a pruned or evicted version), fastest first."""
         vid = self.resolve(ref)
+        return [st.url for st in self.stores if self._holds_in_full(st, vid)]
+
+    def _holds_in_full(self, store: Store, vid: str) -> bool:
+        """True when `store` holds version `vid`'s manifest (not the stub of a pruned or evicted one)."""
         key = f"versions/{vid}.json"
-        held = []
-        for st in self.stores:
-            try:
-                record = version_from_bytes(st.read(key), f"{st.url}/{key}")
-            except FileNotFoundError:
-                continue
-            if not record.pruned:
-                held.append(st.url)
-        return held
+        try:
+            return not version_from_bytes(store.read(key), f"{store.url}/{key}").pruned
+        except FileNotFoundError:
+            return False
 
     def prefetch(self, refs, order: list[str] | None = None) -> list[Task]:
         """Copy versions to the fastest tier in the background; return their tasks.
