@@ -144,10 +144,17 @@ def test_prefetch_promotes_and_evicts_farthest_next_use(tmp_path):
     repo.close()
 
 
-def test_shm_tier_survives_a_crash(tmp_path):
+@pytest.fixture
+def shm():
+    """A fresh directory in /dev/shm, removed afterwards (skips where there is none)."""
     if not os.path.isdir("/dev/shm"):
         pytest.skip("no /dev/shm")
-    shm = f"/dev/shm/fp-test-{uuid.uuid4().hex}"
+    path = f"/dev/shm/fp-test-{uuid.uuid4().hex}"
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_shm_tier_survives_a_crash(tmp_path, shm):
     disk = str(tmp_path / "disk")
     script = (
         "import sys, numpy as np, forkpoint as fp\n"
@@ -157,28 +164,22 @@ def test_shm_tier_survives_a_crash(tmp_path):
         "    r.save({'w': np.full(100_000, i, dtype=np.float32), 'i': i}, step=i)\n"
         "    print(i, flush=True)\n"
         "    i += 1\n")
-    try:
-        proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
-        for _ in range(30):
-            proc.stdout.readline()
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        repo = fp.Repo(tiers=[shm, disk])
-        newest = repo.version("main")
-        assert newest.step >= 29
-        assert repo.load("main")["i"] == newest.step
-        assert repo.verify().ok
-        repo.close()
-    finally:
-        shutil.rmtree(shm, ignore_errors=True)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    for _ in range(30):
+        proc.stdout.readline()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    repo = fp.Repo(tiers=[shm, disk])
+    newest = repo.version("main")
+    assert newest.step >= 29
+    assert repo.load("main")["i"] == newest.step
+    assert repo.verify().ok
+    repo.close()
 
 
-def test_flushes_a_killed_process_left_undone_are_finished_on_resume(tmp_path):
+def test_flushes_a_killed_process_left_undone_are_finished_on_resume(tmp_path, shm):
     """Versions committed on /dev/shm whose flush a SIGKILL cut off reach the disk tier once
     the restarted job resumes; a live writer's tier is left to that writer."""
-    if not os.path.isdir("/dev/shm"):
-        pytest.skip("no /dev/shm")
-    shm = f"/dev/shm/fp-test-{uuid.uuid4().hex}"
     disk = str(tmp_path / "disk")
     script = (
         "import os, signal, numpy as np, forkpoint as fp\n"
@@ -186,33 +187,30 @@ def test_flushes_a_killed_process_left_undone_are_finished_on_resume(tmp_path):
         "for i in range(6):\n"
         "    r.save({'w': np.full(16 << 20, i, dtype=np.float32), 'i': i}, step=i)\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n")
-    try:
-        proc = subprocess.run([sys.executable, "-c", script])
-        assert proc.returncode == -signal.SIGKILL
-        fast = fp.Repo(shm)
-        newest = fast.version("main")
-        slow = fp.Repo(disk)
-        below = slow.version("main").step if slow.head("main") else -1
-        assert below < newest.step, "the kill left no flush undone; the test proves nothing"
-        repo = fp.Repo(tiers=[fp.tier(shm, keep=3), fp.tier(disk)])
-        w = np.zeros(16 << 20, np.float32)
-        ck = fp.Checkpointer(repo, {"w": w}, every=1)
-        assert ck.resume(strict=False) == newest.step + 1
-        assert w[0] == newest.step
-        ck.close()
-        repo.close()
-        slow = fp.Repo(disk)
-        assert slow.version("main").id == newest.id
-        assert slow.load("main")["i"] == newest.step
-        assert slow.verify().ok
-        with fp.Repo(tiers=[fp.tier(shm, keep=3), fp.tier(disk)]) as other:
-            other.save({"i": -1}, branch="live", step=0)
-            other._hold_lease(other.stores[0])
-            with fp.Repo(tiers=[fp.tier(shm, keep=3), fp.tier(disk)]) as late:
-                assert late._others_alive(late.stores[0])
-                assert late.finish_flushes() == []
-    finally:
-        shutil.rmtree(shm, ignore_errors=True)
+    proc = subprocess.run([sys.executable, "-c", script])
+    assert proc.returncode == -signal.SIGKILL
+    fast = fp.Repo(shm)
+    newest = fast.version("main")
+    slow = fp.Repo(disk)
+    below = slow.version("main").step if slow.head("main") else -1
+    assert below < newest.step, "the kill left no flush undone; the test proves nothing"
+    repo = fp.Repo(tiers=[fp.tier(shm, keep=3), fp.tier(disk)])
+    w = np.zeros(16 << 20, np.float32)
+    ck = fp.Checkpointer(repo, {"w": w}, every=1)
+    assert ck.resume(strict=False) == newest.step + 1
+    assert w[0] == newest.step
+    ck.close()
+    repo.close()
+    slow = fp.Repo(disk)
+    assert slow.version("main").id == newest.id
+    assert slow.load("main")["i"] == newest.step
+    assert slow.verify().ok
+    with fp.Repo(tiers=[fp.tier(shm, keep=3), fp.tier(disk)]) as other:
+        other.save({"i": -1}, branch="live", step=0)
+        other._hold_lease(other.stores[0])
+        with fp.Repo(tiers=[fp.tier(shm, keep=3), fp.tier(disk)]) as late:
+            assert late._others_alive(late.stores[0])
+            assert late.finish_flushes() == []
 
 
 def test_async_checkpointer_with_tiers(tmp_path):
