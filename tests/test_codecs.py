@@ -150,9 +150,12 @@ def test_float_codec_chooses_layout_and_coder_per_plane():
     assert rotated and coders[-1] == floatcodec.HUFFMAN and coders[:2] == [floatcodec.RAW] * 2, \
         "a weight's exponent is isolated and Huffman-coded, its low mantissa bytes stay raw"
     _, coders, _ = floatcodec.choose(moments.view(np.uint8), 4)
-    assert coders[-1] == floatcodec.ZSTD, "runs of zeros are coded by zstd"
+    assert coders[-1] == floatcodec.RUNS, "runs of zeros are coded by deflate with runs as matches"
+    repeats = _long_repeats(400_000)
+    _, coders, _ = floatcodec.choose(repeats.view(np.uint8), 4)
+    assert coders[-1] == floatcodec.ZSTD, "values repeating at long distances are coded by zstd"
     import zstandard
-    for data in (weights, moments):
+    for data in (weights, moments, repeats):
         raw = data.view(np.uint8)
         coded = floatcodec.encode(raw, 4)
         assert len(coded) < len(zstandard.ZstdCompressor(level=3).compress(raw.tobytes()))
@@ -280,6 +283,10 @@ def _skewed_bytes(kind: str, n: int, rng) -> np.ndarray:
         return (rng.geometric(0.3, n) % 256).astype(np.uint8)
     if kind == "two":
         return rng.choice(np.array([3, 200], np.uint8), n)
+    if kind == "runs":
+        values = (rng.geometric(0.4, n // 8 + 1) % 256).astype(np.uint8)
+        lengths = rng.choice(np.array([1, 2, 3, 4, 257, 258, 259, 260, 261, 600, 5000]), values.size)
+        return np.repeat(values, lengths)[:n]
     fib = [1, 1]
     while len(fib) < 28:
         fib.append(fib[-1] + fib[-2])
@@ -288,10 +295,11 @@ def _skewed_bytes(kind: str, n: int, rng) -> np.ndarray:
     return data
 
 
-@pytest.mark.parametrize("kind", ["uniform", "constant", "geometric", "two", "fibonacci"])
+@pytest.mark.parametrize("kind", ["uniform", "constant", "geometric", "two", "fibonacci", "runs"])
 def test_native_huffman_writes_standard_deflate_streams(kind):
     """The native coder's output inflates with the standard zlib, for every block size and
-    length, including frequencies that need codes longer than the 14-bit limit."""
+    length, including frequencies that need codes longer than the 14-bit limit, with and
+    without runs (every run length around deflate's 258 cap, runs across block edges)."""
     import zlib
 
     from forkpoint.format import floatcodec
@@ -301,8 +309,12 @@ def test_native_huffman_writes_standard_deflate_streams(kind):
     for n in (0, 1, 3, 1023, 16384, 16385, 100_003, 600_000):
         data = _skewed_bytes(kind, n, rng).tobytes()
         for block in (1024, 16384, 1 << 20):
-            coded = floatcodec._native.huffman_deflate(data, block)
-            assert zlib.decompress(coded, -15) == data, (kind, n, block)
+            for runs in (False, True):
+                coded = floatcodec._native.huffman_deflate(data, block, runs)
+                assert zlib.decompress(coded, -15) == data, (kind, n, block, runs)
+    if kind in ("constant", "runs") and n:
+        assert len(floatcodec._native.huffman_deflate(data, 16384, True)) < \
+            0.5 * len(floatcodec._native.huffman_deflate(data, 16384)), "runs shrink what literals cannot"
     if kind == "geometric":
         packer = zlib.compressobj(1, zlib.DEFLATED, -15, 9, zlib.Z_HUFFMAN_ONLY)
         reference = len(packer.compress(data) + packer.flush())
@@ -368,21 +380,31 @@ def test_native_planes_match_numpy_and_payloads_cross_read(itemsize, monkeypatch
     assert bytes(floatcodec.decode(without, data.nbytes)) == data.tobytes()
 
 
+def _long_repeats(n, seed=3):
+    """Moment-like values that repeat a 1000-element pattern: matches far apart, few runs."""
+    rng = np.random.default_rng(seed)
+    return np.tile((rng.standard_normal(1000) * 1e-4).astype(np.float32), n // 1000)
+
+
 def test_each_segment_picks_its_own_coders():
-    """A chunk holding weights then moments codes the weights' exponents with Huffman and the
-    moments' with zstd (payload version 2 records a layout per segment)."""
+    """A chunk holding weights, values repeating far apart, then moments with zero runs codes
+    the first's exponents with Huffman, the second's with zstd and the third's with deflate
+    runs (payload version 2 records a layout per segment; runs are a deflate stream, coder 2)."""
     import struct
 
     from forkpoint.format import floatcodec
     n = floatcodec.SEGMENT_BYTES // 4 // 1000 * 1000
     weights, moments = _weights_and_moments(n=n)
-    data = np.concatenate([weights, moments]).view(np.uint8)
-    coded = floatcodec.encode(data, 4)
+    data = np.concatenate([weights, _long_repeats(n), moments]).view(np.uint8)
+    layouts = floatcodec.Layouts()
+    coded = b"".join(floatcodec.encode_pieces(data, 4, layouts=layouts))
     version, itemsize, _, count, per = struct.unpack_from("<BBBxQI", coded)
-    assert (version, itemsize, count, per) == (2, 4, 2 * n, floatcodec.SEGMENT_BYTES // 4)
-    first, second = coded[16:21], coded[21:26]
+    assert (version, itemsize, count, per) == (2, 4, 3 * n, floatcodec.SEGMENT_BYTES // 4)
+    first, second, third = coded[16:21], coded[21:26], coded[26:31]
     assert first[0] == 1 and first[4] == floatcodec.HUFFMAN, "weights: rotated, exponent by Huffman"
-    assert second[4] == floatcodec.ZSTD, "moments: exponent runs by zstd"
+    assert second[4] == floatcodec.ZSTD, "repeats far apart: exponent by zstd"
+    assert third[4] == floatcodec.HUFFMAN and layouts.segments[2][1][3] == floatcodec.RUNS, \
+        "zero runs: a deflate stream with runs, which the reused layouts remember as such"
     assert bytes(floatcodec.decode(coded, data.nbytes)) == data.tobytes()
     damaged = bytearray(coded)
     damaged[20] = 9

@@ -1,6 +1,6 @@
 /* Native kernels of the float-planes codec (format/floatcodec.py): byte-plane split and join
- * with the rotated top word, and a Huffman-only deflate encoder (RFC 1951 dynamic blocks,
- * literals only). Its output is an ordinary raw deflate stream that zlib inflates; the Python
+ * with the rotated top word, and a Huffman deflate encoder (RFC 1951 dynamic blocks, literals
+ * only or with runs as matches at distance 1). Its output is an ordinary raw deflate stream that zlib inflates; the Python
  * module falls back to zlib-ng's Z_HUFFMAN_ONLY when this extension is not built. Also the
  * significand rounding of the lossy modes (format/lossy.py, numpy fallback). Every function
  * releases the GIL. */
@@ -19,6 +19,8 @@
 #define MAX_CL_BITS 7
 #define LIT_SYMBOLS 257  /* 0..255 and end-of-block */
 #define END_OF_BLOCK 256
+#define LITLEN_SYMBOLS 286 /* and the length codes 257..285 of a match */
+#define MAX_LITLEN_BITS 15
 
 typedef struct {
     uint8_t *out;
@@ -90,7 +92,7 @@ typedef struct { uint32_t freq; int symbol; } SymbolFreq;
 /* Sort `m` symbols by (frequency, symbol), ascending: LSD radix sort, one byte of the
  * frequency per pass (stable, so equal frequencies keep symbol order). */
 static void sort_by_freq(SymbolFreq *used, int m) {
-    SymbolFreq spare[LIT_SYMBOLS], *from = used, *to = spare;
+    SymbolFreq spare[LITLEN_SYMBOLS], *from = used, *to = spare;
     uint32_t largest = 0;
     for (int i = 0; i < m; i++) largest |= used[i].freq;
     for (int shift = 0; shift < 32 && (largest >> shift); shift += 8) {
@@ -106,8 +108,8 @@ static void sort_by_freq(SymbolFreq *used, int m) {
 /* Code lengths at most `limit` bits for `n` symbols with frequencies `freq` (at least two
  * nonzero), then canonical codes, bit-reversed for LSB-first output. */
 static void build_code(const uint32_t *freq, int n, int limit, uint8_t *lengths, uint16_t *codes) {
-    SymbolFreq used[LIT_SYMBOLS];
-    int work[LIT_SYMBOLS], per_length[32] = {0};
+    SymbolFreq used[LITLEN_SYMBOLS];
+    int work[LITLEN_SYMBOLS], per_length[32] = {0};
     int m = 0, i, len;
     for (i = 0; i < n; i++) {
         lengths[i] = 0;
@@ -146,12 +148,13 @@ static void build_code(const uint32_t *freq, int n, int limit, uint8_t *lengths,
 
 static const uint8_t CL_ORDER[19] = {16, 17, 18, 0, 8, 7, 9, 6, 10, 5, 11, 4, 12, 3, 13, 2, 14, 1, 15};
 
-/* The code-length sequence of `lengths` (nlit literal/length codes, then one unused distance
- * code) as code-length symbols, each with its extra bits: (symbol | extra << 8). */
-static int run_length_code(const uint8_t *lengths, int nlit, uint32_t *sequence) {
-    uint8_t all[LIT_SYMBOLS + 1];
+/* The code-length sequence of `nlit` literal/length code lengths followed by one distance
+ * code of length `dist_length`, as code-length symbols, each with its extra bits:
+ * (symbol | extra << 8). */
+static int run_length_code(const uint8_t *lengths, int nlit, int dist_length, uint32_t *sequence) {
+    uint8_t all[LITLEN_SYMBOLS + 1];
     memcpy(all, lengths, nlit);
-    all[nlit] = 0;
+    all[nlit] = (uint8_t)dist_length;
     int total = nlit + 1, s = 0, i = 0;
     while (i < total) {
         int value = all[i], run = 1;
@@ -168,6 +171,36 @@ static int run_length_code(const uint8_t *lengths, int nlit, uint32_t *sequence)
         while (run-- > 0) sequence[s++] = (uint32_t)value;
     }
     return s;
+}
+
+/* The header of a dynamic block: its code lengths (nlit literal/length codes, one distance
+ * code of `dist_length` bits), run-length coded with a code-length code. */
+static void write_header(BitWriter *w, const uint8_t *lengths, int nlit, int dist_length, int final) {
+    uint32_t sequence[LITLEN_SYMBOLS + 2], cl_freq[19] = {0};
+    uint8_t cl_lengths[19];
+    uint16_t cl_codes[19];
+    int ns = run_length_code(lengths, nlit, dist_length, sequence), cl_distinct = 0;
+    for (int j = 0; j < ns; j++) cl_freq[sequence[j] & 0xff]++;
+    for (int j = 0; j < 19; j++) cl_distinct += cl_freq[j] != 0;
+    if (cl_distinct < 2) cl_freq[cl_freq[0] ? 1 : 0] = 1; /* a code-length code must be complete */
+    build_code(cl_freq, 19, MAX_CL_BITS, cl_lengths, cl_codes);
+    int ncl = 19;
+    while (ncl > 4 && cl_lengths[CL_ORDER[ncl - 1]] == 0) ncl--;
+
+    put_bits(w, final ? 1 : 0, 1);
+    put_bits(w, 2, 2);
+    put_bits(w, (uint32_t)(nlit - 257), 5);
+    put_bits(w, 0, 5);
+    put_bits(w, (uint32_t)(ncl - 4), 4);
+    for (int j = 0; j < ncl; j++) put_bits(w, cl_lengths[CL_ORDER[j]], 3);
+    for (int j = 0; j < ns; j++) {
+        int sym = sequence[j] & 0xff;
+        uint32_t extra = sequence[j] >> 8;
+        put_bits(w, cl_codes[sym], cl_lengths[sym]);
+        if (sym == 16) put_bits(w, extra, 2);
+        else if (sym == 17) put_bits(w, extra, 3);
+        else if (sym == 18) put_bits(w, extra, 7);
+    }
 }
 
 static void encode_block(BitWriter *w, const uint8_t *data, size_t n, int final) {
@@ -193,32 +226,7 @@ static void encode_block(BitWriter *w, const uint8_t *data, size_t n, int final)
     if (distinct == 0) freq[0] = 1; /* two codes at least: a complete code */
     build_code(freq, LIT_SYMBOLS, MAX_DATA_BITS, lengths, codes);
 
-    int nlit = LIT_SYMBOLS; /* symbol 256 always has a code */
-    uint32_t sequence[LIT_SYMBOLS + 2], cl_freq[19] = {0};
-    uint8_t cl_lengths[19];
-    uint16_t cl_codes[19];
-    int ns = run_length_code(lengths, nlit, sequence), cl_distinct = 0;
-    for (int j = 0; j < ns; j++) cl_freq[sequence[j] & 0xff]++;
-    for (int j = 0; j < 19; j++) cl_distinct += cl_freq[j] != 0;
-    if (cl_distinct < 2) cl_freq[cl_freq[0] ? 1 : 0] = 1; /* a code-length code must be complete */
-    build_code(cl_freq, 19, MAX_CL_BITS, cl_lengths, cl_codes);
-    int ncl = 19;
-    while (ncl > 4 && cl_lengths[CL_ORDER[ncl - 1]] == 0) ncl--;
-
-    put_bits(w, final ? 1 : 0, 1);
-    put_bits(w, 2, 2);
-    put_bits(w, (uint32_t)(nlit - 257), 5);
-    put_bits(w, 0, 5);
-    put_bits(w, (uint32_t)(ncl - 4), 4);
-    for (int j = 0; j < ncl; j++) put_bits(w, cl_lengths[CL_ORDER[j]], 3);
-    for (int j = 0; j < ns; j++) {
-        int sym = sequence[j] & 0xff;
-        uint32_t extra = sequence[j] >> 8;
-        put_bits(w, cl_codes[sym], cl_lengths[sym]);
-        if (sym == 16) put_bits(w, extra, 2);
-        else if (sym == 17) put_bits(w, extra, 3);
-        else if (sym == 18) put_bits(w, extra, 7);
-    }
+    write_header(w, lengths, LIT_SYMBOLS, 0, final);
     flush_whole_bytes(w);
     uint64_t buf = w->buf;
     int count = w->count;
@@ -241,29 +249,130 @@ static void encode_block(BitWriter *w, const uint8_t *data, size_t n, int final)
     put_bits(w, codes[END_OF_BLOCK], lengths[END_OF_BLOCK]);
 }
 
+
+/* Deflate length codes: for each match length 3..258, its symbol, extra bits and their value. */
+static uint16_t LENGTH_SYMBOL[259], LENGTH_EXTRA[259];
+static uint8_t LENGTH_EXTRA_BITS[259];
+
+static void fill_lengths(void) {
+    static const uint16_t base[29] = {3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 15, 17, 19, 23, 27, 31, 35, 43, 51, 59,
+                                      67, 83, 99, 115, 131, 163, 195, 227, 258};
+    static const uint8_t bits[29] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3,
+                                     4, 4, 4, 4, 5, 5, 5, 5, 0};
+    for (int c = 0; c < 29; c++) {
+        int last = c < 28 ? base[c + 1] - 1 : 258;
+        for (int len = base[c]; len <= last; len++) {
+            LENGTH_SYMBOL[len] = (uint16_t)(257 + c);
+            LENGTH_EXTRA_BITS[len] = bits[c];
+            LENGTH_EXTRA[len] = (uint16_t)(len - base[c]);
+        }
+    }
+}
+
+/* How many bytes from p[0] on (at most `avail`) equal `v`. */
+static inline size_t run_of(const uint8_t *p, size_t avail, uint8_t v) {
+    const uint64_t pattern = 0x0101010101010101ULL * v;
+    size_t r = 0;
+    while (r + 8 <= avail) {
+        uint64_t x;
+        memcpy(&x, p + r, 8);
+        x ^= pattern;
+        if (x) return r + ((size_t)__builtin_ctzll(x) >> 3);
+        r += 8;
+    }
+    while (r < avail && p[r] == v) r++;
+    return r;
+}
+
+/* One dynamic block of `n` bytes in which every run of a repeated byte is one literal and
+ * matches at distance 1 (the rest literals); `tokens` holds at least n entries of scratch. */
+static void encode_runs_block(BitWriter *w, const uint8_t *data, size_t n, int final, uint16_t *tokens) {
+    uint32_t freq[LITLEN_SYMBOLS] = {0}, hist[4][256];
+    uint8_t lengths[LITLEN_SYMBOLS];
+    uint16_t codes[LITLEN_SYMBOLS];
+    size_t i = 0, nt = 0, matches = 0;
+    memset(hist, 0, sizeof hist);
+    while (i < n) {
+        uint8_t v = data[i++];
+        hist[nt & 3][v]++; /* four tables: no wait on the count a repeated byte just raised */
+        tokens[nt++] = v;
+        size_t run = run_of(data + i, n - i, v);
+        if (run >= 3) {
+            while (run >= 3) {
+                size_t len = run > 258 ? 258 : run;
+                if (run - len && run - len < 3) len = run - 3;
+                tokens[nt++] = (uint16_t)(256 + len);
+                freq[LENGTH_SYMBOL[len]]++;
+                matches++;
+                run -= len;
+                i += len;
+            }
+        }
+    }
+    for (int k = 0; k < 256; k++) freq[k] = hist[0][k] + hist[1][k] + hist[2][k] + hist[3][k];
+    freq[END_OF_BLOCK] = 1;
+    if (nt == 0) freq[0] = 1; /* two codes at least: a complete code */
+    build_code(freq, LITLEN_SYMBOLS, MAX_LITLEN_BITS, lengths, codes);
+    int nlit = LITLEN_SYMBOLS;
+    while (nlit > LIT_SYMBOLS && lengths[nlit - 1] == 0) nlit--;
+    write_header(w, lengths, nlit, matches ? 1 : 0, final);
+    flush_whole_bytes(w);
+    uint64_t buf = w->buf;
+    int count = w->count;
+    uint8_t *out = w->out;
+    for (size_t j = 0; j < nt; j++) {
+        uint32_t t = tokens[j];
+        if (t < 256) {
+            buf |= (uint64_t)codes[t] << count;
+            count += lengths[t];
+        } else {
+            uint32_t len = t - 256, sym = LENGTH_SYMBOL[len];
+            /* the length code, its extra bits, then distance code 0 (distance 1): one 0 bit */
+            buf |= ((uint64_t)codes[sym] | (uint64_t)LENGTH_EXTRA[len] << lengths[sym]) << count;
+            count += lengths[sym] + LENGTH_EXTRA_BITS[len] + 1;
+        }
+        memcpy(out, &buf, 8);
+        out += count >> 3;
+        buf >>= (count & ~7);
+        count &= 7;
+    }
+    w->buf = buf;
+    w->count = count;
+    w->out = out;
+    put_bits(w, codes[END_OF_BLOCK], lengths[END_OF_BLOCK]);
+}
+
 static PyObject *huffman_deflate(PyObject *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t block = 32768;
-    if (!PyArg_ParseTuple(args, "y*|n", &view, &block)) return NULL;
+    int runs = 0;
+    if (!PyArg_ParseTuple(args, "y*|np", &view, &block, &runs)) return NULL;
     if (block < 1024 || block > (1 << 24)) {
         PyBuffer_Release(&view);
         PyErr_Format(PyExc_ValueError, "block of %zd bytes: must be 1 KiB to 16 MiB", block);
         return NULL;
     }
     size_t n = (size_t)view.len, blocks = n ? (n + (size_t)block - 1) / (size_t)block : 1;
-    size_t bound = n * MAX_DATA_BITS / 8 + blocks * 600 + 64;
+    size_t bound = n * (runs ? MAX_LITLEN_BITS : MAX_DATA_BITS) / 8 + blocks * 700 + 64;
+    uint16_t *tokens = NULL;
+    if (runs && !(tokens = malloc((size_t)block * sizeof *tokens))) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
     PyObject *result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)bound);
-    if (!result) { PyBuffer_Release(&view); return NULL; }
+    if (!result) { free(tokens); PyBuffer_Release(&view); return NULL; }
     uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
     BitWriter w = {out, 0, 0};
     const uint8_t *data = view.buf;
     Py_BEGIN_ALLOW_THREADS
     for (size_t b = 0; b < blocks; b++) {
         size_t lo = b * (size_t)block, len = n - lo < (size_t)block ? n - lo : (size_t)block;
-        encode_block(&w, data + lo, len, b + 1 == blocks);
+        if (runs) encode_runs_block(&w, data + lo, len, b + 1 == blocks, tokens);
+        else encode_block(&w, data + lo, len, b + 1 == blocks);
     }
     if (w.count) { memcpy(w.out, &w.buf, 8); w.out += (w.count + 7) >> 3; }
     Py_END_ALLOW_THREADS
+    free(tokens);
     PyBuffer_Release(&view);
     if (_PyBytes_Resize(&result, w.out - out) < 0) return NULL;
     return result;
@@ -448,8 +557,9 @@ static PyMethodDef methods[] = {
      "byte_counts(data, counts)\n"
      "Write how often each byte value occurs in `data` into `counts` (256 x uint64)."},
     {"huffman_deflate", huffman_deflate, METH_VARARGS,
-     "huffman_deflate(data, block=32768) -> bytes\n"
-     "A raw deflate stream of `data`, literals only, one dynamic Huffman block per `block` bytes."},
+     "huffman_deflate(data, block=32768, runs=False) -> bytes\n"
+     "A raw deflate stream of `data`, one dynamic Huffman block per `block` bytes: literals only, or with runs\n"
+     "of a repeated byte as matches at distance 1."},
     {"to_planes", to_planes, METH_VARARGS,
      "to_planes(src, dst, itemsize, rotated)\n"
      "Write the byte planes of `src`'s elements into `dst`, the top 16-bit word rotated left if asked."},
@@ -463,5 +573,6 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_planes", NULL, -1, 
 
 PyMODINIT_FUNC PyInit__planes(void) {
     fill_reversed();
+    fill_lengths();
     return PyModule_Create(&module);
 }
