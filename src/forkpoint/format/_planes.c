@@ -287,28 +287,52 @@ static inline size_t run_of(const uint8_t *p, size_t avail, uint8_t v) {
 /* One dynamic block of `n` bytes in which every run of a repeated byte is one literal and
  * matches at distance 1 (the rest literals); `tokens` holds at least n entries of scratch. */
 static void encode_runs_block(BitWriter *w, const uint8_t *data, size_t n, int final, uint16_t *tokens) {
-    uint32_t freq[LITLEN_SYMBOLS] = {0}, hist[4][256];
+    uint32_t freq[LITLEN_SYMBOLS] = {0}, hist[4][256 + 259];
     uint8_t lengths[LITLEN_SYMBOLS];
     uint16_t codes[LITLEN_SYMBOLS];
     size_t i = 0, nt = 0, matches = 0;
     memset(hist, 0, sizeof hist);
     while (i < n) {
-        uint8_t v = data[i++];
-        hist[nt & 3][v]++; /* four tables: no wait on the count a repeated byte just raised */
-        tokens[nt++] = v;
-        size_t run = run_of(data + i, n - i, v);
-        if (run >= 3) {
-            while (run >= 3) {
-                size_t len = run > 258 ? 258 : run;
-                if (run - len && run - len < 3) len = run - 3;
-                tokens[nt++] = (uint16_t)(256 + len);
-                freq[LENGTH_SYMBOL[len]]++;
-                matches++;
-                run -= len;
-                i += len;
-            }
+        /* Eight bytes at a time while none of them starts three bytes equal to the byte before
+         * (bytes past the eighth count as equal, so a run across the edge stops it too). */
+        while (i && i + 8 <= n) {
+            uint64_t now, before;
+            memcpy(&now, data + i, 8);
+            memcpy(&before, data + i - 1, 8);
+            uint64_t x = now ^ before, low7 = 0x7F7F7F7F7F7F7F7FULL;
+            uint64_t same = ~(((x & low7) + low7) | x | low7); /* 0x80 in each byte equal to the one before */
+            uint64_t starts = same & (same >> 8 | 0x80ULL << 56) & (same >> 16 | 0x8080ULL << 48);
+            size_t k = starts ? (size_t)__builtin_ctzll(starts) >> 3 : 8;
+            for (size_t j = 0; j < 8; j++) tokens[nt + j] = data[i + j];
+            nt += k;
+            i += k;
+            if (k < 8) break;
+        }
+        if (i >= n) break;
+        size_t run = i ? run_of(data + i, n - i, data[i - 1]) : 0;
+        if (run < 3) {
+            tokens[nt++] = data[i++];
+            continue;
+        }
+        while (run >= 3) {
+            size_t len = run > 258 ? 258 : run;
+            if (run - len && run - len < 3) len = run - 3;
+            tokens[nt++] = (uint16_t)(256 + len);
+            matches++;
+            run -= len;
+            i += len;
         }
     }
+    size_t j = 0;
+    for (; j + 4 <= nt; j += 4) { /* four tables: no wait on the count a repeated token just raised */
+        hist[0][tokens[j]]++;
+        hist[1][tokens[j + 1]]++;
+        hist[2][tokens[j + 2]]++;
+        hist[3][tokens[j + 3]]++;
+    }
+    for (; j < nt; j++) hist[0][tokens[j]]++;
+    for (int t = 256 + 3; t < 256 + 259; t++)
+        freq[LENGTH_SYMBOL[t - 256]] += hist[0][t] + hist[1][t] + hist[2][t] + hist[3][t];
     for (int k = 0; k < 256; k++) freq[k] = hist[0][k] + hist[1][k] + hist[2][k] + hist[3][k];
     freq[END_OF_BLOCK] = 1;
     if (nt == 0) freq[0] = 1; /* two codes at least: a complete code */
