@@ -340,21 +340,27 @@ static void encode_runs_block(BitWriter *w, const uint8_t *data, size_t n, int f
     int nlit = LITLEN_SYMBOLS;
     while (nlit > LIT_SYMBOLS && lengths[nlit - 1] == 0) nlit--;
     write_header(w, lengths, nlit, matches ? 1 : 0, final);
+    /* Each token's bits and their count: a literal's code, or a length code, its extra bits
+     * and distance code 0 (distance 1, one 0 bit). */
+    uint32_t token_bits[256 + 259];
+    uint8_t token_count[256 + 259];
+    for (int t = 0; t < 256; t++) {
+        token_bits[t] = codes[t];
+        token_count[t] = lengths[t];
+    }
+    for (int len = 3; matches && len <= 258; len++) {
+        int sym = LENGTH_SYMBOL[len];
+        token_bits[256 + len] = codes[sym] | (uint32_t)LENGTH_EXTRA[len] << lengths[sym];
+        token_count[256 + len] = (uint8_t)(lengths[sym] + LENGTH_EXTRA_BITS[len] + 1);
+    }
     flush_whole_bytes(w);
     uint64_t buf = w->buf;
     int count = w->count;
     uint8_t *out = w->out;
-    for (size_t j = 0; j < nt; j++) {
-        uint32_t t = tokens[j];
-        if (t < 256) {
-            buf |= (uint64_t)codes[t] << count;
-            count += lengths[t];
-        } else {
-            uint32_t len = t - 256, sym = LENGTH_SYMBOL[len];
-            /* the length code, its extra bits, then distance code 0 (distance 1): one 0 bit */
-            buf |= ((uint64_t)codes[sym] | (uint64_t)LENGTH_EXTRA[len] << lengths[sym]) << count;
-            count += lengths[sym] + LENGTH_EXTRA_BITS[len] + 1;
-        }
+    for (j = 0; j + 2 <= nt; j += 2) { /* two tokens of at most 21 bits and 7 pending bits fit */
+        uint16_t a = tokens[j], b = tokens[j + 1];
+        buf |= (uint64_t)token_bits[a] << count; count += token_count[a];
+        buf |= (uint64_t)token_bits[b] << count; count += token_count[b];
         memcpy(out, &buf, 8);
         out += count >> 3;
         buf >>= (count & ~7);
@@ -363,6 +369,7 @@ static void encode_runs_block(BitWriter *w, const uint8_t *data, size_t n, int f
     w->buf = buf;
     w->count = count;
     w->out = out;
+    for (; j < nt; j++) put_bits(w, token_bits[tokens[j]], token_count[tokens[j]]);
     put_bits(w, codes[END_OF_BLOCK], lengths[END_OF_BLOCK]);
 }
 
