@@ -142,11 +142,16 @@ def _weights_and_moments(n=400_000, seed=0):
     return weights, moments
 
 
-def test_float_codec_chooses_layout_and_coder_per_plane():
+def test_float_codec_chooses_layout_and_coder_per_plane(monkeypatch):
     from forkpoint.format import floatcodec
 
     weights, moments = _weights_and_moments()
+    tried = []
+    real = floatcodec._encode_plane
+    monkeypatch.setattr(floatcodec, "_encode_plane", lambda plane, coder: tried.append(coder) or real(plane, coder))
     rotated, coders, _ = floatcodec.choose(weights.view(np.uint8), 4)
+    assert floatcodec.RUNS not in tried, "planes with few runs are not trial-coded with runs"
+    monkeypatch.setattr(floatcodec, "_encode_plane", real)
     assert rotated and coders[-1] == floatcodec.HUFFMAN and coders[:2] == [floatcodec.RAW] * 2, \
         "a weight's exponent is isolated and Huffman-coded, its low mantissa bytes stay raw"
     _, coders, _ = floatcodec.choose(moments.view(np.uint8), 4)
