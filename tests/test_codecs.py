@@ -501,3 +501,22 @@ def test_saves_reuse_each_chunks_layouts(tmp_path):
             assert all(torch.equal(out[k], expect[k]) for k in expect)
         assert repo.verify().ok
         repo.close()
+
+
+def test_a_deflate_plane_that_inflates_past_its_size_is_refused_without_inflating_it_all():
+    """A damaged or hostile payload whose deflate plane expands beyond the plane (runs make
+    1000:1 easy) is refused after at most the plane's bytes, and a short one too."""
+    import struct
+    import zlib
+
+    from forkpoint.format import floatcodec
+    packer = zlib.compressobj(9, zlib.DEFLATED, -15)
+    bomb = packer.compress(bytes(50 << 20)) + packer.flush()
+    head = struct.pack("<BBBxQI", 2, 1, 0, 1000, 1000) + bytes([0, floatcodec.HUFFMAN])
+    payload = head + struct.pack("<I", len(bomb)) + bomb
+    with pytest.raises(ValueError, match="inflates to more"):
+        floatcodec.decode(payload, 1000)
+    packer = zlib.compressobj(9, zlib.DEFLATED, -15)
+    short = packer.compress(bytes(10)) + packer.flush()
+    with pytest.raises(ValueError, match="inflates to 10"):
+        floatcodec.decode(head + struct.pack("<I", len(short)) + short, 1000)

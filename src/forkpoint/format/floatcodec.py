@@ -104,8 +104,13 @@ def _huffman_block(plane: np.ndarray) -> int:
 def _decode_plane(coded, coder: int, out: np.ndarray) -> None:
     if coder == ZSTD:
         out[...] = np.frombuffer(zstandard.ZstdDecompressor().decompress(coded, max_output_size=out.nbytes), np.uint8)
-    elif coder == HUFFMAN:
-        out[...] = np.frombuffer(_deflate.decompress(coded, -15, out.nbytes), np.uint8)
+    elif coder in (HUFFMAN, RUNS):
+        inflater = _deflate.decompressobj(-15)
+        plain = inflater.decompress(coded, out.nbytes)
+        if len(plain) != out.nbytes or not inflater.eof:
+            raise ValueError(f"a deflate plane of {out.nbytes} bytes inflates to "
+                             f"{'more' if len(plain) == out.nbytes else len(plain)}: damaged")
+        out[...] = np.frombuffer(plain, np.uint8)
     else:
         out[...] = np.frombuffer(coded, np.uint8)
 

@@ -1,0 +1,97 @@
+"""The float codec of this checkout against another checkout's, on the compression benchmark's data.
+
+Both codecs encode the same buffers in one process, alternating run by run (this machine's
+speed drifts by 10-20% between runs of a script, which hides small changes), with 2 threads
+into a reused work array as a save does, with layouts chosen afresh and with the layouts of
+the buffer a save before (as `benchmarks/compression.py` describes). Prints ratios and
+median MB/s of both; asserts this checkout's payloads round-trip. The other checkout needs its
+extension built:
+
+    git worktree add /tmp/base <commit> && (cd /tmp/base && python setup.py build_ext --inplace)
+    .venv/bin/python benchmarks/codec_ab.py --other /tmp/base/src --dir /work/bench-comp
+"""
+
+import argparse
+import copy
+import glob
+import importlib
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from compression import LAGS, PARTS, load_or_train  # noqa: E402
+
+
+def other_codec(src: Path):
+    """The float codec module of the checkout whose sources are at `src`, imported under its own name."""
+    package = Path(tempfile.mkdtemp()) / "other_floatcodec"
+    package.mkdir()
+    (package / "__init__.py").touch()
+    shutil.copy(src / "forkpoint/format/floatcodec.py", package)
+    for built in glob.glob(str(src / "forkpoint/format/_planes*.so")):
+        shutil.copy(built, package)
+    sys.path.insert(0, str(package.parent))
+    return importlib.import_module("other_floatcodec.floatcodec")
+
+
+def cases(snaps: dict, itemsize: int, steps: int):
+    from forkpoint.format.delta import make_delta
+
+    last, before = snaps[steps], snaps[steps - 1]
+    out = [(part, last[part], before[part]) for part in PARTS]
+    out.append(("whole state", np.concatenate([last[p] for p in PARTS]), np.concatenate([before[p] for p in PARTS])))
+    for lag in LAGS:
+        earlier = snaps[min((s for s in snaps if s < steps - 1), key=lambda s: abs(s - (steps - 1 - lag)))]
+        out.append((f"xor delta {lag}", np.concatenate([make_delta("xor", last[p], snaps[steps - lag][p], itemsize) for p in PARTS]),
+                    np.concatenate([make_delta("xor", before[p], earlier[p], itemsize) for p in PARTS])))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--other", required=True, help="the other checkout's src/ directory, extension built")
+    ap.add_argument("--dir", default="/tmp/forkpoint-bench-compression", help="compression.py's cache")
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--batch", type=int, default=8)
+    args = ap.parse_args()
+    from forkpoint.format import floatcodec as mine
+    codecs = {"other": other_codec(Path(args.other)), "this": mine}
+    print("| dtype | data | ratio other / this | MB/s other / this | this / other "
+          "| layouts reused: ratio other / this | MB/s other / this | this / other |")
+    print("|---|---|---|---|---|---|---|---|")
+    for dtype, itemsize in (("float32", 4), ("bfloat16", 2)):
+        for name, buf, previous in cases(load_or_train(Path(args.dir), dtype, args.steps, args.batch), itemsize, args.steps):
+            work = np.zeros(buf.nbytes, np.uint8)
+            chosen = {}
+            for key, codec in codecs.items():
+                chosen[key] = codec.Layouts()
+                codec.encode_pieces(previous, itemsize, layouts=chosen[key])
+            seconds: dict = {}
+            sizes: dict = {}
+            for _ in range(args.repeats):
+                for key, codec in codecs.items():
+                    for reused in (False, True):
+                        layouts = copy.deepcopy(chosen[key]) if reused else None
+                        start = time.perf_counter()
+                        pieces = codec.encode_pieces(buf, itemsize, 2, out=work, layouts=layouts)
+                        seconds.setdefault((key, reused), []).append(time.perf_counter() - start)
+                        sizes[key, reused] = sum(memoryview(p).nbytes for p in pieces)
+            assert bytes(mine.decode(mine.encode(buf, itemsize), buf.nbytes)) == buf.tobytes()
+            cells = []
+            for reused in (False, True):
+                ratio = {k: buf.nbytes / sizes[k, reused] for k in codecs}
+                speed = {k: buf.nbytes / 1e6 / statistics.median(seconds[k, reused]) for k in codecs}
+                cells += [f"{ratio['other']:.3f} / {ratio['this']:.3f}", f"{speed['other']:.0f} / {speed['this']:.0f}",
+                          f"{speed['this'] / speed['other']:.2f}"]
+            print(f"| {dtype} | {name} | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
