@@ -28,9 +28,14 @@ typedef struct {
     int count;
 } BitWriter;
 
-static inline void put_bits(BitWriter *w, uint32_t bits, int n) {
-    w->buf |= (uint64_t)bits << w->count;
+/* Add `n` bits to the buffer without storing (the caller keeps count + n under 64). */
+static inline void add_bits(BitWriter *w, uint64_t bits, int n) {
+    w->buf |= bits << w->count;
     w->count += n;
+}
+
+static inline void put_bits(BitWriter *w, uint32_t bits, int n) {
+    add_bits(w, bits, n);
     if (w->count >= 32) {
         memcpy(w->out, &w->buf, 8);
         w->out += 4;
@@ -228,23 +233,16 @@ static void encode_block(BitWriter *w, const uint8_t *data, size_t n, int final)
 
     write_header(w, lengths, LIT_SYMBOLS, 0, final);
     flush_whole_bytes(w);
-    uint64_t buf = w->buf;
-    int count = w->count;
-    uint8_t *out = w->out;
-    for (i = 0; i + 4 <= n; i += 4) {
+    BitWriter v = *w;
+    for (i = 0; i + 4 <= n; i += 4) { /* four codes of at most 14 bits and 7 pending bits fit */
         uint8_t a = data[i], b = data[i + 1], c = data[i + 2], d = data[i + 3];
-        buf |= (uint64_t)codes[a] << count; count += lengths[a];
-        buf |= (uint64_t)codes[b] << count; count += lengths[b];
-        buf |= (uint64_t)codes[c] << count; count += lengths[c];
-        buf |= (uint64_t)codes[d] << count; count += lengths[d];
-        memcpy(out, &buf, 8);
-        out += count >> 3;
-        buf >>= (count & ~7);
-        count &= 7;
+        add_bits(&v, codes[a], lengths[a]);
+        add_bits(&v, codes[b], lengths[b]);
+        add_bits(&v, codes[c], lengths[c]);
+        add_bits(&v, codes[d], lengths[d]);
+        flush_whole_bytes(&v);
     }
-    w->buf = buf;
-    w->count = count;
-    w->out = out;
+    *w = v;
     for (; i < n; i++) put_bits(w, codes[data[i]], lengths[data[i]]);
     put_bits(w, codes[END_OF_BLOCK], lengths[END_OF_BLOCK]);
 }
@@ -354,21 +352,13 @@ static void encode_runs_block(BitWriter *w, const uint8_t *data, size_t n, int f
         token_count[256 + len] = (uint8_t)(lengths[sym] + LENGTH_EXTRA_BITS[len] + 1);
     }
     flush_whole_bytes(w);
-    uint64_t buf = w->buf;
-    int count = w->count;
-    uint8_t *out = w->out;
+    BitWriter v = *w;
     for (j = 0; j + 2 <= nt; j += 2) { /* two tokens of at most 21 bits and 7 pending bits fit */
-        uint16_t a = tokens[j], b = tokens[j + 1];
-        buf |= (uint64_t)token_bits[a] << count; count += token_count[a];
-        buf |= (uint64_t)token_bits[b] << count; count += token_count[b];
-        memcpy(out, &buf, 8);
-        out += count >> 3;
-        buf >>= (count & ~7);
-        count &= 7;
+        add_bits(&v, token_bits[tokens[j]], token_count[tokens[j]]);
+        add_bits(&v, token_bits[tokens[j + 1]], token_count[tokens[j + 1]]);
+        flush_whole_bytes(&v);
     }
-    w->buf = buf;
-    w->count = count;
-    w->out = out;
+    *w = v;
     for (; j < nt; j++) put_bits(w, token_bits[tokens[j]], token_count[tokens[j]]);
     put_bits(w, codes[END_OF_BLOCK], lengths[END_OF_BLOCK]);
 }
