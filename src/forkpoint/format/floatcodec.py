@@ -1,7 +1,7 @@
 """The float-aware lossless codec: byte planes, each entropy-coded by the coder that suits it.
 
-The plane split and the Huffman coder run in native code (format/_planes.c) where the
-extension was built, else in numpy and zlib-ng; both write the same payloads.
+The plane split and the deflate coders run in native code (format/_planes.c) where the
+extension was built, else in numpy and zlib-ng; both write payloads that either reads.
 
 Elements are split into byte planes, the top two optionally rotated left by one bit as one
 16-bit word (the sign moves below the exponent, so the top plane of a float32 or bfloat16
@@ -9,9 +9,9 @@ holds exactly its exponent), and each plane is stored raw, zstd (fast strategy; 
 values repeat at long distances: Adam moments), deflate Huffman-only (near the order-0 entropy:
 weights' exponents) or deflate with each run of a repeated byte as one match at distance 1 (the
 zero runs of deltas, at about Huffman's speed). The layout and each plane's coder are chosen on
-a sample. Segments of elements are coded independently, in
-parallel threads, each segment with the layout and coders its own sample picks (a chunk that
-holds weights and then moments codes each part as suits it). Payload (little-endian):
+a sample. Segments of elements are coded independently, in parallel threads, each segment
+with the layout and coders its own sample picks (a chunk that holds weights and then moments
+codes each part as suits it). Payload (little-endian):
 
     u8 version (2) | u8 itemsize | u16 0 | u64 elements | u32 segment elements
     | segments x (u8 rotated, itemsize x u8 plane coder) | (segments x itemsize) x u32 coded
@@ -104,7 +104,7 @@ def _huffman_block(plane: np.ndarray) -> int:
 def _decode_plane(coded, coder: int, out: np.ndarray) -> None:
     if coder == ZSTD:
         out[...] = np.frombuffer(zstandard.ZstdDecompressor().decompress(coded, max_output_size=out.nbytes), np.uint8)
-    elif coder in (HUFFMAN, RUNS):
+    elif coder == HUFFMAN:
         inflater = _deflate.decompressobj(-15)
         plain = inflater.decompress(coded, out.nbytes)
         if len(plain) != out.nbytes or not inflater.eof:
