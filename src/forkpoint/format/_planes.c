@@ -2,9 +2,8 @@
  * with the rotated top word, and a Huffman deflate encoder (RFC 1951 dynamic blocks, literals
  * only or with runs as matches at distance 1). Its output is an ordinary raw deflate stream
  * that zlib inflates; the Python module falls back to zlib-ng's Z_HUFFMAN_ONLY or Z_RLE when
- * this extension is not built. Also the
- * significand rounding of the lossy modes (format/lossy.py, numpy fallback). Every function
- * releases the GIL. */
+ * this extension is not built. Also the significand rounding of the lossy modes
+ * (format/lossy.py, numpy fallback). Every function releases the GIL. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
