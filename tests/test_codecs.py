@@ -520,3 +520,21 @@ def test_a_deflate_plane_that_inflates_past_its_size_is_refused_without_inflatin
     short = packer.compress(bytes(10)) + packer.flush()
     with pytest.raises(ValueError, match="inflates to 10"):
         floatcodec.decode(head + struct.pack("<I", len(short)) + short, 1000)
+
+
+def test_runs_without_the_native_coder_use_zlib_rle_and_read_back(monkeypatch):
+    """Without the extension, runs are coded by zlib-ng's Z_RLE: the same kind of stream, chosen
+    the same way, read by either build."""
+    from forkpoint.format import floatcodec
+    _, moments = _weights_and_moments()
+    data = moments.view(np.uint8)
+    native = floatcodec._native
+    monkeypatch.setattr(floatcodec, "_native", None)
+    layouts = floatcodec.Layouts()
+    without = b"".join(floatcodec.encode_pieces(data, 4, layouts=layouts))
+    assert layouts.segments[0][1][3] == floatcodec.RUNS
+    assert bytes(floatcodec.decode(without, data.nbytes)) == data.tobytes()
+    monkeypatch.setattr(floatcodec, "_native", native)
+    assert bytes(floatcodec.decode(without, data.nbytes)) == data.tobytes()
+    if native is not None:
+        assert len(floatcodec.encode(data, 4)) < 1.05 * len(without), "the native runs coder codes about as small"
