@@ -230,7 +230,11 @@ def _plane_coder(plane: np.ndarray) -> tuple[int, int]:
 
 
 def choose(data: np.ndarray, itemsize: int) -> tuple[bool, list[int], int]:
-    """(rotated, coder per plane, coded bytes of the sample) for `data`."""
+    """(rotated, coder per plane, coded bytes of the sample) for `data`: the layout whose coded
+    bytes plus (1 - MIN_GAIN) of each plane it entropy-codes are fewer, the price a plane must
+    save to be coded at all (a second moment's rotated low plane, 7 random bits, saves 12% of
+    itself but only 0.2% over leaving that plane raw unrotated, at a Huffman pass over half
+    of a bf16 chunk)."""
     sample = _sample(data, itemsize)
     planes = np.empty((itemsize, sample.nbytes // itemsize), np.uint8)
     _to_planes(sample, itemsize, False, planes)
@@ -239,7 +243,9 @@ def choose(data: np.ndarray, itemsize: int) -> tuple[bool, list[int], int]:
         return False, [c for c, _ in plain], sum(n for _, n in plain)
     _to_planes(sample, itemsize, True, planes)
     turned = plain[:-2] + [_plane_coder(planes[-2]), _plane_coder(planes[-1])]
-    best = min((False, plain), (True, turned), key=lambda o: sum(n for _, n in o[1]))
+    per_plane = (1 - MIN_GAIN) * planes.shape[1]
+    best = min((False, plain), (True, turned),
+               key=lambda o: sum(n for _, n in o[1]) + per_plane * sum(c != RAW for c, _ in o[1]))
     return best[0], [c for c, _ in best[1]], sum(n for _, n in best[1])
 
 
