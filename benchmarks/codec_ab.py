@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from compression import LAGS, PARTS, load_or_train  # noqa: E402
+from compression import buffers, load_or_train  # noqa: E402
 
 
 def other_codec(src: Path):
@@ -38,19 +38,6 @@ def other_codec(src: Path):
         shutil.copy(built, package)
     sys.path.insert(0, str(package.parent))
     return importlib.import_module("other_floatcodec.floatcodec")
-
-
-def cases(snaps: dict, itemsize: int, steps: int):
-    from forkpoint.format.delta import make_delta
-
-    last, before = snaps[steps], snaps[steps - 1]
-    out = [(part, last[part], before[part]) for part in PARTS]
-    out.append(("whole state", np.concatenate([last[p] for p in PARTS]), np.concatenate([before[p] for p in PARTS])))
-    for lag in LAGS:
-        earlier = snaps[min((s for s in snaps if s < steps - 1), key=lambda s: abs(s - (steps - 1 - lag)))]
-        out.append((f"xor delta {lag}", np.concatenate([make_delta("xor", last[p], snaps[steps - lag][p], itemsize) for p in PARTS]),
-                    np.concatenate([make_delta("xor", before[p], earlier[p], itemsize) for p in PARTS])))
-    return out
 
 
 def main() -> None:
@@ -67,7 +54,8 @@ def main() -> None:
           "| layouts reused: ratio other / this | MB/s other / this | this / other |")
     print("|---|---|---|---|---|---|---|---|")
     for dtype, itemsize in (("float32", 4), ("bfloat16", 2)):
-        for name, buf, previous in cases(load_or_train(Path(args.dir), dtype, args.steps, args.batch), itemsize, args.steps):
+        for part, kind, buf, previous in buffers(load_or_train(Path(args.dir), dtype, args.steps, args.batch),
+                                                 itemsize, args.steps):
             work = np.zeros(buf.nbytes, np.uint8)
             chosen = {}
             for key, codec in codecs.items():
@@ -90,7 +78,7 @@ def main() -> None:
                 speed = {k: buf.nbytes / 1e6 / statistics.median(seconds[k, reused]) for k in codecs}
                 cells += [f"{ratio['other']:.3f} / {ratio['this']:.3f}", f"{speed['other']:.0f} / {speed['this']:.0f}",
                           f"{speed['this'] / speed['other']:.2f}"]
-            print(f"| {dtype} | {name} | " + " | ".join(cells) + " |", flush=True)
+            print(f"| {dtype} | {part} {kind} | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -177,6 +177,26 @@ def check_round_trip(buf: np.ndarray, itemsize: int) -> None:
     assert bytes(back) == buf.tobytes(), "forkpoint's lossless codec must round-trip bit-exactly"
 
 
+def buffers(snaps: dict, itemsize: int, steps: int) -> list:
+    """(part, data, bytes, the same bytes a save before) for each case the benchmark codes: each
+    part and the whole state at the last step, and XOR deltas of the whole state against LAGS
+    steps earlier (the save before: the delta from steps - 1 to the snapshot nearest
+    steps - 1 - lag)."""
+    from forkpoint.format.delta import make_delta
+
+    last, before = snaps[steps], snaps[steps - 1]
+    cases = [(part, "full", last[part], before[part]) for part in PARTS]
+    cases.append(("all", "full", np.concatenate([last[p] for p in PARTS]),
+                  np.concatenate([before[p] for p in PARTS])))
+    for lag in LAGS:
+        base = snaps[steps - lag]
+        earlier = snaps[min((s for s in snaps if s < steps - 1), key=lambda s: abs(s - (steps - 1 - lag)))]
+        delta = np.concatenate([make_delta("xor", last[p], base[p], itemsize) for p in PARTS])
+        previous = np.concatenate([make_delta("xor", before[p], earlier[p], itemsize) for p in PARTS])
+        cases.append(("all", f"xor delta {lag} step{'s' if lag > 1 else ''}", delta, previous))
+    return cases
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=150)
@@ -192,26 +212,14 @@ def main() -> None:
     cache.mkdir(parents=True, exist_ok=True)
     results = {"disk_GBps": statistics.median(disk_bandwidth(cache) for _ in range(3)), "rows": []}
     print(f"local disk, dd oflag=direct: {results['disk_GBps']:.2f} GB/s")
-    from forkpoint.format.delta import make_delta
-
     for dtype in args.dtypes.split(","):
         snaps = load_or_train(cache, dtype, args.steps, args.batch)
         itemsize = 4 if dtype == "float32" else 2
-        last = snaps[args.steps]
-        before = snaps[args.steps - 1]
-        cases = [(part, "full", last[part], before[part]) for part in PARTS]
-        cases.append(("all", "full", np.concatenate([last[p] for p in PARTS]),
-                      np.concatenate([before[p] for p in PARTS])))
-        for lag in LAGS:
-            base = snaps[args.steps - lag]
-            earlier = snaps[min((s for s in snaps if s < args.steps - 1), key=lambda s: abs(s - (args.steps - 1 - lag)))]
-            delta = np.concatenate([make_delta("xor", last[p], base[p], itemsize) for p in PARTS])
-            previous = np.concatenate([make_delta("xor", before[p], earlier[p], itemsize) for p in PARTS])
-            cases.append(("all", f"xor delta {lag} step{'s' if lag > 1 else ''}", delta, previous))
+        cases = buffers(snaps, itemsize, args.steps)
         table = methods(itemsize, dtype)
         if args.methods:
             table = {name: table[name] for name in args.methods.split(",")}
-        print(f"\n{dtype}: {sum(last[p].nbytes for p in PARTS) / 1e6:.1f} MB of state")
+        print(f"\n{dtype}: {sum(snaps[args.steps][p].nbytes for p in PARTS) / 1e6:.1f} MB of state")
         print("| part | data | method | ratio | MB/s 1 thread | MB/s 2 threads |")
         print("|---|---|---|---|---|---|")
         for part, kind, buf, previous in cases:

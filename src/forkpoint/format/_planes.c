@@ -247,7 +247,6 @@ static void encode_block(BitWriter *w, const uint8_t *data, size_t n, int final)
     put_bits(w, codes[END_OF_BLOCK], lengths[END_OF_BLOCK]);
 }
 
-
 /* Deflate length codes: for each match length 3..258, its symbol, extra bits and their value. */
 static uint16_t LENGTH_SYMBOL[259], LENGTH_EXTRA[259];
 static uint8_t LENGTH_EXTRA_BITS[259];
