@@ -366,24 +366,14 @@ def _node_local_flush_failure(rank, world, out, nodes, shared):
 
 
 def _node_local_crash(rank, world, out, nodes, shared):
-    """Two versions into node-local tiers (flush every 2nd), then rank 1 is SIGKILLed while its
-    copies for the second version's coordinated flush run (slowed down here so that the kill
-    lands during them); the survivors' flush fails and reports it."""
+    """Two versions into node-local tiers (flush every 2nd), then rank 3 (on the second node) is
+    SIGKILLed while its copies for the second version's coordinated flush run (slowed down here
+    so that the kill lands during them); the survivors' flush fails and reports it."""
     fsdp, fopt = build_fsdp()
     ddp, dopt = build_ddp()
     repo = fp.dist.Repo(tiers=_node_tiers(nodes, shared, rank), create=True, timeout=5)
-    if rank == 1:
-        import time
-
-        import forkpoint.repo.placement as placement
-
-        real = placement.copy_object
-
-        def slow(sources, dst, key):
-            time.sleep(60)
-            return real(sources, dst, key)
-
-        placement.copy_object = slow
+    if rank == 3:
+        _slow_flush_copies(60)
     ids, references = [], []
     for step in range(2):
         train(fsdp, fopt, "fsdp", 1, rank)
@@ -393,12 +383,76 @@ def _node_local_crash(rank, world, out, nodes, shared):
         references.append(_mixed_reference(state))
     if rank == 0:
         torch.save(references, os.path.join(out, "references.pt"))
-    if rank == 1:
+    if rank == 3:
         os.kill(os.getpid(), signal.SIGKILL)
     repo.drain()
     errors = repo.stats()["flush_errors"]
     repo.close()
     return {"ids": ids, "errors": errors}
+
+
+def _slow_flush_copies(seconds: float) -> None:
+    """Make this process's flush copies wait `seconds` first (so that a kill lands before they end)."""
+    import forkpoint.repo.placement as placement
+
+    real = placement.copy_object
+
+    def slow(sources, dst, key):
+        time.sleep(seconds)
+        return real(sources, dst, key)
+
+    placement.copy_object = slow
+
+
+def _tiered_killed(rank, world, out, fast, slow):
+    """Three versions into [a fast tier every rank reaches, a slow one], rank 0's flush copies
+    slowed down; then every rank is SIGKILLed with the flushes undone."""
+    if rank == 0:
+        _slow_flush_copies(60)
+    repo = fp.dist.Repo(tiers=[fp.tier(fast, keep=3), slow], create=True, timeout=60)
+    ids, references = _three_versions(repo, rank)
+    if rank == 0:
+        torch.save(references, os.path.join(out, "references.pt"))
+        with open(os.path.join(out, "ids.json"), "w") as f:
+            json.dump(ids, f)
+    dist.barrier()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _resume_flushes(rank, world, out, fast, slow, references_path, node_size):
+    """Resume a killed job through a Checkpointer (which finishes the flushes it left undone)
+    into fresh models, wait for the flushes; report what was restored and the flush errors.
+    `node_size` 0: tier 0 reaches every rank; else node-local tiers of that many ranks."""
+    fsdp, fopt = build_fsdp(seed=7)
+    if node_size:
+        ddp, dopt = build_ddp(seed=8)
+        tiers, state = _node_tiers(fast, slow, rank, node_size), _mixed_state(fsdp, fopt, ddp, dopt, -1, -1)
+        full_of = _mixed_reference
+    else:
+        tiers, state = [fp.tier(fast, keep=3), slow], {"fsdp": fp.dist.TrainState(fsdp, fopt)}
+        full_of = lambda s: full_state(s["fsdp"])  # noqa: E731
+    repo = fp.dist.Repo(tiers=tiers, timeout=60)
+    ck = fp.Checkpointer(repo, state, every=1000)
+    start = ck.resume()
+    got = full_of(state)
+    matches = [i for i, ref in enumerate(torch.load(references_path)) if all(torch.equal(ref[k], got[k]) for k in ref)]
+    ck.close()
+    repo.drain()
+    dist.barrier()
+    result = {"next": start, "version": ck.last_version.id, "matches": matches,
+              "errors": repo.stats()["flush_errors"]}
+    repo.close()
+    return result
+
+
+def _finish_only(rank, world, out, nodes, shared):
+    """Open node-local tiers and call finish_flushes alone; report this rank's flush tasks."""
+    repo = fp.dist.Repo(tiers=_node_tiers(nodes, shared, rank), create=True, timeout=60)
+    tasks = repo.finish_flushes()
+    repo.drain()
+    result = {"tasks": len(tasks), "errors": repo.stats()["flush_errors"]}
+    repo.close()
+    return result
 
 
 def _cuda_replicated_saves(rank, world, out, url, device="cuda"):

@@ -297,15 +297,48 @@ def test_node_local_tier_refuses_to_stand_alone_and_reports_a_failed_flush(tmp_p
 def test_a_rank_killed_during_a_coordinated_flush_loses_nothing_the_nodes_committed(tmp_path):
     nodes, shared = str(tmp_path / "nodes"), str(tmp_path / "shared")
     records = launch("node_local_crash", 4, tmp_path / "crash", nodes, shared)
-    assert records[1] is None, "rank 1 was killed"
+    assert records[3] is None, "rank 3 was killed"
     ids = records[0]["result"]["ids"]
     assert [e["version"] for e in records[0]["result"]["errors"]] == [ids[1]], "rank 0 reports the flush"
-    assert "rank(s) [1]" in records[0]["result"]["errors"][0]["error"]
+    assert "rank(s) [3]" in records[0]["result"]["errors"][0]["error"]
     assert not fp.Repo(shared).store.exists(f"versions/{ids[1]}.json")
     references = str(tmp_path / "crash" / "references.pt")
     records = launch("node_local_restore", 4, tmp_path / "restart", nodes, shared, references, 2)
     assert all(rec["result"]["version"] == ids[1] and rec["result"]["matches"] == [1] for rec in records), \
         "the restarted job resumes from the version the nodes hold"
+    os.rename(f"{nodes}/node1", f"{nodes}/away")
+    records = launch("finish_only", 4, tmp_path / "node_gone", nodes, shared)
+    assert [(rec["result"]["tasks"], rec["result"]["errors"]) for rec in records] == [(0, [])] * 4, \
+        "shards only the other node held are gone: the version stays on node 0, not half flushed"
+    assert not fp.Repo(shared).store.exists(f"versions/{ids[1]}.json")
+    shutil.rmtree(f"{nodes}/node1")
+    os.rename(f"{nodes}/away", f"{nodes}/node1")
+    records = launch("resume_flushes", 4, tmp_path / "resume", nodes, shared, references, 2)
+    assert [(rec["result"]["next"], rec["result"]["version"], rec["result"]["matches"]) for rec in records] == \
+        [(2, ids[1], [1])] * 4
+    assert all(rec["result"]["errors"] == [] for rec in records)
+    below = fp.Repo(shared)
+    assert below.head() == ids[1] and below.verify().ok, "resuming finished the flush the kill cut off"
+    assert below.manifest(ids[1]).to_bytes() == fp.Repo(f"{nodes}/node0").manifest(ids[1]).to_bytes()
+
+
+def test_resuming_finishes_the_flushes_a_killed_distributed_job_left_undone(tmp_path):
+    """Two ranks save three versions to a fast tier both reach; every rank is SIGKILLed before
+    the flushes to the slow tier end; three ranks resume (Checkpointer.resume), and every
+    version reaches the slow tier, whole and verified."""
+    fast, slow = str(tmp_path / "fast"), str(tmp_path / "slow")
+    records = launch("tiered_killed", 2, tmp_path / "killed", fast, slow)
+    assert records == [None, None], "every rank was killed"
+    ids = json.load(open(tmp_path / "killed" / "ids.json"))
+    assert not any(os.path.exists(os.path.join(slow, "versions", f"{v}.json")) for v in ids), \
+        "the kill left no flush undone; the test proves nothing"
+    references = str(tmp_path / "killed" / "references.pt")
+    records = launch("resume_flushes", 3, tmp_path / "resume", fast, slow, references, 0)
+    assert [(rec["result"]["next"], rec["result"]["version"], rec["result"]["matches"]) for rec in records] == \
+        [(0, ids[2], [2])] * 3
+    assert all(rec["result"]["errors"] == [] for rec in records)
+    below = fp.Repo(slow)
+    assert [v.id for v in below.log()] == ids[::-1] and below.verify().ok
 
 
 def test_encode_later_is_refused_by_a_distributed_repo(tmp_path):

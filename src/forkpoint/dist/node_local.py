@@ -8,10 +8,13 @@ the version below once every rank reported its copies durable.
 """
 
 import json
+import logging
 
 from ..errors import CorruptObjectError, MissingObjectError, RefNotFoundError
 from ..format.manifest import Manifest, Version
 from ..format.objects import object_key
+
+log = logging.getLogger("forkpoint")
 
 
 def process_private(url: str) -> bool:
@@ -20,8 +23,8 @@ def process_private(url: str) -> bool:
 
 
 class NodeLocalMixin:
-    """The node-local behaviour of fp.dist.Repo (see the module doc); inert when tier 0 is
-    shared by every rank (`node_ranks` is None)."""
+    """The node-local behaviour of fp.dist.Repo (see the module doc), and its collective
+    finish_flushes; the rest is inert when tier 0 is shared by every rank (`node_ranks` is None)."""
 
     def _node_group(self, dist, host: str) -> list[int] | None:
         """The ranks that share this rank's node-local tier 0 (None when tier 0 is shared by
@@ -87,6 +90,71 @@ class NodeLocalMixin:
             return False
         self.coordinator.gather(sid)
         return True
+
+    def finish_flushes(self) -> list:
+        """Collective (every rank calls it, as Checkpointer.resume does): finish the flushes a
+        stopped job left undone. Rank 0 flushes between tiers every rank reaches. With a
+        node-local tier 0, the committed versions rank 0's node holds and the shared tier lacks
+        are flushed as a save's are: each object by a rank whose node holds it, committed below
+        by rank 0 once every rank's copies are durable. A version whose objects neither this
+        job's nodes nor the tier below hold (a node left or was wiped) stays where it is.
+        Returns this rank's flush tasks."""
+        import torch.distributed as dist
+
+        leases = [None] * self.world
+        dist.all_gather_object(leases, self._lease_key(), group=self._group)
+        ours = frozenset(leases)
+        below = []
+        if self.rank == 0:
+            below = [(k, vid) for k in range(1 if self.node_local else 0, len(self.stores) - 1)
+                     for vid in self._undone_flushes(k, ours)]
+        tasks = self._finish_node_flushes(dist, ours) if self.node_local else []
+        return tasks + [self._schedule_flush(vid, k) for k, vid in below]
+
+    def _finish_node_flushes(self, dist, ours: frozenset) -> list:
+        """(Node-local tier 0, collective) rank 0 offers the versions its node's tier 0 holds
+        and the shared tier lacks; every rank reports which of their objects its node holds
+        (and whether another running process writes to its tier 0); rank 0 says which can be
+        flushed; each rank then schedules its share of those flushes."""
+        src = dist.get_global_rank(self._group, 0) if self._group is not None else 0
+        offer = [[(vid, self._manifest_by_id(vid).to_bytes()) for vid in self._undone_flushes(0, ours)]
+                 if self.rank == 0 else None]
+        dist.broadcast_object_list(offer, src=src, group=self._group)
+        manifests = []
+        for vid, data in offer[0]:
+            manifests.append(Manifest.from_bytes(data, f"version {vid} from rank 0's tier 0"))
+            self._check_names(manifests[-1].version, vid, f"version {vid} from rank 0's tier 0")
+        held = [sorted(o for o in manifest_objects(m) if self.store.exists(object_key(o))) for m in manifests]
+        reports = [None] * self.world
+        dist.all_gather_object(reports, (self._others_alive(self.store, ignore=ours), held), group=self._group)
+        go = [None]
+        if self.rank == 0:
+            busy = [r for r, (alive, _) in enumerate(reports) if alive]
+            if busy and manifests:
+                log.info("not finishing flushes: another running process writes to the tier 0 of rank(s) %s", busy)
+            go = [[not busy and self._flushable(m, [h[i] for _, h in reports]) for i, m in enumerate(manifests)]]
+        dist.broadcast_object_list(go, src=src, group=self._group)
+        tasks = []
+        for i, m in enumerate(manifests):
+            if not go[0][i]:
+                continue
+            self._manifests.put(m.version.id, m)
+            self._next_assign = assign_flush(m, [{"held": h[i]} for _, h in reports])[self.rank]
+            try:
+                tasks.append(self._schedule_flush(m.version.id, 0))
+            finally:
+                self._next_assign = None
+        return tasks
+
+    def _flushable(self, m: Manifest, held: list[list[str]]) -> bool:
+        """(Rank 0) True when every object of `m` is held by some rank's node (`held`, per
+        rank) or already on the shared tier below."""
+        anywhere = set().union(*held)
+        lacking = [o for o in manifest_objects(m) if o not in anywhere and not self.stores[1].exists(object_key(o))]
+        if lacking:
+            log.warning("version %s is not flushed to %s: %d of its objects are on no node of this job "
+                        "(nor below), e.g. %s", m.version.id, self.stores[1].url, len(lacking), lacking[0])
+        return not lacking
 
     def _writes_below(self, k: int) -> bool:
         return not (k == 0 and self.node_local and self.rank != 0)
@@ -172,8 +240,12 @@ def assign_flush(manifest: Manifest, parts: list[dict]) -> list[list[str]]:
         for o in part.get("held", ()):
             holders.setdefault(o, []).append(r)
     out: list[list[str]] = [[] for _ in parts]
-    objects = sorted({o for leaf in manifest.leaves for c in leaf.chunks for o in c.objects})
-    for o in objects:
+    for o in sorted(manifest_objects(manifest)):
         ranks = holders.get(o, [0])
         out[min(ranks, key=lambda r: (len(out[r]), r))].append(o)
     return out
+
+
+def manifest_objects(manifest: Manifest) -> set[str]:
+    """The digests of every object a manifest's chunks are stored in."""
+    return {o for leaf in manifest.leaves for c in leaf.chunks for o in c.objects}

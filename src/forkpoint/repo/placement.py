@@ -92,24 +92,28 @@ class PlacementMixin:
         """Schedule the flushes a stopped process left undone (killed or crashed before its
         background flushes ended): on each tier above the last, the committed versions the tier
         below lacks (with flush_every > 1, only branch heads and tagged versions), oldest first.
-        Skipped for a tier another running process writes to (its own flushes are in flight)
-        and by distributed repositories. Returns the flush tasks."""
-        if getattr(self, "collective", False):
+        Skipped for a tier another running process writes to (its own flushes are in flight).
+        Returns the flush tasks. (Collective for fp.dist.Repo.)"""
+        undone = [(k, vid) for k in range(len(self.stores) - 1) for vid in self._undone_flushes(k)]
+        return [self._schedule_flush(vid, k) for k, vid in undone]
+
+    def _undone_flushes(self, k: int, ours: frozenset = frozenset()) -> list[str]:
+        """The versions finish_flushes flushes from tier k to tier k + 1, oldest first; none
+        while a running process other than this one (and the writers whose lease keys are in
+        `ours`) writes to tier k."""
+        store, below = self.stores[k], self.stores[k + 1]
+        if self._others_alive(store, ignore=ours):
             return []
-        tasks = []
-        for k in range(len(self.stores) - 1):
-            store, below = self.stores[k], self.stores[k + 1]
-            if self._others_alive(store):
+        present, heads = self._committed_on(store)
+        kept = heads | set(self.tags().values())
+        undone = []
+        for v in reversed(present):
+            if v.id in self._flushing or (self.tier_specs[k].flush_every > 1 and v.id not in kept):
                 continue
-            present, heads = self._committed_on(store)
-            kept = heads | set(self.tags().values())
-            for v in reversed(present):
-                if v.id in self._flushing or (self.tier_specs[k].flush_every > 1 and v.id not in kept):
-                    continue
-                if not self._holds_in_full(below, v.id):
-                    log.info("finishing the flush of version %s to %s", v.id, below.url)
-                    tasks.append(self._schedule_flush(v.id, k))
-        return tasks
+            if not self._holds_in_full(below, v.id):
+                log.info("finishing the flush of version %s to %s", v.id, below.url)
+                undone.append(v.id)
+        return undone
 
     def _committed_on(self, store: Store) -> tuple[list, set]:
         """(The committed versions `store` holds in full, newest first; its branch heads.)"""

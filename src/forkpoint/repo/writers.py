@@ -49,10 +49,11 @@ class WritersMixin:
         self._lease_finalizer = weakref.finalize(
             self, release_leases, list(self.stores), self._lease_key(), self._leases, self._lock)
 
-    def _others_alive(self, store: Store, young: float = 600.0) -> bool:
-        """True when another running process may write to `store` (see live_writer)."""
+    def _others_alive(self, store: Store, young: float = 600.0, ignore=frozenset()) -> bool:
+        """True when another running process may write to `store` (see live_writer), leaving
+        out the leases whose keys are in `ignore`."""
         own = self._lease_key()
-        return any(live_writer(store, key, own, young) for key in store.list(LEASES))
+        return any(live_writer(store, key, own, young) for key in store.list(LEASES) if key not in ignore)
 
     def _release_leases(self) -> None:
         """Remove this process's leases (at close: it writes nothing more)."""
