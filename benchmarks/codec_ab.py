@@ -47,9 +47,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--huffman", action="store_true",
+                    help="time only the native Huffman coder, one thread, on each buffer's top byte plane")
     args = ap.parse_args()
     from forkpoint.format import floatcodec as mine
     codecs = {"other": other_codec(Path(args.other)), "this": mine}
+    if args.huffman:
+        return huffman_only(codecs, args)
     print("| dtype | data | ratio other / this | MB/s other / this | this / other "
           "| layouts reused: ratio other / this | MB/s other / this | this / other |")
     print("|---|---|---|---|---|---|---|---|")
@@ -79,6 +83,29 @@ def main() -> None:
                 cells += [f"{ratio['other']:.3f} / {ratio['this']:.3f}", f"{speed['other']:.0f} / {speed['this']:.0f}",
                           f"{speed['this'] / speed['other']:.2f}"]
             print(f"| {dtype} | {part} {kind} | " + " | ".join(cells) + " |", flush=True)
+
+
+def huffman_only(codecs: dict, args) -> None:
+    """One-thread MB/s of both native Huffman coders (literals only, 16 KiB blocks) on the top
+    byte plane (sign and exponent) of each buffer, alternating; asserts both inflate alike."""
+    import zlib
+
+    print("| dtype | data | distinct bytes | Huffman ratio | MB/s other / this | this / other |")
+    print("|---|---|---|---|---|---|")
+    for dtype, itemsize in (("float32", 4), ("bfloat16", 2)):
+        for part, kind, buf, _ in buffers(load_or_train(Path(args.dir), dtype, args.steps, args.batch),
+                                          itemsize, args.steps):
+            plane = np.ascontiguousarray(buf.view(np.uint8).reshape(-1, itemsize)[:, -1])
+            seconds: dict = {}
+            for _ in range(args.repeats):
+                for key, codec in codecs.items():
+                    start = time.perf_counter()
+                    coded = codec._native.huffman_deflate(plane, codec.HUFFMAN_BLOCK, False)
+                    seconds.setdefault(key, []).append(time.perf_counter() - start)
+                    assert zlib.decompress(coded, -15) == plane.tobytes()
+            speed = {k: plane.nbytes / 1e6 / statistics.median(v) for k, v in seconds.items()}
+            print(f"| {dtype} | {part} {kind} | {len(np.unique(plane))} | {plane.nbytes / len(coded):.3f} "
+                  f"| {speed['other']:.0f} / {speed['this']:.0f} | {speed['this'] / speed['other']:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

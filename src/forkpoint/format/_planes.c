@@ -208,7 +208,15 @@ static void write_header(BitWriter *w, const uint8_t *lengths, int nlit, int dis
     }
 }
 
-static void encode_block(BitWriter *w, const uint8_t *data, size_t n, int final) {
+/* Scratch for the codes of every pair of byte values (the first in the low byte). */
+typedef struct {
+    uint32_t code[65536];
+    uint8_t length[65536];
+} PairTable;
+
+/* One dynamic block of literals; where few byte values occur, coded two at a time through
+ * `pairs` (or not, when NULL). */
+static void encode_block(BitWriter *w, const uint8_t *data, size_t n, int final, PairTable *pairs) {
     uint32_t hist[4][256];
     uint32_t freq[LIT_SYMBOLS];
     uint8_t lengths[LIT_SYMBOLS];
@@ -234,7 +242,41 @@ static void encode_block(BitWriter *w, const uint8_t *data, size_t n, int final)
     write_header(w, lengths, LIT_SYMBOLS, 0, final);
     flush_whole_bytes(w);
     BitWriter v = *w;
-    for (i = 0; i + 4 <= n; i += 4) { /* four codes of at most 14 bits and 7 pending bits fit */
+    i = 0;
+    if (pairs && (size_t)distinct * (size_t)distinct * 4 <= n) {
+        uint32_t *pair_code = pairs->code;
+        uint8_t *pair_length = pairs->length;
+        uint8_t used[256];
+        int m = 0;
+        for (int s = 0; s < 256; s++)
+            if (freq[s]) used[m++] = (uint8_t)s;
+        for (int x = 0; x < m; x++)
+            for (int y = 0; y < m; y++) {
+                uint8_t a = used[x], b = used[y];
+                pair_code[a | b << 8] = (uint32_t)codes[a] | (uint32_t)codes[b] << lengths[a];
+                pair_length[a | b << 8] = (uint8_t)(lengths[a] + lengths[b]);
+            }
+        uint8_t *out = v.out;
+        uint64_t buf = v.buf;
+        uint64_t count = (uint64_t)v.count;
+        for (; i + 4 <= n; i += 4) { /* two pairs' codes of at most 28 bits and 7 pending bits fit */
+            uint32_t quad;
+            memcpy(&quad, data + i, 4);
+            uint32_t lo = quad & 0xffff, hi = quad >> 16;
+            buf |= (uint64_t)pair_code[lo] << count;
+            count += pair_length[lo];
+            buf |= (uint64_t)pair_code[hi] << count;
+            count += pair_length[hi];
+            memcpy(out, &buf, 8);
+            out += count >> 3;
+            buf >>= count & 56;
+            count &= 7;
+        }
+        v.out = out;
+        v.buf = buf;
+        v.count = (int)count;
+    }
+    for (; i + 4 <= n; i += 4) { /* four codes of at most 14 bits and 7 pending bits fit */
         uint8_t a = data[i], b = data[i + 1], c = data[i + 2], d = data[i + 3];
         add_bits(&v, codes[a], lengths[a]);
         add_bits(&v, codes[b], lengths[b]);
@@ -375,12 +417,13 @@ static PyObject *huffman_deflate(PyObject *self, PyObject *args) {
     size_t n = (size_t)view.len, blocks = n ? (n + (size_t)block - 1) / (size_t)block : 1;
     size_t bound = n * (runs ? MAX_LITLEN_BITS : MAX_DATA_BITS) / 8 + blocks * 700 + 64;
     uint16_t *tokens = NULL;
-    if (runs && !(tokens = malloc((size_t)block * sizeof *tokens))) {
+    PairTable *pairs = NULL;
+    if (runs ? !(tokens = malloc((size_t)block * sizeof *tokens)) : !(pairs = malloc(sizeof *pairs))) {
         PyBuffer_Release(&view);
         return PyErr_NoMemory();
     }
     PyObject *result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)bound);
-    if (!result) { free(tokens); PyBuffer_Release(&view); return NULL; }
+    if (!result) { free(tokens); free(pairs); PyBuffer_Release(&view); return NULL; }
     uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
     BitWriter w = {out, 0, 0};
     const uint8_t *data = view.buf;
@@ -388,11 +431,12 @@ static PyObject *huffman_deflate(PyObject *self, PyObject *args) {
     for (size_t b = 0; b < blocks; b++) {
         size_t lo = b * (size_t)block, len = n - lo < (size_t)block ? n - lo : (size_t)block;
         if (runs) encode_runs_block(&w, data + lo, len, b + 1 == blocks, tokens);
-        else encode_block(&w, data + lo, len, b + 1 == blocks);
+        else encode_block(&w, data + lo, len, b + 1 == blocks, pairs);
     }
     if (w.count) { memcpy(w.out, &w.buf, 8); w.out += (w.count + 7) >> 3; }
     Py_END_ALLOW_THREADS
     free(tokens);
+    free(pairs);
     PyBuffer_Release(&view);
     if (_PyBytes_Resize(&result, w.out - out) < 0) return NULL;
     return result;
