@@ -445,6 +445,35 @@ def _resume_flushes(rank, world, out, fast, slow, references_path, node_size):
     return result
 
 
+def _plain_killed(rank, world, out, fast, slow):
+    """A Checkpointer over a plain fp.Repo in a DDP run (rank 0 writes), rank 0's flush copies
+    slowed down; every rank is SIGKILLed after two saves, with their flushes undone."""
+    if rank == 0:
+        _slow_flush_copies(60)
+    ddp, dopt = build_ddp()
+    repo = fp.Repo(tiers=[fast, slow], create=True)
+    ck = fp.Checkpointer(repo, {"model": ddp, "optim": dopt}, every=1, sync=True)
+    for step in range(2):
+        train(ddp, dopt, "ddp", 1, rank)
+        ck.step(step)
+    dist.barrier()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _plain_resume(rank, world, out, fast, slow):
+    """Resume that run through its Checkpointer; report this rank's finished flush tasks."""
+    ddp, dopt = build_ddp(seed=5)
+    repo = fp.Repo(tiers=[fast, slow])
+    ck = fp.Checkpointer(repo, {"model": ddp, "optim": dopt}, every=1000)
+    start = ck.resume()
+    ck.close()
+    repo.drain()
+    dist.barrier()
+    flushes = repo.stats()["stages"].get("flush", {}).get("done", 0)
+    repo.close()
+    return {"next": start, "flushes": flushes}
+
+
 def _finish_only(rank, world, out, nodes, shared):
     """Open node-local tiers and call finish_flushes alone; report this rank's flush tasks."""
     repo = fp.dist.Repo(tiers=_node_tiers(nodes, shared, rank), create=True, timeout=60)

@@ -388,3 +388,17 @@ def test_a_coordinator_wait_does_not_hold_up_what_other_threads_tell_peers():
     assert got["outcome"] == {"id": "v"} and got["parts"] == [{}, {}]
     rank0.close()
     rank1.close()
+
+
+def test_with_a_plain_repo_rank_zero_alone_finishes_the_flushes_on_resume(tmp_path):
+    """A plain fp.Repo in a DDP run is written by rank 0: after a SIGKILL that left flushes
+    undone, rank 0's resume finishes them and the other ranks flush nothing."""
+    fast, slow = str(tmp_path / "fast"), str(tmp_path / "slow")
+    assert launch("plain_killed", 2, tmp_path / "killed", fast, slow) == [None, None]
+    head = fp.Repo(fast).head()
+    assert not os.path.exists(os.path.join(slow, "versions", f"{head}.json")), "nothing was left undone"
+    records = launch("plain_resume", 2, tmp_path / "resume", fast, slow)
+    assert [rec["result"]["next"] for rec in records] == [2, 2]
+    assert records[0]["result"]["flushes"] > 0 and records[1]["result"]["flushes"] == 0
+    assert fp.Repo(slow).head() == head and fp.Repo(slow).verify().ok
+

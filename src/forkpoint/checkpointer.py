@@ -130,12 +130,14 @@ class Checkpointer:
     # ----------------------------------------------------------------- resume
     def resume(self, strict: bool = True) -> int:
         """Restore the newest committed version of the branch; return the next step (0 if none).
-        Flushes a killed process left undone are finished in the background (Repo.finish_flushes).
+        Flushes a killed process left undone are finished in the background (Repo.finish_flushes:
+        by every rank of an fp.dist.Repo, where it is collective; by rank 0 of a plain Repo).
 
         Later versions record the restart count (SLURM / torchelastic) and the wall time since
         the restored version was written (work lost plus time spent waiting to restart).
         """
-        self.repo.finish_flushes()
+        if getattr(self.repo, "collective", False) or _world()[1] == 0:
+            self.repo.finish_flushes()
         if self.repo.head(self.branch) is None:
             return 0
         version = self.repo.restore(self.state, self.branch, strict=strict,
