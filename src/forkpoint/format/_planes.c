@@ -214,6 +214,44 @@ typedef struct {
     uint8_t length[65536];
 } PairTable;
 
+/* Code `data` two bytes per lookup of a table of every pair of the byte values that occur
+ * (nonzero `freq`) while four bytes remain; return the bytes coded. */
+static size_t encode_pairs(BitWriter *w, const uint8_t *data, size_t n, const uint32_t *freq,
+                           const uint8_t *lengths, const uint16_t *codes, PairTable *pairs) {
+    uint32_t *pair_code = pairs->code;
+    uint8_t *pair_length = pairs->length;
+    uint8_t used[256];
+    int m = 0;
+    for (int s = 0; s < 256; s++)
+        if (freq[s]) used[m++] = (uint8_t)s;
+    for (int x = 0; x < m; x++)
+        for (int y = 0; y < m; y++) {
+            uint8_t a = used[x], b = used[y];
+            pair_code[a | b << 8] = (uint32_t)codes[a] | (uint32_t)codes[b] << lengths[a];
+            pair_length[a | b << 8] = (uint8_t)(lengths[a] + lengths[b]);
+        }
+    uint8_t *out = w->out;
+    uint64_t buf = w->buf, count = (uint64_t)w->count;
+    size_t i;
+    for (i = 0; i + 4 <= n; i += 4) { /* two pairs' codes of at most 28 bits and 7 pending bits fit */
+        uint32_t quad;
+        memcpy(&quad, data + i, 4);
+        uint32_t lo = quad & 0xffff, hi = quad >> 16;
+        buf |= (uint64_t)pair_code[lo] << count;
+        count += pair_length[lo];
+        buf |= (uint64_t)pair_code[hi] << count;
+        count += pair_length[hi];
+        memcpy(out, &buf, 8);
+        out += count >> 3;
+        buf >>= count & 56;
+        count &= 7;
+    }
+    w->out = out;
+    w->buf = buf;
+    w->count = (int)count;
+    return i;
+}
+
 /* One dynamic block of literals; where few byte values occur, coded two at a time through
  * `pairs` (or not, when NULL). */
 static void encode_block(BitWriter *w, const uint8_t *data, size_t n, int final, PairTable *pairs) {
@@ -242,40 +280,7 @@ static void encode_block(BitWriter *w, const uint8_t *data, size_t n, int final,
     write_header(w, lengths, LIT_SYMBOLS, 0, final);
     flush_whole_bytes(w);
     BitWriter v = *w;
-    i = 0;
-    if (pairs && (size_t)distinct * (size_t)distinct * 4 <= n) {
-        uint32_t *pair_code = pairs->code;
-        uint8_t *pair_length = pairs->length;
-        uint8_t used[256];
-        int m = 0;
-        for (int s = 0; s < 256; s++)
-            if (freq[s]) used[m++] = (uint8_t)s;
-        for (int x = 0; x < m; x++)
-            for (int y = 0; y < m; y++) {
-                uint8_t a = used[x], b = used[y];
-                pair_code[a | b << 8] = (uint32_t)codes[a] | (uint32_t)codes[b] << lengths[a];
-                pair_length[a | b << 8] = (uint8_t)(lengths[a] + lengths[b]);
-            }
-        uint8_t *out = v.out;
-        uint64_t buf = v.buf;
-        uint64_t count = (uint64_t)v.count;
-        for (; i + 4 <= n; i += 4) { /* two pairs' codes of at most 28 bits and 7 pending bits fit */
-            uint32_t quad;
-            memcpy(&quad, data + i, 4);
-            uint32_t lo = quad & 0xffff, hi = quad >> 16;
-            buf |= (uint64_t)pair_code[lo] << count;
-            count += pair_length[lo];
-            buf |= (uint64_t)pair_code[hi] << count;
-            count += pair_length[hi];
-            memcpy(out, &buf, 8);
-            out += count >> 3;
-            buf >>= count & 56;
-            count &= 7;
-        }
-        v.out = out;
-        v.buf = buf;
-        v.count = (int)count;
-    }
+    i = pairs && (size_t)distinct * (size_t)distinct * 4 <= n ? encode_pairs(&v, data, n, freq, lengths, codes, pairs) : 0;
     for (; i + 4 <= n; i += 4) { /* four codes of at most 14 bits and 7 pending bits fit */
         uint8_t a = data[i], b = data[i + 1], c = data[i + 2], d = data[i + 3];
         add_bits(&v, codes[a], lengths[a]);
