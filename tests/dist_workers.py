@@ -474,10 +474,20 @@ def _plain_resume(rank, world, out, fast, slow):
     return {"next": start, "flushes": flushes}
 
 
-def _finish_only(rank, world, out, nodes, shared):
-    """Open node-local tiers and call finish_flushes alone; report this rank's flush tasks."""
+def _finish_only(rank, world, out, nodes, shared, failing=-1):
+    """Open node-local tiers and call finish_flushes alone; report this rank's flush tasks, or
+    the error it raised (rank `failing` cannot read its tier 0)."""
     repo = fp.dist.Repo(tiers=_node_tiers(nodes, shared, rank), create=True, timeout=60)
-    tasks = repo.finish_flushes()
+    if rank == failing:
+        def unreadable(key):
+            raise OSError(f"simulated: {key} unreadable")
+
+        repo.store.exists = unreadable
+    try:
+        tasks = repo.finish_flushes()
+    except fp.errors.ForkpointError as e:
+        repo.close()
+        return {"error": str(e)}
     repo.drain()
     result = {"tasks": len(tasks), "errors": repo.stats()["flush_errors"]}
     repo.close()

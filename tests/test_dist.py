@@ -311,6 +311,9 @@ def test_a_rank_killed_during_a_coordinated_flush_loses_nothing_the_nodes_commit
     assert [(rec["result"]["tasks"], rec["result"]["errors"]) for rec in records] == [(0, [])] * 4, \
         "shards only the other node held are gone: the version stays on node 0, not half flushed"
     assert not fp.Repo(shared).store.exists(f"versions/{ids[1]}.json")
+    records = launch("finish_only", 4, tmp_path / "unreadable", nodes, shared, 1)
+    assert all("rank(s) [1] failed reading its tier 0" in rec["result"]["error"] and "simulated" in
+               rec["result"]["error"] for rec in records), "every rank is told, none waits for the others"
     shutil.rmtree(f"{nodes}/node1")
     os.rename(f"{nodes}/away", f"{nodes}/node1")
     records = launch("resume_flushes", 4, tmp_path / "resume", nodes, shared, references, 2)

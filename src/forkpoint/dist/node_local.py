@@ -10,7 +10,7 @@ the version below once every rank reported its copies durable.
 import json
 import logging
 
-from ..errors import CorruptObjectError, MissingObjectError, RefNotFoundError
+from ..errors import CorruptObjectError, ForkpointError, MissingObjectError, RefNotFoundError
 from ..format.manifest import Manifest, Version
 from ..format.objects import object_key
 
@@ -101,50 +101,75 @@ class NodeLocalMixin:
         Returns this rank's flush tasks."""
         import torch.distributed as dist
 
-        leases = [None] * self.world
-        dist.all_gather_object(leases, self._lease_key(), group=self._group)
-        ours = frozenset(leases)
-        below = []
-        if self.rank == 0:
-            below = [(k, vid) for k in range(1 if self.node_local else 0, len(self.stores) - 1)
-                     for vid in self._undone_flushes(k, ours)]
-        tasks = self._finish_node_flushes(dist, ours) if self.node_local else []
-        return tasks + [self._schedule_flush(vid, k) for k, vid in below]
-
-    def _finish_node_flushes(self, dist, ours: frozenset) -> list:
-        """(Node-local tier 0, collective) rank 0 offers the versions its node's tier 0 holds
-        and the shared tier lacks; every rank reports which of their objects its node holds
-        (and whether another running process writes to its tier 0); rank 0 says which can be
-        flushed; each rank then schedules its share of those flushes."""
-        src = dist.get_global_rank(self._group, 0) if self._group is not None else 0
-        offer = [[(vid, self._manifest_by_id(vid).to_bytes()) for vid in self._undone_flushes(0, ours)]
-                 if self.rank == 0 else None]
-        dist.broadcast_object_list(offer, src=src, group=self._group)
-        manifests = []
-        for vid, data in offer[0]:
-            manifests.append(Manifest.from_bytes(data, f"version {vid} from rank 0's tier 0"))
-            self._check_names(manifests[-1].version, vid, f"version {vid} from rank 0's tier 0")
-        held = [sorted(o for o in manifest_objects(m) if self.store.exists(object_key(o))) for m in manifests]
-        reports = [None] * self.world
-        dist.all_gather_object(reports, (self._others_alive(self.store, ignore=ours), held), group=self._group)
-        go = [None]
-        if self.rank == 0:
-            busy = [r for r, (alive, _) in enumerate(reports) if alive]
-            if busy and manifests:
-                log.info("not finishing flushes: another running process writes to the tier 0 of rank(s) %s", busy)
-            go = [[not busy and self._flushable(m, [h[i] for _, h in reports]) for i, m in enumerate(manifests)]]
-        dist.broadcast_object_list(go, src=src, group=self._group)
+        ours = frozenset(self._from_every_rank(dist, "reading the writer leases", self._lease_key))
+        node = self._node_flushes(dist, ours) if self.node_local else []
+        below = [(k, vid) for k in range(1 if self.node_local else 0, len(self.stores) - 1)
+                 for vid in self._undone_flushes(k, ours)] if self.rank == 0 else []
         tasks = []
-        for i, m in enumerate(manifests):
-            if not go[0][i]:
-                continue
+        for m, share in node:
             self._manifests.put(m.version.id, m)
-            self._next_assign = assign_flush(m, [{"held": h[i]} for _, h in reports])[self.rank]
+            self._next_assign = share
             try:
                 tasks.append(self._schedule_flush(m.version.id, 0))
             finally:
                 self._next_assign = None
-        return tasks
+        return tasks + [self._schedule_flush(vid, k) for k, vid in below]
+
+    def _node_flushes(self, dist, ours: frozenset) -> list[tuple[Manifest, list[str]]]:
+        """(Node-local tier 0, collective) rank 0 offers the versions its node's tier 0 holds
+        and the shared tier lacks; every rank reports which of their objects its node holds
+        (and whether another running process writes to its tier 0); rank 0 says which can be
+        flushed. Returns (manifest, the objects this rank copies) for each of those."""
+        offer = self._from_rank_0(dist, "listing the versions its tier 0 has not flushed", lambda: [
+            (vid, self._manifest_by_id(vid).to_bytes()) for vid in self._undone_flushes(0, ours)])
+        manifests = []
+
+        def report():
+            for vid, data in offer:
+                where = f"version {vid} from rank 0's tier 0"
+                manifests.append(Manifest.from_bytes(data, where))
+                self._check_names(manifests[-1].version, vid, where)
+            held = [sorted(o for o in manifest_objects(m) if self.store.exists(object_key(o))) for m in manifests]
+            return self._others_alive(self.store, ignore=ours), held
+
+        reports = self._from_every_rank(dist, "reading its tier 0", report)
+        busy = [r for r, (alive, _) in enumerate(reports) if alive]
+        if busy and manifests and self.rank == 0:
+            log.info("not finishing flushes: another running process writes to the tier 0 of rank(s) %s", busy)
+        go = self._from_rank_0(dist, "checking the shared tier", lambda: [
+            not busy and self._flushable(m, [h[i] for _, h in reports]) for i, m in enumerate(manifests)])
+        return [(m, assign_flush(m, [{"held": h[i]} for _, h in reports])[self.rank])
+                for i, m in enumerate(manifests) if go[i]]
+
+    def _from_rank_0(self, dist, what: str, compute):
+        """Rank 0's compute(), on every rank; ForkpointError on every rank if it raised there."""
+        box = [None]
+        if self.rank == 0:
+            try:
+                box = [(True, compute())]
+            except Exception as e:
+                box = [(False, f"{type(e).__name__}: {e}")]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(self._group, 0) if self._group else 0,
+                                   group=self._group)
+        done, value = box[0]
+        if not done:
+            raise ForkpointError(f"finish_flushes: rank 0 failed {what}: {value}")
+        return value
+
+    def _from_every_rank(self, dist, what: str, compute) -> list:
+        """Every rank's compute(), in rank order, on every rank; ForkpointError on every rank
+        naming the ranks where it raised."""
+        try:
+            mine = (True, compute())
+        except Exception as e:
+            mine = (False, f"{type(e).__name__}: {e}")
+        everyone = [None] * self.world
+        dist.all_gather_object(everyone, mine, group=self._group)
+        failed = {r: value for r, (done, value) in enumerate(everyone) if not done}
+        if failed:
+            raise ForkpointError(f"finish_flushes: rank(s) {sorted(failed)} failed {what}: "
+                                 + "; ".join(f"rank {r}: {v}" for r, v in failed.items()))
+        return [value for _, value in everyone]
 
     def _flushable(self, m: Manifest, held: list[list[str]]) -> bool:
         """(Rank 0) True when every object of `m` is held by some rank's node (`held`, per
