@@ -7,6 +7,7 @@ shards; rank 0 gives each object of a flushed version to one rank that holds it,
 the version below once every rank reported its copies durable.
 """
 
+import contextlib
 import json
 import logging
 
@@ -70,9 +71,20 @@ class NodeLocalMixin:
         self._manifests.put(vid, manifest)
         return flush
 
+    @contextlib.contextmanager
+    def _flush_share(self, digests: list[str] | None):
+        """Within it, a flush from node-local tier 0 that this rank schedules copies the objects
+        `digests` (its share, see assign_flush)."""
+        self._next_assign = digests
+        try:
+            yield
+        finally:
+            self._next_assign = None
+
     def _flush_keys(self, vid: str, k: int, m: Manifest) -> list[str]:
         """(Node-local tier 0) this rank's share of the flush: `_next_assign`, which the commit
-        of `vid` sets around its `_after_commit` call (the flush is scheduled within it)."""
+        of `vid` sets (`_flush_share`) around its `_after_commit` call (the flush is scheduled
+        within it)."""
         if k == 0 and self.node_local:
             return [object_key(o) for o in self._next_assign or []]
         return super()._flush_keys(vid, k, m)
@@ -108,11 +120,8 @@ class NodeLocalMixin:
         tasks = []
         for m, share in node:
             self._manifests.put(m.version.id, m)
-            self._next_assign = share
-            try:
+            with self._flush_share(share):
                 tasks.append(self._schedule_flush(m.version.id, 0))
-            finally:
-                self._next_assign = None
         return tasks + [self._schedule_flush(vid, k) for k, vid in below]
 
     def _node_flushes(self, dist, ours: frozenset) -> list[tuple[Manifest, list[str]]]:
@@ -149,8 +158,7 @@ class NodeLocalMixin:
                 box = [(True, compute())]
             except Exception as e:
                 box = [(False, f"{type(e).__name__}: {e}")]
-        dist.broadcast_object_list(box, src=dist.get_global_rank(self._group, 0) if self._group else 0,
-                                   group=self._group)
+        dist.broadcast_object_list(box, src=self.rank0_global, group=self._group)
         done, value = box[0]
         if not done:
             raise ForkpointError(f"finish_flushes: rank 0 failed {what}: {value}")

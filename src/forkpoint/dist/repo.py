@@ -62,8 +62,8 @@ class Repo(NodeLocalMixin, BaseRepo):
                 status = [uuid.uuid4().hex[:12]]
             except Exception as e:  # tell the other ranks, then raise here
                 error, status = e, [f"error: {type(e).__name__}: {e}"]
-        src = dist.get_global_rank(group, 0) if group is not None else 0
-        dist.broadcast_object_list(status, src=src, group=group)
+        self.rank0_global = dist.get_global_rank(group, 0) if group is not None else 0
+        dist.broadcast_object_list(status, src=self.rank0_global, group=group)
         hosts = [None] * world
         dist.all_gather_object(hosts, socket.gethostname(), group=group)
         if error is not None:
@@ -231,15 +231,13 @@ class Repo(NodeLocalMixin, BaseRepo):
             own = part.result()
             manifest = assemble_manifest(record, skeleton, own.leaves[:n_shared], parts, allow_pickle)
             assignment = assign_flush(manifest, parts) if self.node_local else None
-            self._next_assign = assignment[0] if assignment else None
-            version = self._commit(manifest)
+            with self._flush_share(assignment[0] if assignment else None):
+                version = self._commit(manifest)
         except Exception as e:
             self.coordinator.announce(sid, {"error": f"{type(e).__name__}: {e}"})
             if isinstance(e, DistSaveError):
                 raise
             raise DistSaveError(f"save {sid} did not commit: {type(e).__name__}: {e}") from e
-        finally:
-            self._next_assign = None
         extras, cleanup = {}, []
         if self.node_local:
             extras = {"manifest": manifest.to_bytes(),
@@ -258,11 +256,8 @@ class Repo(NodeLocalMixin, BaseRepo):
             raise DistSaveError(f"save {sid} did not commit (reported by rank 0): {outcome['error']}")
         part.result()
         if flush:
-            self._next_assign = flush[0]
-            try:
+            with self._flush_share(flush[0]):
                 self._after_commit(outcome["id"], 0)
-            finally:
-                self._next_assign = None
         return self._manifest_by_id(outcome["id"]).version
 
 def split_rank_local(tree, objects) -> tuple[object, list]:
