@@ -138,7 +138,7 @@ class NodeLocalMixin:
                 where = f"version {vid} from rank 0's tier 0"
                 manifests.append(Manifest.from_bytes(data, where))
                 self._check_names(manifests[-1].version, vid, where)
-            held = [sorted(o for o in manifest_objects(m) if self.store.exists(object_key(o))) for m in manifests]
+            held = [sorted(o for o in m.objects() if self.store.exists(object_key(o))) for m in manifests]
             return self._others_alive(self.store, ignore=ours), held
 
         reports = self._from_every_rank(dist, "reading its tier 0", report)
@@ -183,7 +183,7 @@ class NodeLocalMixin:
         """(Rank 0) True when every object of `m` is held by some rank's node (`held`, per
         rank) or already on the shared tier below."""
         anywhere = set().union(*held)
-        lacking = [o for o in manifest_objects(m) if o not in anywhere and not self.stores[1].exists(object_key(o))]
+        lacking = [o for o in m.objects() if o not in anywhere and not self.stores[1].exists(object_key(o))]
         if lacking:
             log.warning("version %s is not flushed to %s: %d of its objects are on no node of this job "
                         "(nor below), e.g. %s", m.version.id, self.stores[1].url, len(lacking), lacking[0])
@@ -273,12 +273,7 @@ def assign_flush(manifest: Manifest, parts: list[dict]) -> list[list[str]]:
         for o in part.get("held", ()):
             holders.setdefault(o, []).append(r)
     out: list[list[str]] = [[] for _ in parts]
-    for o in sorted(manifest_objects(manifest)):
+    for o in sorted(manifest.objects()):
         ranks = holders.get(o, [0])
         out[min(ranks, key=lambda r: (len(out[r]), r))].append(o)
     return out
-
-
-def manifest_objects(manifest: Manifest) -> set[str]:
-    """The digests of every object a manifest's chunks are stored in."""
-    return {o for leaf in manifest.leaves for c in leaf.chunks for o in c.objects}

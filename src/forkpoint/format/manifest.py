@@ -190,6 +190,10 @@ class Manifest:
     leaves: list[Leaf]
     pickle: bool = False
 
+    def objects(self) -> set[str]:
+        """The digests of every object this manifest's chunks are stored in."""
+        return {o for leaf in self.leaves for c in leaf.chunks for o in c.objects}
+
     def to_bytes(self) -> bytes:
         """Serialize to canonical JSON (sorted keys, no spaces)."""
         head, tail = self._canonical_around_id()

@@ -362,8 +362,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
                     with self._lock:
                         self._manifests.put(vid, manifest)
                         self._commit_seq += 1
-                        self._recent_commits.append((self._commit_seq, vid, {
-                            o for leaf in manifest.leaves for c in leaf.chunks for o in c.objects}))
+                        self._recent_commits.append((self._commit_seq, vid, manifest.objects()))
             finally:
                 with self._lock:
                     self._committing.discard(vid)

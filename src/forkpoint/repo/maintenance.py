@@ -148,7 +148,7 @@ class MaintenanceMixin:
                     self._manifests.pop(vid, None)
                 continue
             if vid not in pruned:
-                live_objects.update(o for leaf in m.leaves for c in leaf.chunks for o in c.objects)
+                live_objects.update(m.objects())
         for key in store.list("objects"):
             name = key.rsplit("/", 1)[-1]
             if name in live_objects:

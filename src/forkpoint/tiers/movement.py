@@ -14,7 +14,7 @@ from ..storage import Store
 
 def object_keys(manifest) -> set[str]:
     """Return the storage keys of every object a manifest refers to."""
-    return {object_key(o) for leaf in manifest.leaves for c in leaf.chunks for o in c.objects}
+    return {object_key(o) for o in manifest.objects()}
 
 
 def copy_object(sources: list[Store], dst: Store, key: str) -> int:
