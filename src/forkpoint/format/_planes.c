@@ -214,16 +214,16 @@ typedef struct {
     uint8_t length[65536];
 } PairTable;
 
-/* Code `data` two bytes per lookup of a table of every pair of the byte values that occur
- * (nonzero `freq`) while four bytes remain; return the bytes coded. */
-static size_t encode_pairs(BitWriter *w, const uint8_t *data, size_t n, const uint32_t *freq,
-                           const uint8_t *lengths, const uint16_t *codes, PairTable *pairs) {
+/* Code `data` two bytes per lookup of a table of every pair of the byte values that have a
+ * code while four bytes remain; return the bytes coded. */
+static size_t encode_pairs(BitWriter *w, const uint8_t *data, size_t n, const uint8_t *lengths,
+                           const uint16_t *codes, PairTable *pairs) {
     uint32_t *pair_code = pairs->code;
     uint8_t *pair_length = pairs->length;
     uint8_t used[256];
     int m = 0;
     for (int s = 0; s < 256; s++)
-        if (freq[s]) used[m++] = (uint8_t)s;
+        if (lengths[s]) used[m++] = (uint8_t)s;
     for (int x = 0; x < m; x++)
         for (int y = 0; y < m; y++) {
             uint8_t a = used[x], b = used[y];
@@ -280,7 +280,7 @@ static void encode_block(BitWriter *w, const uint8_t *data, size_t n, int final,
     write_header(w, lengths, LIT_SYMBOLS, 0, final);
     flush_whole_bytes(w);
     BitWriter v = *w;
-    i = pairs && (size_t)distinct * (size_t)distinct * 4 <= n ? encode_pairs(&v, data, n, freq, lengths, codes, pairs) : 0;
+    i = pairs && (size_t)distinct * (size_t)distinct * 4 <= n ? encode_pairs(&v, data, n, lengths, codes, pairs) : 0;
     for (; i + 4 <= n; i += 4) { /* four codes of at most 14 bits and 7 pending bits fit */
         uint8_t a = data[i], b = data[i + 1], c = data[i + 2], d = data[i + 3];
         add_bits(&v, codes[a], lengths[a]);
