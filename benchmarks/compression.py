@@ -9,8 +9,12 @@ the codec chose on the buffer a save before would have coded (the part at step 1
 deltas, the delta from 149 to the snapshot nearest 149 - lag: 140, 140, 100), as a
 repository's saves after the first do. "forkpoint" rows encode into a work array reused from
 call to call, as a save does (its staging pool's buffer); "forkpoint (fresh work array)" lets
-the codec allocate one per call, which pays its page faults every time. Reports ratio and single- and two-thread encode MB/s,
-medians of --repeats runs, and the local disk's direct-write bandwidth measured in the same run.
+the codec allocate one per call, which pays its page faults every time. "forkpoint per tensor"
+codes the same bytes as a save does: one encode per tensor, matrices with their row length
+(which lets the codec model their exponents by rows and columns), deltas without, the tensors
+spread over the threads (a save's writer tasks each encode a chunk on one thread); "(layouts
+reused)" as above. Reports ratio and single- and two-thread encode MB/s, medians of --repeats
+runs, and the local disk's direct-write bandwidth measured in the same run.
 
     .venv/bin/python benchmarks/compression.py --repeats 3 --dir /work/bench-comp
 """
@@ -23,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -117,12 +122,63 @@ def methods(itemsize: int, dtype: str) -> dict:
         return sum(memoryview(p).nbytes for p in fp_codec.pieces(memoryview(buf), itemsize, threads, scratch(buf),
                                                                  layouts=copy.deepcopy(layouts)))
 
-    return {"forkpoint": forkpoint, FRESH: forkpoint_fresh, REUSED: forkpoint_reused, "zstd-1": zstd(1),
-            "zstd-3": zstd(3), "zipnn": zipnn_encode, "blosc2 shuffle+zstd": blosc}
+    def forkpoint_tensors(buf, threads, split, layouts=None):
+        work = scratch(buf)
+        layouts = copy.deepcopy(layouts) if layouts is not None else [None] * len(split)
+
+        def one(i):
+            start, end, row = split[i]
+            return sum(memoryview(p).nbytes for p in fp_codec.pieces(memoryview(buf[start:end]), itemsize, 1,
+                                                                     work[start:end], layouts[i], row))
+        if threads == 1:
+            return sum(map(one, range(len(split))))
+        with ThreadPoolExecutor(threads) as pool:
+            return sum(pool.map(one, range(len(split))))
+
+    return {"forkpoint": forkpoint, FRESH: forkpoint_fresh, REUSED: forkpoint_reused, TENSORS: forkpoint_tensors,
+            TENSORS_REUSED: forkpoint_tensors, "zstd-1": zstd(1), "zstd-3": zstd(3), "zipnn": zipnn_encode,
+            "blosc2 shuffle+zstd": blosc}
 
 
 REUSED = "forkpoint (layouts reused)"
 FRESH = "forkpoint (fresh work array)"
+TENSORS = "forkpoint per tensor"
+TENSORS_REUSED = "forkpoint per tensor (layouts reused)"
+
+
+def tensor_shapes() -> list[tuple]:
+    """The shapes of the model's parameters, in the order `train` concatenates them."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    with torch.device("meta"):
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=8192, n_layer=6, n_embd=256, n_head=4, n_positions=128))
+    return [tuple(p.shape) for p in model.parameters()]
+
+
+def tensor_split(shapes: list, itemsize: int, parts: int, rows: bool) -> list[tuple[int, int, int]]:
+    """(start byte, end byte, row elements) of each tensor of `parts` parts concatenated; row
+    elements 0 unless `rows` (a delta chunk is coded without them, as a save does)."""
+    from forkpoint.engine.save import row_elements
+
+    split, offset = [], 0
+    for _ in range(parts):
+        for shape in shapes:
+            nbytes = int(np.prod(shape)) * itemsize
+            split.append((offset, offset + nbytes, row_elements(shape, nbytes, itemsize) if rows else 0))
+            offset += nbytes
+    return split
+
+
+def tensor_layouts(previous: np.ndarray, itemsize: int, split: list) -> list:
+    """The Layouts the codec chooses on each tensor of `previous` (what the next encode reuses)."""
+    from forkpoint.format.floatcodec import Layouts, encode_pieces
+
+    chosen = []
+    for start, end, row in split:
+        chosen.append(Layouts())
+        encode_pieces(previous[start:end], itemsize, 1, layouts=chosen[-1], row=row)
+    return chosen
 
 
 def chosen_layouts(previous: np.ndarray, itemsize: int):
@@ -212,6 +268,7 @@ def main() -> None:
     cache.mkdir(parents=True, exist_ok=True)
     results = {"disk_GBps": statistics.median(disk_bandwidth(cache) for _ in range(3)), "rows": []}
     print(f"local disk, dd oflag=direct: {results['disk_GBps']:.2f} GB/s")
+    shapes = tensor_shapes()
     for dtype in args.dtypes.split(","):
         snaps = load_or_train(cache, dtype, args.steps, args.batch)
         itemsize = 4 if dtype == "float32" else 2
@@ -227,9 +284,13 @@ def main() -> None:
             results.setdefault("decode", []).append(
                 {"dtype": dtype, "part": part, "data": kind, "MBps_1": decode_speed(buf, itemsize, 1, args.repeats),
                  "MBps_2": decode_speed(buf, itemsize, 2, args.repeats)})
+            split = tensor_split(shapes, itemsize, len(PARTS) if part == "all" else 1, kind == "full")
             for name, encode in table.items():
                 if name == REUSED:
                     encode = functools.partial(encode, layouts=chosen_layouts(previous, itemsize))
+                if name in (TENSORS, TENSORS_REUSED):
+                    chosen = tensor_layouts(previous, itemsize, split) if name == TENSORS_REUSED else None
+                    encode = functools.partial(encode, split=split, layouts=chosen)
                 ratio, one = measure(encode, buf, 1, args.repeats)
                 _, two = measure(encode, buf, 2, args.repeats)
                 row = {"dtype": dtype, "part": part, "data": kind, "method": name, "ratio": ratio,

@@ -23,12 +23,14 @@ encoded chunks, and each rewrite in place)."""
 @dataclass
 class LaterEncode:
     """An object a save stored raw for its policy to encode afterwards: its storage key, the
-    policy's codec for it, the element size the codec splits by and its decoded bytes."""
+    policy's codec for it, the element size the codec splits by, its decoded bytes and the
+    elements of one of its rows (see Codec.pieces; 0 for none)."""
 
     key: str
     codec: Codec
     itemsize: int = 1
     nbytes: int = 0
+    row: int = 0
 
 
 def encode_in_place(store: Store, item: LaterEncode) -> int:
@@ -102,7 +104,7 @@ def _encoded_parts(item: LaterEncode, view: memoryview, data: memoryview, encodi
     """The header and payload of `data` encoded with `item.codec` (holding `encoding()` while
     it encodes), or None where they are not 5% smaller than the raw object `view`."""
     with encoding() if encoding is not None else contextlib.nullcontext():
-        payload = item.codec.pieces(data, item.itemsize, threads=1)
+        payload = item.codec.pieces(data, item.itemsize, threads=1, row=item.row)
     if OBJECT_HEADER_SIZE + sum(memoryview(p).nbytes for p in payload) >= MIN_GAIN * view.nbytes:
         return None
     return [pack_header(item.codec.id, data.nbytes), *payload]

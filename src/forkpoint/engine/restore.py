@@ -16,7 +16,7 @@ from typing import Callable
 import blake3
 import numpy as np
 
-from ..errors import CorruptObjectError, MissingObjectError
+from ..errors import CorruptObjectError, FormatError, MissingObjectError
 from ..format.codecs import codec_by_id
 from ..format.delta import OPS, apply_delta
 from ..format.manifest import Chunk, Leaf
@@ -141,6 +141,8 @@ class _Reader:
             return
         try:
             codec.decode_into(blob[header_size:], length, dest)
+        except FormatError as e:
+            raise FormatError(f"{self.where(leaf, key)}: {e}") from None
         except Exception as e:  # any decoder failure means the stored bytes are damaged
             raise CorruptObjectError(f"{self.where(leaf, key)} cannot be decoded as {codec.name} ({e}): corrupted") from None
         if self.rehash and content_hash(dest) != chunk.hash:

@@ -139,13 +139,14 @@ class ObjectWriter:
 
     def put(self, digest: str, data: np.ndarray, itemsize: int = 1, floating: bool = False,
             policy: str | None = None, table: bytes | None = None, owned=None, scratch=None,
-            slot=None) -> str:
+            slot=None, row: int = 0) -> str:
         """Ensure object `digest` holding `data` exists; return the codec name it is stored with.
         `table` is the data's block digest table when the caller has it already. `owned` is a
         buffer from the store's `object_buffer` whose tail is `data` (raw policy): the store
         adopts it as the object instead of copying, or gets it back when nothing is written.
         `scratch` (uint8, the data's size) is memory the encoder may use (see Codec.pieces).
-        `slot` names the chunk (the same from one save to the next) for the codec's layouts."""
+        `slot` names the chunk (the same from one save to the next) for the codec's layouts;
+        `row` is the elements of one of its rows (see Codec.pieces)."""
         key = object_key(digest)
         with self.lock:
             event = self.claimed.get(digest)
@@ -170,16 +171,16 @@ class ObjectWriter:
             elif owned is not None:
                 with self._measured(data.nbytes, self.learns(policy)):
                     codec_name = self._adopt(key, data, owned, table)
-                self._defer(key, policy, itemsize, floating, data.nbytes)
+                self._defer(key, policy, itemsize, floating, data.nbytes, row)
             else:
                 codec = policy_codec(policy, itemsize, floating)
                 later = self.encodes_later(policy)
                 if later or (policy == "auto" and not self._encodes(data)):
                     codec = codec_by_name("raw")
                 with self._measured(data.nbytes, self.learns(policy)):
-                    codec_name = self._write(key, data, codec, itemsize, table, scratch, slot)
+                    codec_name = self._write(key, data, codec, itemsize, table, scratch, slot, row)
                 if later:
-                    self._defer(key, policy, itemsize, floating, data.nbytes)
+                    self._defer(key, policy, itemsize, floating, data.nbytes, row)
             self.codecs[digest] = codec_name
             return codec_name
         finally:
@@ -203,10 +204,10 @@ class ObjectWriter:
         encoded after its commit: the writer `defers`, and raw saves measure faster here."""
         return self.defers and policy in ENCODING_POLICIES and not self.encodes_auto()
 
-    def _defer(self, key: str, policy, itemsize: int, floating: bool, nbytes: int) -> None:
+    def _defer(self, key: str, policy, itemsize: int, floating: bool, nbytes: int, row: int = 0) -> None:
         if self.encodes_later(policy):
             with self.lock:
-                self.later.append(LaterEncode(key, policy_codec(policy, itemsize, floating), itemsize, nbytes))
+                self.later.append(LaterEncode(key, policy_codec(policy, itemsize, floating), itemsize, nbytes, row))
 
     def finish(self) -> None:
         """Report this save's writing of auto chunks to the store's AutoChoice (once every
@@ -236,13 +237,13 @@ class ObjectWriter:
             self.auto_meter.finish(written)
 
     def _write(self, key: str, data: np.ndarray, codec, itemsize: int, table: bytes | None,
-               scratch=None, slot=None) -> str:
+               scratch=None, slot=None, row: int = 0) -> str:
         view = memoryview(data).cast("B")
         payload = [view]
         if codec.id != 0:
             layouts = self.layouts.get(slot) if self.layouts is not None and slot is not None else None
             with self.encoding():
-                encoded = codec.pieces(view, itemsize, scratch=scratch, layouts=layouts)
+                encoded = codec.pieces(view, itemsize, scratch=scratch, layouts=layouts, row=row)
             if sum(memoryview(p).nbytes for p in encoded) < MIN_GAIN * view.nbytes:
                 payload = encoded
             else:
@@ -517,6 +518,14 @@ def element_of(kind: str, dtype: str, shape, nbytes: int) -> tuple[int, bool]:
     return itemsize, floating
 
 
+def row_elements(shape, nbytes: int, itemsize: int) -> int:
+    """Elements (of `itemsize`) in one index of dim 0 of a leaf of `shape` and `nbytes`: the
+    rows a chunk holds whole (chunks split dim 0); 0 for fewer than two dimensions."""
+    if len(shape) < 2 or not shape[0] or itemsize < 1:
+        return 0
+    return nbytes // shape[0] // itemsize
+
+
 def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tier, staging) -> Task:
     n = int(piece.nbytes)
     itemsize, floating = element_kind(plan.flat[index].data)
@@ -524,6 +533,7 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
 
     lossy = policy if isinstance(policy, Lossy) and supports(itemsize, floating) else None
     d = plan.flat[index].data
+    row = row_elements(d.local_shape, int(d.data.nbytes), itemsize)
     deltas = plan.deltas if plan.deltas is not None and policy != "raw" and d.kind in ("torch", "numpy") else None
     later = lossy is None and deltas is None and plan.writer.encodes_later(policy)
     encodes = not later and (policy in ENCODING_POLICIES or (policy == "auto" and plan.writer.encodes_auto()))
@@ -561,7 +571,7 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
         if digest is None:
             digest, table = hash_with_table(data)
         if owned:
-            codec = plan.writer.put(digest, data, itemsize, floating, policy, table, owned=buf)
+            codec = plan.writer.put(digest, data, itemsize, floating, policy, table, owned=buf, row=row)
             return Chunk(*box, digest, digest, 0, n, codec, info)
         scratch = pool.get(scratch_bytes) if scratch_bytes else None
         delta_out = pool.get(n) if deltas is not None else None
@@ -572,7 +582,7 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
                 if chunk is not None:
                     return chunk
             codec = plan.writer.put(digest, data, itemsize, floating, policy, table, scratch=scratch,
-                                    slot=(plan.flat[index].path, tuple(box[0])))
+                                    slot=(plan.flat[index].path, tuple(box[0])), row=row)
             return Chunk(*box, digest, digest, 0, n, codec, info)
         finally:
             for held in (buf, scratch, delta_out):

@@ -3,7 +3,8 @@
  * only or with runs as matches at distance 1). Its output is an ordinary raw deflate stream
  * that zlib inflates; the Python module falls back to zlib-ng's Z_HUFFMAN_ONLY or Z_RLE when
  * this extension is not built. Also the significand rounding of the lossy modes
- * (format/lossy.py, numpy fallback). Every function releases the GIL. */
+ * (format/lossy.py, numpy fallback), and the grid model of exponent planes (a row shift plus a
+ * column shift per byte, fitted by medians). Every function releases the GIL. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
@@ -618,6 +619,126 @@ static PyObject *round_significand(PyObject *self, PyObject *args) {
     return PyFloat_FromDouble(worst);
 }
 
+/* Lower median of `m` values in 0..range-1 counted into `counts` (all zero on entry and on return),
+ * which span lo..hi. */
+static int lower_median(uint32_t *counts, int lo, int hi, int m) {
+    int need = (m - 1) / 2, seen = 0, v = lo, median = lo;
+    for (; v <= hi; v++) {
+        seen += (int)counts[v];
+        if (seen > need) { median = v; break; }
+    }
+    for (v = lo; v <= hi; v++) counts[v] = 0;
+    return median;
+}
+
+/* Fit the grid model of a rows x cols byte plane: K[c], the lower median of column c over up to
+ * `down` evenly spaced rows, then R[r], the lower median of (plane[r][c] - K[c]) over up to
+ * `across` evenly spaced columns, taken modulo 256. */
+static void fit_grid_kernel(const uint8_t *p, size_t rows, size_t cols, size_t down, size_t across, uint8_t *R,
+                            uint8_t *K) {
+    uint32_t counts[511] = {0};
+    size_t mr = rows < down ? rows : down, mc = cols < across ? cols : across;
+    size_t *at = malloc((mr > mc ? mr : mc) * sizeof(size_t));
+    for (size_t k = 0; k < mr; k++) at[k] = (k * rows / mr) * cols;
+    for (size_t c = 0; c < cols; c++) {
+        int lo = 255, hi = 0;
+        for (size_t k = 0; k < mr; k++) {
+            int v = p[at[k] + c];
+            counts[v]++;
+            lo = v < lo ? v : lo;
+            hi = v > hi ? v : hi;
+        }
+        K[c] = (uint8_t)lower_median(counts, lo, hi, (int)mr);
+    }
+    for (size_t k = 0; k < mc; k++) at[k] = k * cols / mc;
+    int16_t *bias = malloc(mc * sizeof(int16_t));
+    for (size_t k = 0; k < mc; k++) bias[k] = (int16_t)(255 - K[at[k]]);
+    uint32_t lanes[4][511] = {{0}};
+    for (size_t r = 0; r < rows; r++) {
+        const uint8_t *row = p + r * cols;
+        int lo = 510, hi = 0;
+        size_t k = 0;
+        for (; k + 4 <= mc; k += 4)
+            for (int j = 0; j < 4; j++) {
+                int v = (int)row[at[k + j]] + bias[k + j];
+                lanes[j][v]++;
+                lo = v < lo ? v : lo;
+                hi = v > hi ? v : hi;
+            }
+        for (; k < mc; k++) {
+            int v = (int)row[at[k]] + bias[k];
+            lanes[0][v]++;
+            lo = v < lo ? v : lo;
+            hi = v > hi ? v : hi;
+        }
+        for (int v = lo; v <= hi; v++) {
+            counts[v] = lanes[0][v] + lanes[1][v] + lanes[2][v] + lanes[3][v];
+            lanes[0][v] = lanes[1][v] = lanes[2][v] = lanes[3][v] = 0;
+        }
+        R[r] = (uint8_t)((lower_median(counts, lo, hi, (int)mc) - 255) & 255);
+    }
+    free(bias);
+    free(at);
+}
+
+static void apply_grid_kernel(const uint8_t *s, uint8_t *d, size_t rows, size_t cols, const uint8_t *R,
+                              const uint8_t *K, int add) {
+    for (size_t r = 0; r < rows; r++) {
+        const uint8_t *in = s + r * cols;
+        uint8_t *out = d + r * cols;
+        const uint8_t shift = R[r];
+        if (add)
+            for (size_t c = 0; c < cols; c++) out[c] = (uint8_t)(in[c] + K[c] + shift);
+        else
+            for (size_t c = 0; c < cols; c++) out[c] = (uint8_t)(in[c] - K[c] - shift);
+    }
+}
+
+static PyObject *fit_grid(PyObject *self, PyObject *args) {
+    Py_buffer plane, rshift, kshift;
+    Py_ssize_t cols, down, across;
+    if (!PyArg_ParseTuple(args, "y*nnnw*w*", &plane, &cols, &down, &across, &rshift, &kshift)) return NULL;
+    PyObject *result = NULL;
+    if (cols < 1 || down < 1 || across < 1 || plane.len % cols || rshift.len != plane.len / cols || kshift.len != cols) {
+        PyErr_Format(PyExc_ValueError, "grid of %zd bytes by rows of %zd: shift buffers of %zd and %zd bytes do not fit",
+                     plane.len, cols, rshift.len, kshift.len);
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        fit_grid_kernel(plane.buf, (size_t)(plane.len / cols), (size_t)cols, (size_t)down, (size_t)across, rshift.buf,
+                        kshift.buf);
+        Py_END_ALLOW_THREADS
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    PyBuffer_Release(&plane);
+    PyBuffer_Release(&rshift);
+    PyBuffer_Release(&kshift);
+    return result;
+}
+
+static PyObject *apply_grid(PyObject *self, PyObject *args) {
+    Py_buffer src, dst, rshift, kshift;
+    int add;
+    if (!PyArg_ParseTuple(args, "y*w*y*y*p", &src, &dst, &rshift, &kshift, &add)) return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t cols = kshift.len;
+    if (cols < 1 || src.len != dst.len || src.len % cols || rshift.len != src.len / cols) {
+        PyErr_Format(PyExc_ValueError, "grid of %zd bytes (into %zd) by rows of %zd: %zd row shifts do not fit",
+                     src.len, dst.len, cols, rshift.len);
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        apply_grid_kernel(src.buf, dst.buf, (size_t)(src.len / cols), (size_t)cols, rshift.buf, kshift.buf, add);
+        Py_END_ALLOW_THREADS
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&rshift);
+    PyBuffer_Release(&kshift);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"round_significand", round_significand, METH_VARARGS,
      "round_significand(data, itemsize, drop) -> float\n"
@@ -635,6 +756,13 @@ static PyMethodDef methods[] = {
     {"from_planes", from_planes, METH_VARARGS,
      "from_planes(src, dst, itemsize, rotated)\n"
      "Inverse of to_planes: join the planes in `src` into elements in `dst`."},
+    {"fit_grid", fit_grid, METH_VARARGS,
+     "fit_grid(plane, cols, down, across, row_shifts, col_shifts)\n"
+     "Fit a byte plane of rows of `cols` as row shift + column shift (lower medians over up to `down` rows,\n"
+     "then `across` columns), written into `row_shifts` (one byte per row) and `col_shifts` (`cols` bytes)."},
+    {"apply_grid", apply_grid, METH_VARARGS,
+     "apply_grid(src, dst, row_shifts, col_shifts, add)\n"
+     "dst = src - (or + where `add`) row shift - column shift, per byte, modulo 256."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -9,16 +9,21 @@ holds exactly its exponent), and each plane is stored raw, zstd (fast strategy; 
 values repeat at long distances: Adam moments), deflate Huffman-only (near the order-0 entropy:
 weights' exponents) or deflate with each run of a repeated byte as one match at distance 1 (the
 zero runs of deltas, at about Huffman's speed). The layout and each plane's coder are chosen on
-a sample. Segments of elements are coded independently, in parallel threads, each segment
+a sample. Where the caller names the length of a row (a weight matrix's columns), the top plane
+may instead be coded as its residual under a grid model: byte = row shift + column shift +
+residual (mod 256), the shifts being medians (an Adam moment's exponents are close to log|u_r| +
+log|v_c|, as a sum of outer products makes them; the residual has 25-35% less entropy than the
+exponents). Segments of elements are coded independently, in parallel threads, each segment
 with the layout and coders its own sample picks (a chunk that holds weights and then moments
 codes each part as suits it). Payload (little-endian):
 
-    u8 version (2) | u8 itemsize | u16 0 | u64 elements | u32 segment elements
-    | segments x (u8 rotated, itemsize x u8 plane coder) | (segments x itemsize) x u32 coded
-    length | coded bytes
+    u8 version (2, or 3 where a segment uses the grid) | u8 itemsize | u16 0 | u64 elements
+    | u32 segment elements | (version 3: u32 row elements) | segments x (u8 form: bit 0 rotated,
+    bit 1 grid; itemsize x u8 plane coder) | (segments x itemsize) x u32 coded length | coded bytes
 
-Version 1 payloads (one layout and coder list for all segments, right after the counts) still
-decode.
+A grid segment's top plane is its row shifts (one byte per row), its column shifts (one byte
+per column of a row) and then the coded residual; its segment elements are whole rows. Version
+1 payloads (one layout and coder list for all segments, right after the counts) still decode.
 """
 
 import os
@@ -30,6 +35,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import zstandard
+
+from ..errors import FormatError
 
 try:
     from zlib_ng import zlib_ng as _deflate
@@ -44,7 +51,9 @@ RAW, ZSTD, HUFFMAN = 0, 1, 2
 RUNS = 3  # a deflate stream like HUFFMAN's, with runs as matches: payloads name it HUFFMAN (2)
 _PAYLOAD_CODER = {RAW: RAW, ZSTD: ZSTD, HUFFMAN: HUFFMAN, RUNS: HUFFMAN}
 _HEAD = struct.Struct("<BBBxQI")
-VERSION = 2
+_ROW = struct.Struct("<I")
+VERSION, GRID_VERSION = 2, 3
+ROTATED, GRID = 1, 2
 _WORDS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 SEGMENT_BYTES = 4 << 20
 HUFFMAN_BLOCK, HUFFMAN_BLOCK_WIDE, WIDE_ENTROPY_BITS = 16 << 10, 64 << 10, 5.0
@@ -53,6 +62,8 @@ MIN_GAIN = 0.995
 ZSTD_MIN_GAIN = 0.95
 RUNS_MIN_GAIN = 0.95
 RUNS_MIN_SHARE = 0.10
+GRID_DOWN, GRID_ACROSS = 128, 64
+GRID_MIN_ROWS, GRID_MIN_COLS, GRID_MAX_COLS = 16, 8, 16384
 ZSTD_PARAMS = zstandard.ZstdCompressionParameters(
     window_log=18, hash_log=13, chain_log=13, search_log=1, min_match=7, target_length=0,
     strategy=zstandard.STRATEGY_FAST)
@@ -184,6 +195,45 @@ def _from_planes(planes: np.ndarray, itemsize: int, rotated: bool, out: np.ndarr
     out.reshape(-1, itemsize)[...] = planes.T
 
 
+def _lower_median(values: np.ndarray, axis: int) -> np.ndarray:
+    middle = (values.shape[axis] - 1) // 2
+    return np.take(np.partition(values, middle, axis=axis), middle, axis=axis)
+
+
+def _fit_grid(plane: np.ndarray, cols: int) -> np.ndarray:
+    """The grid model of a plane of rows of `cols` bytes: its row shifts (one byte per row)
+    then its column shifts (`cols` bytes): each column's lower median over up to GRID_DOWN evenly
+    spaced rows, then each row's lower median of (byte - column shift) over up to GRID_ACROSS
+    evenly spaced columns (native and numpy pick the same)."""
+    rows = plane.size // cols
+    shifts = np.empty(rows + cols, np.uint8)
+    if _native is not None:
+        _native.fit_grid(plane, cols, GRID_DOWN, GRID_ACROSS, shifts[:rows], shifts[rows:])
+        return shifts
+    grid = plane.reshape(rows, cols)
+    picked = min(rows, GRID_DOWN)
+    column = _lower_median(grid[np.arange(picked) * rows // picked], axis=0)
+    picked = min(cols, GRID_ACROSS)
+    at = np.arange(picked) * cols // picked
+    row = _lower_median(grid[:, at].astype(np.int16) - column[at].astype(np.int16), axis=1)
+    shifts[:rows], shifts[rows:] = row & 255, column
+    return shifts
+
+
+def _apply_grid(src: np.ndarray, dst: np.ndarray, shifts: np.ndarray, cols: int, add: bool) -> None:
+    """dst = src - row shift - column shift (+ where `add`), per byte, modulo 256, for a plane
+    of rows of `cols` bytes and its `shifts` (see _fit_grid)."""
+    rows = src.size // cols
+    row, column = shifts[:rows], shifts[rows:]
+    if _native is not None:
+        _native.apply_grid(src, dst, row, column, add)
+        return
+    grid, out = src.reshape(rows, -1), dst.reshape(rows, -1)
+    combine = np.add if add else np.subtract
+    combine(grid, column, out=out)
+    combine(out, row[:, None], out=out)
+
+
 def _sample(data: np.ndarray, itemsize: int) -> np.ndarray:
     count = data.nbytes // itemsize
     if count <= SAMPLE_PIECES * SAMPLE_ELEMENTS:
@@ -229,24 +279,56 @@ def _plane_coder(plane: np.ndarray) -> tuple[int, int]:
     return (coder, sizes[coder]) if sizes[coder] < MIN_GAIN * plane.nbytes else (RAW, plane.nbytes)
 
 
-def choose(data: np.ndarray, itemsize: int) -> tuple[bool, list[int], int]:
-    """(rotated, coder per plane, coded bytes of the sample) for `data`: the layout whose coded
+def choose(data: np.ndarray, itemsize: int, row: int = 0) -> tuple[int, list[int], int]:
+    """(form, coder per plane, coded bytes of the sample) for `data`: the layout whose coded
     bytes plus (1 - MIN_GAIN) of each plane it entropy-codes are fewer, the price a plane must
     save to be coded at all (a second moment's rotated low plane, 7 random bits, saves 12% of
     itself but only 0.2% over leaving that plane raw unrotated, at a Huffman pass over half
-    of a bf16 chunk)."""
-    sample = _sample(data, itemsize)
+    of a bf16 chunk). Form: 0, ROTATED, or ROTATED | GRID where `row` (elements per row, 0 for
+    none) allows the grid model; the sample is then made of whole rows."""
+    grid = itemsize in _WORDS and grid_fits(data.nbytes // itemsize, row)
+    sample = _grid_sample(data, itemsize, row) if grid else _sample(data, itemsize)
     planes = np.empty((itemsize, sample.nbytes // itemsize), np.uint8)
     _to_planes(sample, itemsize, False, planes)
     plain = [_plane_coder(plane) for plane in planes]
     if itemsize not in _WORDS:
-        return False, [c for c, _ in plain], sum(n for _, n in plain)
+        return 0, [c for c, _ in plain], sum(n for _, n in plain)
     _to_planes(sample, itemsize, True, planes)
     turned = plain[:-2] + [_plane_coder(planes[-2]), _plane_coder(planes[-1])]
+    options = [(0, plain), (ROTATED, turned)]
+    if grid:
+        segment = min(data.nbytes // itemsize, _segment_elements(itemsize, row))
+        shift_bytes = round(planes.shape[1] * (1 / row + row / segment))
+        _apply_grid(planes[-1], planes[-1], _fit_grid(planes[-1], row), row, add=False)
+        coder, coded = _plane_coder(planes[-1])
+        options.append((ROTATED | GRID, turned[:-1] + [(coder, coded + shift_bytes)]))
     per_plane = (1 - MIN_GAIN) * planes.shape[1]
-    best = min((False, plain), (True, turned),
-               key=lambda o: sum(n for _, n in o[1]) + per_plane * sum(c != RAW for c, _ in o[1]))
+    best = min(options, key=lambda o: sum(n for _, n in o[1]) + per_plane * sum(c != RAW for c, _ in o[1]))
     return best[0], [c for c, _ in best[1]], sum(n for _, n in best[1])
+
+
+def grid_fits(count: int, row: int) -> bool:
+    """True when `count` elements in rows of `row` can be coded with the grid model: whole
+    rows, at least GRID_MIN_COLS wide and at most GRID_MAX_COLS, GRID_MIN_ROWS of them."""
+    return GRID_MIN_COLS <= row <= GRID_MAX_COLS and count % row == 0 and count // row >= GRID_MIN_ROWS
+
+
+def _segment_elements(itemsize: int, row: int) -> int:
+    """Elements per segment: SEGMENT_BYTES' worth, whole rows where there are rows."""
+    per = max(1, SEGMENT_BYTES // itemsize)
+    return max(row, per // row * row) if row else per
+
+
+def _grid_sample(data: np.ndarray, itemsize: int, row: int) -> np.ndarray:
+    """Like _sample, in whole rows: SAMPLE_PIECES runs of SAMPLE_ELEMENTS' worth of rows (one
+    at least)."""
+    rows = data.nbytes // itemsize // row
+    run = max(1, SAMPLE_ELEMENTS // row)
+    if rows <= SAMPLE_PIECES * run:
+        return data
+    step = (rows - run) // (SAMPLE_PIECES - 1)
+    width = row * itemsize
+    return np.concatenate([data[i * step * width:(i * step + run) * width] for i in range(SAMPLE_PIECES)])
 
 
 def _elements(data, itemsize: int) -> tuple[np.ndarray, int]:
@@ -279,7 +361,7 @@ def encode(data, itemsize: int = 1, threads: int | None = None) -> bytes:
 
 @dataclass
 class Layouts:
-    """The layout (rotated, coder per plane) each segment of a buffer was coded with, which the
+    """The layout (form, coder per plane) each segment of a buffer was coded with, which the
     next encode of the same kind of data (the same chunk a save later) reuses instead of
     choosing again on a sample; `uses` counts the encodes since they were chosen, `coded` is
     the coded bytes of the last encode's planes."""
@@ -288,18 +370,20 @@ class Layouts:
     segments: list = field(default_factory=list)
     uses: int = 0
     coded: int = 0
+    row: int = 0
 
-    def fits(self, itemsize: int, count: int) -> bool:
-        """True when these layouts are for `count` segments of `itemsize` elements and young
-        enough to reuse (they are chosen afresh every REUSE_LIMIT + 1 encodes)."""
-        return self.itemsize == itemsize and len(self.segments) == count and self.uses < REUSE_LIMIT
+    def fits(self, itemsize: int, count: int, row: int = 0) -> bool:
+        """True when these layouts are for `count` segments of `itemsize` elements in rows of
+        `row` and young enough to reuse (they are chosen afresh every REUSE_LIMIT + 1 encodes)."""
+        return (self.itemsize == itemsize and self.row == row and len(self.segments) == count
+                and self.uses < REUSE_LIMIT)
 
-    def update(self, itemsize: int, segments: list, coded: int, reused: bool) -> None:
+    def update(self, itemsize: int, segments: list, coded: int, reused: bool, row: int = 0) -> None:
         """Record the layouts an encode used and its planes' coded bytes; an encode that reused them
         and coded more than REGROW larger than the one before has them chosen afresh next time
         (the data changed character: early in training, Adam's moments do within a few steps)."""
         grew = reused and coded > self.coded * REGROW
-        self.itemsize, self.segments, self.coded = itemsize, segments, coded
+        self.itemsize, self.segments, self.coded, self.row = itemsize, segments, coded, row
         self.uses = REUSE_LIMIT if grew else self.uses + 1 if reused else 0
 
 
@@ -308,46 +392,56 @@ REGROW = 1.003
 
 
 def encode_pieces(data, itemsize: int = 1, threads: int | None = None, out=None,
-                  layouts: Layouts | None = None) -> list:
+                  layouts: Layouts | None = None, row: int = 0) -> list:
     """The payload of `encode` as a list of buffers, in order: raw planes are views of one work
     array per call (no copy out of it, no join into one large freshly faulted buffer). `out`, a
     uint8 array of at least the data's size, is that work array when the caller has one to
     reuse (the payload refers to it until written). `layouts` (see Layouts) are reused where
     they fit, else chosen on samples, and are updated to what this encode used; a reused coder
-    that no longer gains on its plane leaves the plane raw."""
+    that no longer gains on its plane leaves the plane raw. `row`, the elements of one row of
+    the data (whole rows; 0 for none), lets segments use the grid model (see choose)."""
     data, itemsize = _elements(data, itemsize)
     count = data.nbytes // itemsize
-    per = max(1, SEGMENT_BYTES // itemsize)
+    row = row if itemsize in _WORDS and grid_fits(count, row) else 0
+    per = _segment_elements(itemsize, row)
     starts = list(range(0, count, per)) or [0]
     kept = np.empty(data.nbytes, np.uint8) if out is None else out[:data.nbytes]
-    reuse = layouts.segments if layouts is not None and layouts.fits(itemsize, len(starts)) else None
+    reuse = layouts.segments if layouts is not None and layouts.fits(itemsize, len(starts), row) else None
 
     def segment(j: int) -> tuple[tuple, list]:
         lo = starts[j]
         part = data[lo * itemsize:min(count, lo + per) * itemsize]
-        rotated, coders = reuse[j] if reuse is not None else choose(part, itemsize)[:2]
+        form, coders = reuse[j] if reuse is not None else choose(part, itemsize, row)[:2]
         planes = kept[lo * itemsize:lo * itemsize + part.nbytes].reshape(itemsize, -1)
-        _to_planes(part, itemsize, rotated, planes)
+        _to_planes(part, itemsize, bool(form & ROTATED), planes)
+        shifts = None
+        if form & GRID:
+            shifts = _fit_grid(planes[-1], row)
+            _apply_grid(planes[-1], planes[-1], shifts, row, add=False)
         coded = [_encode_plane(plane, coder) for plane, coder in zip(planes, coders)]
         if reuse is not None:
             gains = [coder == RAW or len(c) < MIN_GAIN * plane.nbytes for plane, coder, c in zip(planes, coders, coded)]
             coders = [coder if gain else RAW for coder, gain in zip(coders, gains)]
             coded = [c if gain else memoryview(plane) for plane, c, gain in zip(planes, coded, gains)]
-        return (rotated, coders), coded
+        coded = [[c] for c in coded]
+        if shifts is not None:
+            coded[-1].insert(0, shifts)
+        return (form, coders), coded
 
     threads = THREADS if threads is None else threads
     if threads > 1 and len(starts) > 1:
         coded = list(_threads_pool().map(segment, range(len(starts))))
     else:
         coded = [segment(j) for j in range(len(starts))]
-    lengths = [len(c) for _, planes in coded for c in planes]
+    lengths = [sum(len(c) for c in plane) for _, planes in coded for plane in planes]
     if layouts is not None:
-        layouts.update(itemsize, [(bool(rotated), list(coders)) for (rotated, coders), _ in coded], sum(lengths),
-                       reused=reuse is not None)
-    head = _HEAD.pack(VERSION, itemsize, 0, count, per)
-    table = bytes(b for (rotated, coders), _ in coded for b in (rotated, *(_PAYLOAD_CODER[c] for c in coders)))
+        layouts.update(itemsize, [(int(form), list(coders)) for (form, coders), _ in coded], sum(lengths),
+                       reused=reuse is not None, row=row)
+    grid = any(form & GRID for (form, _), _ in coded)
+    head = _HEAD.pack(GRID_VERSION if grid else VERSION, itemsize, 0, count, per) + (_ROW.pack(row) if grid else b"")
+    table = bytes(b for (form, coders), _ in coded for b in (form, *(_PAYLOAD_CODER[c] for c in coders)))
     return [head, table, struct.pack(f"<{len(lengths)}I", *lengths),
-            *(c for _, planes in coded for c in planes)]
+            *(c for _, planes in coded for plane in planes for c in plane)]
 
 
 def decode_into(payload, decoded_length: int, out: np.ndarray) -> None:
@@ -361,19 +455,30 @@ def decode(payload, decoded_length: int, threads: int | None = None, out=None) -
     given)."""
     view = memoryview(payload).cast("B")
     version, itemsize, rotated, count, per = _HEAD.unpack_from(view)
-    if version not in (1, 2) or count * itemsize != decoded_length or per < 1 or itemsize not in (1, *_WORDS):
+    if version > GRID_VERSION:
+        raise FormatError(f"float codec payload version {version} is newer than this forkpoint reads "
+                          f"({GRID_VERSION}); upgrade forkpoint to read it")
+    if version not in (1, 2, GRID_VERSION) or count * itemsize != decoded_length or per < 1 or itemsize not in (1, *_WORDS):
         raise ValueError(f"float codec payload v{version} of {count}x{itemsize} bytes, expected {decoded_length}")
     pos = _HEAD.size
+    row = 0
+    if version == GRID_VERSION:
+        (row,) = _ROW.unpack_from(view, pos)
+        pos += _ROW.size
+        if row < 1 or per % row or count % row:
+            raise ValueError(f"float codec payload: rows of {row} elements do not tile {count} in segments of {per}")
     starts = list(range(0, count, per)) or [0]
     if version == 1:
-        layouts = [(bool(rotated), list(view[pos:pos + itemsize]))] * len(starts)
+        layouts = [(int(rotated), list(view[pos:pos + itemsize]))] * len(starts)
         pos += itemsize
     else:
-        layouts = [(bool(view[p]), list(view[p + 1:p + 1 + itemsize]))
+        layouts = [(view[p], list(view[p + 1:p + 1 + itemsize]))
                    for p in range(pos, pos + len(starts) * (itemsize + 1), itemsize + 1)]
         pos += len(starts) * (itemsize + 1)
     if any(c not in (RAW, ZSTD, HUFFMAN) for _, coders in layouts for c in coders):
         raise ValueError("float codec payload names an unknown plane coder")
+    if any(form > (ROTATED | GRID) or (form & GRID and not row) for form, _ in layouts):
+        raise ValueError("float codec payload names an unknown segment form")
     lengths = struct.unpack_from(f"<{len(starts) * itemsize}I", view, pos)
     pos += 4 * len(lengths)
     offsets = np.concatenate([[pos], pos + np.cumsum(lengths)]).tolist()
@@ -388,12 +493,21 @@ def decode(payload, decoded_length: int, threads: int | None = None, out=None) -
     def segment(j: int) -> None:
         lo = starts[j]
         hi = min(count, lo + per)
-        rotated, coders = layouts[j]
+        form, coders = layouts[j]
         planes = _planes_buffer(itemsize, hi - lo)
+        shifts = None
         for k in range(itemsize):
             i = j * itemsize + k
-            _decode_plane(view[offsets[i]:offsets[i + 1]], coders[k], planes[k])
-        _from_planes(planes, itemsize, rotated, dest[lo * itemsize:hi * itemsize])
+            coded = view[offsets[i]:offsets[i + 1]]
+            if k == itemsize - 1 and form & GRID:
+                need = (hi - lo) // row + row
+                if len(coded) < need:
+                    raise ValueError(f"float codec payload: segment {j}'s grid shifts need {need} bytes, it has {len(coded)}")
+                shifts, coded = np.frombuffer(coded[:need], np.uint8), coded[need:]
+            _decode_plane(coded, coders[k], planes[k])
+        if shifts is not None:
+            _apply_grid(planes[-1], planes[-1], shifts, row, add=True)
+        _from_planes(planes, itemsize, bool(form & ROTATED), dest[lo * itemsize:hi * itemsize])
 
     threads = THREADS if threads is None else threads
     if threads > 1 and len(starts) > 1:

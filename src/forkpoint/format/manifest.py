@@ -12,7 +12,7 @@ import blake3
 
 from ..errors import CorruptObjectError, FormatError
 
-FORMAT_VERSION = (1, 1)
+FORMAT_VERSION = (1, 2)
 MANIFEST_KIND = "forkpoint.version"
 
 

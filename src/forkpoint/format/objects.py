@@ -84,11 +84,14 @@ def table_header_size(length: int) -> int:
 
 def decode_object(blob, digest: str, where: str, verify: bool = True):
     """The decoded bytes of a whole object file `blob` named `digest`; CorruptObjectError
-    (naming `where`) when it cannot be decoded or, with `verify`, does not match its name."""
+    (naming `where`) when it cannot be decoded or, with `verify`, does not match its name,
+    FormatError when its payload is of a newer version than this reader knows."""
     codec_id, length, header_size = unpack_header(bytes(memoryview(blob)[:OBJECT_HEADER_SIZE]), where)
     codec = codec_by_id(codec_id, where)
     try:
         data = codec.decode(memoryview(blob)[header_size:], length)
+    except FormatError as e:
+        raise FormatError(f"{where}: {e}") from None
     except Exception as e:  # any decoder failure means the stored bytes are damaged
         raise CorruptObjectError(f"{where} cannot be decoded as {codec.name} ({e}): corrupted") from None
     if len(data) != length or (verify and content_hash(data) != digest):

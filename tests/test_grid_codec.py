@@ -1,0 +1,194 @@
+"""The float codec's grid model of a matrix's exponents (row shift + column shift + residual)."""
+
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+import forkpoint as fp
+from forkpoint.format import floatcodec
+
+
+def _outer(rows, cols, positive, dtype=torch.bfloat16, seed=0, scale=1e-6):
+    """Adam-moment-like values: |x[r, c]| ~ u[r] * v[c] * noise (a sum of outer products), signed
+    like a first moment or positive like a second."""
+    rng = np.random.default_rng(seed)
+    m = np.outer(np.exp(rng.normal(0, 2, rows)), np.exp(rng.normal(0, 2, cols)))
+    m *= np.exp(rng.normal(0, 0.5, (rows, cols))) * scale
+    if not positive:
+        m *= rng.choice([-1, 1], size=m.shape)
+    return torch.from_numpy(m).to(dtype)
+
+
+def _bytes(t: torch.Tensor) -> np.ndarray:
+    return t.contiguous().view(torch.uint8).numpy().reshape(-1)
+
+
+def _payload(data, itemsize, row, **kw) -> bytes:
+    return b"".join(bytes(memoryview(p).cast("B")) for p in floatcodec.encode_pieces(data, itemsize, row=row, **kw))
+
+
+@pytest.mark.parametrize("dtype, scale, gain", [(torch.bfloat16, 1e-6, 0.9), (torch.float32, 1e-6, 0.96),
+                                                (torch.float16, 1e-2, 0.97), (torch.float64, 1e-6, 1.0)], ids=str)
+@pytest.mark.parametrize("positive", [True, False], ids=["second-moment", "first-moment"])
+def test_rows_let_moments_code_smaller_and_round_trip_bit_exactly(dtype, scale, gain, positive):
+    t = _outer(512, 384, positive, dtype, scale=scale)
+    data = _bytes(t)
+    itemsize = t.element_size()
+    plain = floatcodec.encode(data, itemsize)
+    grid = _payload(data, itemsize, 384)
+    assert grid[0] == floatcodec.GRID_VERSION, "the grid was chosen for an outer-product matrix"
+    assert len(grid) <= gain * len(plain), f"{len(grid)} bytes with rows against {len(plain)} without"
+    assert bytes(floatcodec.decode(grid, data.nbytes)) == data.tobytes()
+    assert bytes(floatcodec.decode(grid, data.nbytes, threads=1)) == data.tobytes()
+
+
+def test_special_values_and_every_exponent_round_trip_through_the_grid():
+    t = _outer(256, 128, False, torch.float32)
+    t[::7, ::5] = 0.0
+    t[3, :] = float("inf")
+    t[:, 9] = float("nan")
+    t[5, 5] = -float("inf")
+    t[17, :64] = torch.tensor(1e-40)  # subnormal
+    t[40] = torch.from_numpy(np.random.default_rng(1).integers(0, 2**32, 128, dtype=np.uint64).astype(np.uint32)
+                             .view(np.float32))  # any bit pattern
+    data = _bytes(t)
+    payload = _payload(data, 4, 128)
+    assert payload[0] == floatcodec.GRID_VERSION
+    assert bytes(floatcodec.decode(payload, data.nbytes)) == data.tobytes()
+
+
+def test_segments_hold_whole_rows_and_pick_the_grid_each(monkeypatch):
+    monkeypatch.setattr(floatcodec, "SEGMENT_BYTES", 200_000)
+    t = torch.cat([_outer(300, 768, True), _outer(300, 768, False, seed=1)])
+    data = _bytes(t)
+    payload = _payload(data, 2, 768, threads=2)
+    version, itemsize, _, count, per = floatcodec._HEAD.unpack_from(payload)
+    (row,) = floatcodec._ROW.unpack_from(payload, floatcodec._HEAD.size)
+    assert (version, row, count) == (floatcodec.GRID_VERSION, 768, 600 * 768)
+    assert per % 768 == 0 and per * 2 <= 200_000
+    segments = -(-count // per)
+    forms = payload[floatcodec._HEAD.size + 4::3][:segments]
+    assert all(form == floatcodec.ROTATED | floatcodec.GRID for form in forms)
+    assert bytes(floatcodec.decode(payload, data.nbytes)) == data.tobytes()
+
+
+def test_data_that_rows_do_not_tile_or_that_is_too_small_is_coded_as_before():
+    t = _bytes(_outer(512, 384, True))
+    for data, row in ((t[:-2 * 100], 384), (t[:2 * 384 * 8], 384), (t, 4), (t, 1 << 20)):
+        payload = _payload(data, 2, row)
+        assert payload[0] == floatcodec.VERSION and payload == floatcodec.encode(data, 2)
+        assert bytes(floatcodec.decode(payload, data.nbytes)) == data.tobytes()
+
+
+def test_native_and_numpy_fit_the_same_grid_and_read_each_other(monkeypatch):
+    native = floatcodec._native
+    if native is None:
+        pytest.skip("native kernels not built")
+    rng = np.random.default_rng(7)
+    for rows, cols in ((300, 200), (17, 1000), (1000, 8), (129, 65)):
+        plane = rng.integers(0, 256, rows * cols, dtype=np.uint8)
+        plane[: rows * cols // 2] = rng.integers(100, 110, rows * cols // 2, dtype=np.uint8)
+        mine = floatcodec._fit_grid(plane, cols)
+        monkeypatch.setattr(floatcodec, "_native", None)
+        reference = floatcodec._fit_grid(plane, cols)
+        residual = np.empty_like(plane)
+        floatcodec._apply_grid(plane, residual, reference, cols, add=False)
+        monkeypatch.setattr(floatcodec, "_native", native)
+        assert np.array_equal(mine, reference), (rows, cols)
+        native_residual = np.empty_like(plane)
+        floatcodec._apply_grid(plane, native_residual, mine, cols, add=False)
+        assert np.array_equal(native_residual, residual)
+        floatcodec._apply_grid(residual, residual, mine, cols, add=True)
+        assert np.array_equal(residual, plane)
+    data = _bytes(_outer(512, 384, False))
+    with_native = _payload(data, 2, 384)
+    monkeypatch.setattr(floatcodec, "_native", None)
+    without = _payload(data, 2, 384)
+    assert without[0] == floatcodec.GRID_VERSION and abs(len(without) - len(with_native)) < 0.02 * len(without)
+    assert bytes(floatcodec.decode(with_native, data.nbytes)) == data.tobytes()
+    monkeypatch.setattr(floatcodec, "_native", native)
+    assert bytes(floatcodec.decode(without, data.nbytes)) == data.tobytes()
+
+
+def test_damaged_grid_payloads_are_refused():
+    data = _bytes(_outer(512, 384, True))
+    payload = bytearray(_payload(data, 2, 384))
+    head = floatcodec._HEAD.size
+    wrong_row = payload[:head] + struct.pack("<I", 500) + payload[head + 4:]
+    with pytest.raises(ValueError, match="rows of 500"):
+        floatcodec.decode(bytes(wrong_row), data.nbytes)
+    as_v2 = bytes([floatcodec.VERSION]) + payload[1:head] + payload[head + 4:]
+    with pytest.raises(ValueError, match="form|table says"):
+        floatcodec.decode(as_v2, data.nbytes)
+    lengths_at = head + 4 + 3
+    top = struct.unpack_from("<I", payload, lengths_at + 4)[0]
+    short = bytearray(payload)
+    struct.pack_into("<I", short, lengths_at + 4, 100)
+    short = bytes(short[:len(short) - (top - 100)])
+    with pytest.raises(ValueError, match="grid shifts need"):
+        floatcodec.decode(short, data.nbytes)
+
+
+def test_layouts_reused_from_save_to_save_keep_the_grid():
+    first, second = _bytes(_outer(512, 384, True)), _bytes(_outer(512, 384, True, seed=1))
+    layouts = floatcodec.Layouts()
+    _payload(first, 2, 384, layouts=layouts)
+    assert layouts.row == 384 and layouts.segments[0][0] == floatcodec.ROTATED | floatcodec.GRID
+    again = _payload(second, 2, 384, layouts=layouts)
+    assert layouts.uses == 1 and again[0] == floatcodec.GRID_VERSION
+    assert bytes(floatcodec.decode(again, second.nbytes)) == second.tobytes()
+    assert not layouts.fits(2, 1, row=0), "layouts chosen with rows are not reused without"
+
+
+@pytest.mark.parametrize("encode_later", [False, True], ids=["inline", "later"])
+def test_a_save_codes_matrices_by_their_rows(tmp_path, encode_later):
+    """A repository passes each chunk's row length to the codec: the same moments stored as a
+    matrix take fewer bytes than stored flat, and both load back bit-exactly."""
+    m = _outer(1024, 512, True)
+    stored = {}
+    for name, t in (("matrix", m), ("flat", m.reshape(-1))):
+        repo = fp.Repo(str(tmp_path / name), create=True, codec="lossless", encode_later=encode_later)
+        repo.save({"exp_avg_sq": t}, sync=True)
+        repo.drain()
+        assert torch.equal(repo.load()["exp_avg_sq"], t)
+        assert repo.verify().ok
+        stored[name] = sum(p.stat().st_size for p in (tmp_path / name / "objects").rglob("*") if p.is_file())
+        repo.close()
+    assert stored["matrix"] < 0.93 * stored["flat"], stored
+
+
+def test_compaction_codes_matrices_by_their_rows(tmp_path):
+    m = _outer(1024, 512, False)
+    sizes = {}
+    for name, t in (("matrix", m), ("flat", m.reshape(-1))):
+        repo = fp.Repo(str(tmp_path / name), create=True, codec="raw")
+        repo.save({"exp_avg": t})
+        repo.compact(codec="lossless")
+        assert torch.equal(repo.load()["exp_avg"], t)
+        sizes[name] = sum(p.stat().st_size for p in (tmp_path / name / "objects").rglob("*") if p.is_file())
+        repo.close()
+    assert sizes["matrix"] < 0.95 * sizes["flat"], sizes
+
+
+def test_a_payload_of_a_newer_version_asks_for_an_upgrade(tmp_path):
+    """A float-planes payload of a version this reader does not know is refused as a format
+    error naming the object, not reported as corruption."""
+    from forkpoint.errors import FormatError
+    from forkpoint.format.objects import OBJECT_HEADER_SIZE, object_key, unpack_header
+
+    m = _outer(2048, 512, True)
+    repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless")
+    repo.save({"m": m})
+    chunk = repo.manifest("main").leaves[0].chunks[0]
+    path = tmp_path / "r" / object_key(chunk.object)
+    blob = bytearray(path.read_bytes())
+    _, _, header_size = unpack_header(bytes(blob[:OBJECT_HEADER_SIZE]), str(path))
+    assert blob[header_size] == floatcodec.GRID_VERSION
+    blob[header_size] = 9
+    path.chmod(0o644)
+    path.write_bytes(bytes(blob))
+    with pytest.raises(FormatError, match=r"version 9 is newer.*upgrade"):
+        repo.load()
+    repo.close()
