@@ -395,7 +395,8 @@ def layout(flat: list[FlatLeaf], opts: SaveOptions, select=None, pack_key=None):
     leaf's global shape; `select(index, box)` keeps only the pieces this process stores;
     only leaves with equal `pack_key(index)` share a pack, and host leaves never share one
     with accelerator leaves (a pack's capture waits for the device copies of its members,
-    and the capture hooks wait on the host for the captures of host leaves)."""
+    and the capture hooks wait on the host for the captures of host leaves); floating-point
+    leaves share packs only with leaves of the same element size (see pack_kind)."""
     groups: dict = {}
     keep = select or (lambda i, box: True)
     for i, fl in enumerate(flat):
@@ -409,7 +410,7 @@ def layout(flat: list[FlatLeaf], opts: SaveOptions, select=None, pack_key=None):
         if nbytes < opts.small_leaf_bytes:
             box = [offsets, list(shape)]
             if keep(i, box):
-                key = (pack_key(i) if pack_key else None, on_accelerator(d))
+                key = (pack_key(i) if pack_key else None, on_accelerator(d), pack_kind(d))
                 group = groups.setdefault(key, [[], 0])
                 group[0].append((i, d.data, box))
                 group[1] += nbytes
@@ -448,6 +449,14 @@ def launch_device_copies(flat: list[FlatLeaf], opts: SaveOptions, select=None, p
         pending = fl.data.pending if fl.data is not None else None
         if pending is not None and not pending.launched:
             pending.launch(ranges.get(i, []))
+
+
+def pack_kind(d) -> tuple[int, bool]:
+    """(element size, floating) a pack of leaves like `d` is coded by: floating-point leaves
+    pack by element size, so that the float codec splits each pack into the right planes;
+    everything else packs together and is coded as bytes."""
+    itemsize, floating = element_kind(d)
+    return (itemsize, True) if floating else (1, False)
 
 
 def on_accelerator(d) -> bool:
@@ -623,7 +632,8 @@ def _schedule_pack(sched, plan: ScheduledSave, group, total, known, pool, io, ti
                 return "", "raw", members
             blob = buf[:used]
             digest = content_hash(blob)
-            return digest, plan.writer.put(digest, blob), members
+            itemsize, floating = pack_kind(plan.flat[group[0][0]].data)
+            return digest, plan.writer.put(digest, blob, itemsize, floating), members
         finally:
             pool.give(buf)
 

@@ -19,7 +19,8 @@ COMPACTED_POLICIES = ("lossless", "zstd", "auto")
 def encodable_objects(m, rules, policies, items: dict[str, LaterEncode] | None = None) -> dict[str, LaterEncode]:
     """{object key: how to encode it} for the objects of manifest `m` whose chunks fall under
     one of `policies` (lossy ones count as lossless) by `rules`; packs under the last rule,
-    coded as bytes; deltas left out. Adds to `items` when given."""
+    coded by the element size of their floating-point leaves (packs of other leaves as
+    bytes); deltas left out. Adds to `items` when given."""
     items = {} if items is None else items
     for leaf in m.leaves:
         itemsize, floating = element_of(leaf.kind, leaf.dtype, leaf.shape, leaf.nbytes)
@@ -28,7 +29,7 @@ def encodable_objects(m, rules, policies, items: dict[str, LaterEncode] | None =
             policy = rules[-1][1] if packed else policy_for(rules, leaf.path)
             if c.delta or not (isinstance(policy, Lossy) or policy in policies):
                 continue
-            size, fl = (1, False) if packed else (itemsize, floating)
+            size, fl = (itemsize if floating else 1, floating) if packed else (itemsize, floating)
             row = 0 if packed else row_elements(leaf.shape, leaf.nbytes, itemsize)
             key = object_key(c.object)
             item = items.setdefault(key, LaterEncode(key, policy_codec(policy, size, fl), size, row=row))
