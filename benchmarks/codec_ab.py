@@ -9,23 +9,29 @@ extension built:
 
     git worktree add /tmp/base <commit> && (cd /tmp/base && python setup.py build_ext --inplace)
     .venv/bin/python benchmarks/codec_ab.py --other /tmp/base/src --dir /work/bench-comp
+
+With --per-tensor, each buffer is coded tensor by tensor, as a save codes its chunks: each
+tensor on one thread, the tensors spread over two; matrices of full snapshots with their row
+length where a codec takes one (deltas without), layouts per tensor.
 """
 
 import argparse
 import copy
 import glob
 import importlib
+import inspect
 import shutil
 import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from compression import buffers, load_or_train  # noqa: E402
+from compression import PARTS, buffers, load_or_train, tensor_shapes, tensor_split  # noqa: E402
 
 
 def other_codec(src: Path):
@@ -47,6 +53,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--per-tensor", action="store_true", help="code tensor by tensor, as a save does")
     ap.add_argument("--huffman", action="store_true",
                     help="time only the native Huffman coder, one thread, on each buffer's top byte plane")
     args = ap.parse_args()
@@ -57,24 +64,23 @@ def main() -> None:
     print("| dtype | data | ratio other / this | MB/s other / this | this / other "
           "| layouts reused: ratio other / this | MB/s other / this | this / other |")
     print("|---|---|---|---|---|---|---|---|")
+    shapes = tensor_shapes() if args.per_tensor else None
     for dtype, itemsize in (("float32", 4), ("bfloat16", 2)):
         for part, kind, buf, previous in buffers(load_or_train(Path(args.dir), dtype, args.steps, args.batch),
                                                  itemsize, args.steps):
+            split = (tensor_split(shapes, itemsize, len(PARTS) if part == "all" else 1, kind == "full")
+                     if shapes else [(0, buf.nbytes, 0)])
             work = np.zeros(buf.nbytes, np.uint8)
-            chosen = {}
-            for key, codec in codecs.items():
-                chosen[key] = codec.Layouts()
-                codec.encode_pieces(previous, itemsize, layouts=chosen[key])
+            chosen = {key: layouts_of(codec, previous, itemsize, split) for key, codec in codecs.items()}
             seconds: dict = {}
             sizes: dict = {}
             for _ in range(args.repeats):
                 for key, codec in codecs.items():
                     for reused in (False, True):
-                        layouts = copy.deepcopy(chosen[key]) if reused else None
+                        layouts = copy.deepcopy(chosen[key]) if reused else [None] * len(split)
                         start = time.perf_counter()
-                        pieces = codec.encode_pieces(buf, itemsize, 2, out=work, layouts=layouts)
+                        sizes[key, reused] = encode_split(codec, buf, itemsize, split, work, layouts)
                         seconds.setdefault((key, reused), []).append(time.perf_counter() - start)
-                        sizes[key, reused] = sum(memoryview(p).nbytes for p in pieces)
             assert bytes(mine.decode(mine.encode(buf, itemsize), buf.nbytes)) == buf.tobytes()
             cells = []
             for reused in (False, True):
@@ -83,6 +89,34 @@ def main() -> None:
                 cells += [f"{ratio['other']:.3f} / {ratio['this']:.3f}", f"{speed['other']:.0f} / {speed['this']:.0f}",
                           f"{speed['this'] / speed['other']:.2f}"]
             print(f"| {dtype} | {part} {kind} | " + " | ".join(cells) + " |", flush=True)
+
+
+def _row_args(codec, row: int) -> dict:
+    return {"row": row} if row and "row" in inspect.signature(codec.encode_pieces).parameters else {}
+
+
+def layouts_of(codec, previous: np.ndarray, itemsize: int, split: list) -> list:
+    """The Layouts `codec` chooses on each tensor of `previous` (what the next encode reuses)."""
+    chosen = []
+    for start, end, row in split:
+        chosen.append(codec.Layouts())
+        codec.encode_pieces(previous[start:end], itemsize, 1 if len(split) > 1 else 2, layouts=chosen[-1],
+                            **_row_args(codec, row))
+    return chosen
+
+
+def encode_split(codec, buf: np.ndarray, itemsize: int, split: list, work: np.ndarray, layouts: list) -> int:
+    """Coded bytes of `buf` encoded piece by piece of `split` (one piece: on 2 threads; several:
+    each on one thread, two at a time), into `work`."""
+    def one(i):
+        start, end, row = split[i]
+        pieces = codec.encode_pieces(buf[start:end], itemsize, 1 if len(split) > 1 else 2, out=work[start:end],
+                                     layouts=layouts[i], **_row_args(codec, row))
+        return sum(memoryview(p).nbytes for p in pieces)
+    if len(split) == 1:
+        return one(0)
+    with ThreadPoolExecutor(2) as pool:
+        return sum(pool.map(one, range(len(split))))
 
 
 def huffman_only(codecs: dict, args) -> None:
