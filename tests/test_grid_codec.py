@@ -38,7 +38,7 @@ def test_rows_let_moments_code_smaller_and_round_trip_bit_exactly(dtype, scale, 
     itemsize = t.element_size()
     plain = floatcodec.encode(data, itemsize)
     grid = _payload(data, itemsize, 384)
-    assert grid[0] == floatcodec.GRID_VERSION, "the grid was chosen for an outer-product matrix"
+    assert grid[0] == floatcodec.VERSION, "the grid was chosen for an outer-product matrix"
     assert len(grid) <= gain * len(plain), f"{len(grid)} bytes with rows against {len(plain)} without"
     assert bytes(floatcodec.decode(grid, data.nbytes)) == data.tobytes()
     assert bytes(floatcodec.decode(grid, data.nbytes, threads=1)) == data.tobytes()
@@ -55,7 +55,7 @@ def test_special_values_and_every_exponent_round_trip_through_the_grid():
                              .view(np.float32))  # any bit pattern
     data = _bytes(t)
     payload = _payload(data, 4, 128)
-    assert payload[0] == floatcodec.GRID_VERSION
+    assert payload[0] == floatcodec.VERSION
     assert bytes(floatcodec.decode(payload, data.nbytes)) == data.tobytes()
 
 
@@ -66,7 +66,7 @@ def test_segments_hold_whole_rows_and_pick_the_grid_each(monkeypatch):
     payload = _payload(data, 2, 768, threads=2)
     version, itemsize, _, count, per = floatcodec._HEAD.unpack_from(payload)
     (row,) = floatcodec._ROW.unpack_from(payload, floatcodec._HEAD.size)
-    assert (version, row, count) == (floatcodec.GRID_VERSION, 768, 600 * 768)
+    assert (version, row, count) == (floatcodec.VERSION, 768, 600 * 768)
     assert per % 768 == 0 and per * 2 <= 200_000
     segments = -(-count // per)
     forms = payload[floatcodec._HEAD.size + 4::3][:segments]
@@ -78,7 +78,7 @@ def test_data_that_rows_do_not_tile_or_that_is_too_small_is_coded_as_before():
     t = _bytes(_outer(512, 384, True))
     for data, row in ((t[:-2 * 100], 384), (t[:2 * 384 * 8], 384), (t, 4), (t, 1 << 20)):
         payload = _payload(data, 2, row)
-        assert payload[0] == floatcodec.VERSION and payload == floatcodec.encode(data, 2)
+        assert payload[0] == floatcodec.PLAIN_VERSION and payload == floatcodec.encode(data, 2)
         assert bytes(floatcodec.decode(payload, data.nbytes)) == data.tobytes()
 
 
@@ -106,7 +106,7 @@ def test_native_and_numpy_fit_the_same_grid_and_read_each_other(monkeypatch):
     with_native = _payload(data, 2, 384)
     monkeypatch.setattr(floatcodec, "_native", None)
     without = _payload(data, 2, 384)
-    assert without[0] == floatcodec.GRID_VERSION and abs(len(without) - len(with_native)) < 0.02 * len(without)
+    assert without[0] == floatcodec.VERSION and abs(len(without) - len(with_native)) < 0.02 * len(without)
     assert bytes(floatcodec.decode(with_native, data.nbytes)) == data.tobytes()
     monkeypatch.setattr(floatcodec, "_native", native)
     assert bytes(floatcodec.decode(without, data.nbytes)) == data.tobytes()
@@ -119,8 +119,8 @@ def test_damaged_grid_payloads_are_refused():
     wrong_row = payload[:head] + struct.pack("<I", 500) + payload[head + 4:]
     with pytest.raises(ValueError, match="rows of 500"):
         floatcodec.decode(bytes(wrong_row), data.nbytes)
-    as_v2 = bytes([floatcodec.VERSION]) + payload[1:head] + payload[head + 4:]
-    with pytest.raises(ValueError, match="form|table says"):
+    as_v2 = bytes([floatcodec.PLAIN_VERSION]) + payload[1:head] + payload[head + 4:]
+    with pytest.raises(ValueError, match="form|table says|unknown plane coder"):
         floatcodec.decode(as_v2, data.nbytes)
     lengths_at = head + 4 + 3
     top = struct.unpack_from("<I", payload, lengths_at + 4)[0]
@@ -137,7 +137,7 @@ def test_layouts_reused_from_save_to_save_keep_the_grid():
     _payload(first, 2, 384, layouts=layouts)
     assert layouts.row == 384 and layouts.segments[0][0] == floatcodec.ROTATED | floatcodec.GRID
     again = _payload(second, 2, 384, layouts=layouts)
-    assert layouts.uses == 1 and again[0] == floatcodec.GRID_VERSION
+    assert layouts.uses == 1 and again[0] == floatcodec.VERSION
     assert bytes(floatcodec.decode(again, second.nbytes)) == second.tobytes()
     assert not layouts.fits(2, 1, row=0), "layouts chosen with rows are not reused without"
 
@@ -185,10 +185,59 @@ def test_a_payload_of_a_newer_version_asks_for_an_upgrade(tmp_path):
     path = tmp_path / "r" / object_key(chunk.object)
     blob = bytearray(path.read_bytes())
     _, _, header_size = unpack_header(bytes(blob[:OBJECT_HEADER_SIZE]), str(path))
-    assert blob[header_size] == floatcodec.GRID_VERSION
+    assert blob[header_size] == floatcodec.VERSION
     blob[header_size] = 9
     path.chmod(0o644)
     path.write_bytes(bytes(blob))
     with pytest.raises(FormatError, match=r"version 9 is newer.*upgrade"):
         repo.load()
     repo.close()
+
+
+def _squares(n=400_000, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(n) ** 2 * 1e-6).astype(np.float32)
+
+
+@pytest.mark.parametrize("itemsize", [2, 4])
+def test_a_positive_tensors_low_plane_packs_seven_bits_a_byte(itemsize):
+    """Rotated, a positive tensor's low plane holds 7 mantissa bits over a zero sign bit: it is
+    packed 8 bytes into 7 (payload version 3), and a segment whose full data has a negative
+    value the sample missed stores that plane raw instead; both round-trip."""
+    squares = _squares().view(np.uint32)
+    if itemsize == 2:
+        squares = (squares >> 16).astype(np.uint16)
+    data = squares.view(np.uint8)
+    payload = floatcodec.encode(data, itemsize)
+    assert payload[0] == floatcodec.VERSION and floatcodec.SEVEN in payload[floatcodec._HEAD.size + 5:][:itemsize]
+    assert bytes(floatcodec.decode(payload, data.nbytes)) == data.tobytes()
+    signed = squares.copy()
+    signed[5000] |= signed.dtype.type(1 << (8 * itemsize - 1))  # outside every sample piece
+    data = signed.view(np.uint8)
+    assert floatcodec.choose(data, itemsize)[1][-2] == floatcodec.SEVEN, "the sample sees no sign"
+    layouts = floatcodec.Layouts()
+    payload = b"".join(bytes(memoryview(p).cast("B")) for p in floatcodec.encode_pieces(data, itemsize, layouts=layouts))
+    assert layouts.segments[0][1][-2] == floatcodec.RAW
+    assert bytes(floatcodec.decode(payload, data.nbytes)) == data.tobytes()
+
+
+def test_native_and_numpy_seven_bit_packing_agree(monkeypatch):
+    native = floatcodec._native
+    if native is None:
+        pytest.skip("native kernels not built")
+    rng = np.random.default_rng(3)
+    for n in (0, 1, 7, 8, 9, 15, 16, 17, 1000, 100_003):
+        plane = (rng.integers(0, 128, n, dtype=np.uint8) << 1).astype(np.uint8)
+        mine = floatcodec._pack_seven(plane)
+        monkeypatch.setattr(floatcodec, "_native", None)
+        reference = floatcodec._pack_seven(plane)
+        back = np.empty_like(plane)
+        floatcodec._unpack_seven(mine, back)
+        monkeypatch.setattr(floatcodec, "_native", native)
+        assert mine == reference and len(mine) == (7 * n + 7) // 8
+        assert np.array_equal(back, plane)
+        if n:
+            plane[n // 2] |= 1
+            assert floatcodec._pack_seven(plane) is None
+    with pytest.raises(ValueError, match="seven-bit"):
+        floatcodec._unpack_seven(b"\0" * 6, np.empty(8, np.uint8))

@@ -3,8 +3,9 @@
  * only or with runs as matches at distance 1). Its output is an ordinary raw deflate stream
  * that zlib inflates; the Python module falls back to zlib-ng's Z_HUFFMAN_ONLY or Z_RLE when
  * this extension is not built. Also the significand rounding of the lossy modes
- * (format/lossy.py, numpy fallback), and the grid model of exponent planes (a row shift plus a
- * column shift per byte, fitted by medians). Every function releases the GIL. */
+ * (format/lossy.py, numpy fallback), the grid model of exponent planes (a row shift plus a
+ * column shift per byte, fitted by medians) and the seven-bit packing of planes whose bit 0 is
+ * always zero. Every function releases the GIL. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
@@ -739,6 +740,87 @@ static PyObject *apply_grid(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* Pack bytes whose bit 0 is zero (a positive tensor's rotated sign) seven bits each: every 8
+ * bytes become 7, little-endian, byte k's bits 7..1 at bits 7k..7k+6; a tail of t bytes takes
+ * ceil(7t/8). Return nonzero when some byte has bit 0 set (nothing useful is written then). */
+static int pack_seven_kernel(const uint8_t *s, uint8_t *d, size_t n) {
+    uint64_t odd = 0;
+    size_t i = 0, o = 0;
+    for (; i + 8 <= n; i += 8, o += 7) {
+        uint64_t x, v = 0;
+        memcpy(&x, s + i, 8);
+        odd |= x;
+        x = (x >> 1) & 0x7F7F7F7F7F7F7F7FULL;
+        for (int k = 0; k < 8; k++) v |= ((x >> (8 * k)) & 0x7F) << (7 * k);
+        memcpy(d + o, &v, 7);
+    }
+    if (i < n) {
+        uint64_t v = 0;
+        size_t t = n - i;
+        for (size_t k = 0; k < t; k++) {
+            odd |= s[i + k];
+            v |= (uint64_t)(s[i + k] >> 1) << (7 * k);
+        }
+        memcpy(d + o, &v, (7 * t + 7) / 8);
+    }
+    return (int)(odd & 0x0101010101010101ULL ? 1 : 0);
+}
+
+static void unpack_seven_kernel(const uint8_t *s, uint8_t *d, size_t n) {
+    size_t i = 0, o = 0;
+    for (; i + 8 <= n; i += 8, o += 7) {
+        uint64_t v = 0, x = 0;
+        memcpy(&v, s + o, 7);
+        for (int k = 0; k < 8; k++) x |= ((v >> (7 * k)) & 0x7F) << (8 * k + 1);
+        memcpy(d + i, &x, 8);
+    }
+    if (i < n) {
+        uint64_t v = 0;
+        size_t t = n - i;
+        memcpy(&v, s + o, (7 * t + 7) / 8);
+        for (size_t k = 0; k < t; k++) d[i + k] = (uint8_t)(((v >> (7 * k)) & 0x7F) << 1);
+    }
+}
+
+static PyObject *pack_seven(PyObject *self, PyObject *args) {
+    Py_buffer src;
+    if (!PyArg_ParseTuple(args, "y*", &src)) return NULL;
+    size_t n = (size_t)src.len;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((7 * n + 7) / 8));
+    if (out == NULL) {
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    int odd;
+    Py_BEGIN_ALLOW_THREADS
+    odd = pack_seven_kernel(src.buf, (uint8_t *)PyBytes_AS_STRING(out), n);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&src);
+    if (odd) {
+        Py_DECREF(out);
+        Py_RETURN_NONE;
+    }
+    return out;
+}
+
+static PyObject *unpack_seven(PyObject *self, PyObject *args) {
+    Py_buffer src, dst;
+    if (!PyArg_ParseTuple(args, "y*w*", &src, &dst)) return NULL;
+    PyObject *result = NULL;
+    if ((size_t)src.len != (7 * (size_t)dst.len + 7) / 8) {
+        PyErr_Format(PyExc_ValueError, "%zd packed bytes cannot hold %zd seven-bit bytes", src.len, dst.len);
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        unpack_seven_kernel(src.buf, dst.buf, (size_t)dst.len);
+        Py_END_ALLOW_THREADS
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"round_significand", round_significand, METH_VARARGS,
      "round_significand(data, itemsize, drop) -> float\n"
@@ -763,6 +845,12 @@ static PyMethodDef methods[] = {
     {"apply_grid", apply_grid, METH_VARARGS,
      "apply_grid(src, dst, row_shifts, col_shifts, add)\n"
      "dst = src - (or + where `add`) row shift - column shift, per byte, modulo 256."},
+    {"pack_seven", pack_seven, METH_VARARGS,
+     "pack_seven(data) -> bytes | None\n"
+     "Bytes whose bit 0 is zero, seven bits each (8 bytes into 7); None when some byte has bit 0 set."},
+    {"unpack_seven", unpack_seven, METH_VARARGS,
+     "unpack_seven(packed, out)\n"
+     "Inverse of pack_seven into `out` (its length says how many bytes)."},
     {NULL, NULL, 0, NULL},
 };
 
