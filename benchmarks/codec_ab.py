@@ -10,13 +10,13 @@ extension built:
     git worktree add /tmp/base <commit> && (cd /tmp/base && python setup.py build_ext --inplace)
     .venv/bin/python benchmarks/codec_ab.py --other /tmp/base/src --dir /work/bench-comp
 
-With --per-tensor, each buffer is coded tensor by tensor, as a save codes its chunks: each
-tensor on one thread, the tensors spread over two; matrices of full snapshots with their row
-length where a codec takes one (deltas without), layouts per tensor.
+With --per-tensor, each buffer is coded as a save of the model's tensors codes it (see
+compression.save_units): tensors of 1 MiB or more one encode each, matrices of full snapshots
+with their row length where a codec takes one (deltas without), smaller tensors in packs; each
+encode on one thread, two at a time; layouts per encode.
 """
 
 import argparse
-import copy
 import glob
 import importlib
 import inspect
@@ -25,13 +25,13 @@ import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from compression import PARTS, buffers, load_or_train, tensor_shapes, tensor_split  # noqa: E402
+from compression import (PARTS, buffers, encode_units, load_or_train, save_units, tensor_shapes,  # noqa: E402
+                         tensor_split, unit_layouts)
 
 
 def other_codec(src: Path):
@@ -68,18 +68,20 @@ def main() -> None:
     for dtype, itemsize in (("float32", 4), ("bfloat16", 2)):
         for part, kind, buf, previous in buffers(load_or_train(Path(args.dir), dtype, args.steps, args.batch),
                                                  itemsize, args.steps):
-            split = (tensor_split(shapes, itemsize, len(PARTS) if part == "all" else 1, kind == "full")
-                     if shapes else [(0, buf.nbytes, 0)])
-            work = np.zeros(buf.nbytes, np.uint8)
-            chosen = {key: layouts_of(codec, previous, itemsize, split) for key, codec in codecs.items()}
+            split = tensor_split(shapes, itemsize, len(PARTS) if part == "all" else 1, kind == "full") if shapes else None
+            units = save_units(buf, split) if split else [(buf, 0)]
+            before = save_units(previous, split) if split else [(previous, 0)]
+            threads = 2 if len(units) > 1 else 1
+            pieces = {key: _pieces(codec, single=len(units) == 1) for key, codec in codecs.items()}
+            chosen = {key: unit_layouts(before, itemsize, pieces[key], codec.Layouts) for key, codec in codecs.items()}
             seconds: dict = {}
             sizes: dict = {}
             for _ in range(args.repeats):
                 for key, codec in codecs.items():
                     for reused in (False, True):
-                        layouts = copy.deepcopy(chosen[key]) if reused else [None] * len(split)
                         start = time.perf_counter()
-                        sizes[key, reused] = encode_split(codec, buf, itemsize, split, work, layouts)
+                        sizes[key, reused] = encode_units(pieces[key], itemsize, units, threads,
+                                                          chosen[key] if reused else None)
                         seconds.setdefault((key, reused), []).append(time.perf_counter() - start)
             assert bytes(mine.decode(mine.encode(buf, itemsize), buf.nbytes)) == buf.tobytes()
             cells = []
@@ -91,32 +93,15 @@ def main() -> None:
             print(f"| {dtype} | {part} {kind} | " + " | ".join(cells) + " |", flush=True)
 
 
-def _row_args(codec, row: int) -> dict:
-    return {"row": row} if row and "row" in inspect.signature(codec.encode_pieces).parameters else {}
+def _pieces(codec, single: bool):
+    """`codec`'s encode as encode_units calls it; a single unit (the whole buffer) is coded
+    on 2 threads, as one large chunk is. The row is passed where the codec takes one."""
+    takes_row = "row" in inspect.signature(codec.encode_pieces).parameters
 
-
-def layouts_of(codec, previous: np.ndarray, itemsize: int, split: list) -> list:
-    """The Layouts `codec` chooses on each tensor of `previous` (what the next encode reuses)."""
-    chosen = []
-    for start, end, row in split:
-        chosen.append(codec.Layouts())
-        codec.encode_pieces(previous[start:end], itemsize, 1 if len(split) > 1 else 2, layouts=chosen[-1],
-                            **_row_args(codec, row))
-    return chosen
-
-
-def encode_split(codec, buf: np.ndarray, itemsize: int, split: list, work: np.ndarray, layouts: list) -> int:
-    """Coded bytes of `buf` encoded piece by piece of `split` (one piece: on 2 threads; several:
-    each on one thread, two at a time), into `work`."""
-    def one(i):
-        start, end, row = split[i]
-        pieces = codec.encode_pieces(buf[start:end], itemsize, 1 if len(split) > 1 else 2, out=work[start:end],
-                                     layouts=layouts[i], **_row_args(codec, row))
-        return sum(memoryview(p).nbytes for p in pieces)
-    if len(split) == 1:
-        return one(0)
-    with ThreadPoolExecutor(2) as pool:
-        return sum(pool.map(one, range(len(split))))
+    def pieces(data, itemsize, threads, out, layouts, row):
+        extra = {"row": row} if takes_row and row else {}
+        return codec.encode_pieces(data, itemsize, 2 if single else threads, out=out, layouts=layouts, **extra)
+    return pieces
 
 
 def huffman_only(codecs: dict, args) -> None:

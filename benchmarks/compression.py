@@ -9,9 +9,10 @@ the codec chose on the buffer a save before would have coded (the part at step 1
 deltas, the delta from 149 to the snapshot nearest 149 - lag: 140, 140, 100), as a
 repository's saves after the first do. "forkpoint" rows encode into a work array reused from
 call to call, as a save does (its staging pool's buffer); "forkpoint (fresh work array)" lets
-the codec allocate one per call, which pays its page faults every time. "forkpoint per tensor"
-codes the same bytes as a save does: one encode per tensor, matrices with their row length
-(which lets the codec model their exponents by rows and columns), deltas without, the tensors
+the codec allocate one per call, which pays its page faults every time. "forkpoint as a save
+splits it" codes the same bytes as a save of the model's tensors does: tensors of 1 MiB or more
+one encode each, matrices with their row length (which lets the codec model their exponents
+by rows and columns; deltas without), smaller tensors concatenated into packs, the encodes
 spread over the threads (a save's writer tasks each encode a chunk on one thread); "(layouts
 reused)" as above. Reports ratio and single- and two-thread encode MB/s, medians of --repeats
 runs, and the local disk's direct-write bandwidth measured in the same run.
@@ -122,28 +123,19 @@ def methods(itemsize: int, dtype: str) -> dict:
         return sum(memoryview(p).nbytes for p in fp_codec.pieces(memoryview(buf), itemsize, threads, scratch(buf),
                                                                  layouts=copy.deepcopy(layouts)))
 
-    def forkpoint_tensors(buf, threads, split, layouts=None):
-        work = scratch(buf)
-        layouts = copy.deepcopy(layouts) if layouts is not None else [None] * len(split)
+    def forkpoint_units(buf, threads, units, layouts=None):
+        return encode_units(fp_codec.pieces, itemsize, units, threads, layouts)
 
-        def one(i):
-            start, end, row = split[i]
-            return sum(memoryview(p).nbytes for p in fp_codec.pieces(memoryview(buf[start:end]), itemsize, 1,
-                                                                     work[start:end], layouts[i], row))
-        if threads == 1:
-            return sum(map(one, range(len(split))))
-        with ThreadPoolExecutor(threads) as pool:
-            return sum(pool.map(one, range(len(split))))
-
-    return {"forkpoint": forkpoint, FRESH: forkpoint_fresh, REUSED: forkpoint_reused, TENSORS: forkpoint_tensors,
-            TENSORS_REUSED: forkpoint_tensors, "zstd-1": zstd(1), "zstd-3": zstd(3), "zipnn": zipnn_encode,
+    return {"forkpoint": forkpoint, FRESH: forkpoint_fresh, REUSED: forkpoint_reused, TENSORS: forkpoint_units,
+            TENSORS_REUSED: forkpoint_units, "zstd-1": zstd(1), "zstd-3": zstd(3), "zipnn": zipnn_encode,
             "blosc2 shuffle+zstd": blosc}
 
 
 REUSED = "forkpoint (layouts reused)"
 FRESH = "forkpoint (fresh work array)"
-TENSORS = "forkpoint per tensor"
-TENSORS_REUSED = "forkpoint per tensor (layouts reused)"
+TENSORS = "forkpoint as a save splits it"
+TENSORS_REUSED = "forkpoint as a save splits it (layouts reused)"
+SMALL_LEAF_BYTES, PACK_BYTES = 1 << 20, 16 << 20  # SaveOptions' defaults
 
 
 def tensor_shapes() -> list[tuple]:
@@ -168,24 +160,61 @@ def tensor_split(shapes: list, itemsize: int, parts: int, rows: bool) -> list[tu
     return split
 
 
-def tensor_layouts(previous: np.ndarray, itemsize: int, split: list) -> list:
-    """The Layouts the codec chooses on each tensor of `previous` (what the next encode reuses)."""
-    from forkpoint.format.floatcodec import Layouts, encode_pieces
-
-    chosen = []
+def save_units(buf: np.ndarray, split: list) -> list[tuple[np.ndarray, int]]:
+    """(bytes, row elements) of what a save encodes of `buf` cut by `split`: each tensor of
+    SMALL_LEAF_BYTES or more as its own chunk, the smaller ones concatenated into packs of up
+    to PACK_BYTES (copies, as a save's capture makes them) coded without rows."""
+    units, pack, packed = [], [], 0
     for start, end, row in split:
-        chosen.append(Layouts())
-        encode_pieces(previous[start:end], itemsize, 1, layouts=chosen[-1], row=row)
+        if end - start >= SMALL_LEAF_BYTES:
+            units.append((buf[start:end], row))
+            continue
+        pack.append(buf[start:end])
+        packed += end - start
+        if packed >= PACK_BYTES:
+            units.append((np.concatenate(pack), 0))
+            pack, packed = [], 0
+    if pack:
+        units.append((np.concatenate(pack), 0))
+    return units
+
+
+def unit_layouts(previous: list, itemsize: int, pieces, layouts_class) -> list:
+    """The Layouts (of `layouts_class`) chosen on each unit of `previous` by `pieces` (see
+    encode_units): what the next save reuses."""
+    chosen = []
+    for data, row in previous:
+        chosen.append(layouts_class())
+        pieces(memoryview(data), itemsize, 1, None, chosen[-1], row)
     return chosen
 
 
-def chosen_layouts(previous: np.ndarray, itemsize: int):
-    """The Layouts the lossless codec chooses on `previous` (what the next encode reuses)."""
-    from forkpoint.format.floatcodec import Layouts, encode_pieces
+def encode_units(pieces, itemsize: int, units: list, threads: int, layouts=None, work=None) -> int:
+    """Coded bytes of `units` (see save_units), each encoded on one thread by
+    `pieces(data, itemsize, threads, scratch, layouts, row)`, `threads` of them at a time, as a
+    save's writer tasks do; copies of `layouts` (one per unit) are reused when given."""
+    layouts = copy.deepcopy(layouts) if layouts is not None else [None] * len(units)
+    work = work if work is not None else _unit_work(units)
 
-    layouts = Layouts()
-    encode_pieces(previous, itemsize, layouts=layouts)
-    return layouts
+    def one(i):
+        data, row = units[i]
+        return sum(memoryview(p).nbytes for p in pieces(memoryview(data), itemsize, 1, work[i], layouts[i], row))
+    if threads == 1:
+        return sum(map(one, range(len(units))))
+    with ThreadPoolExecutor(threads) as pool:
+        return sum(pool.map(one, range(len(units))))
+
+
+_work: dict = {}
+
+
+def _unit_work(units: list) -> list:
+    """A reused work array per unit (a save's staging buffers keep their pages)."""
+    key = tuple(data.nbytes for data, _ in units)
+    if key not in _work:
+        _work.clear()
+        _work[key] = [np.zeros(data.nbytes, np.uint8) for data, _ in units]
+    return _work[key]
 
 
 def measure(encode, buf: np.ndarray, threads: int, repeats: int) -> tuple[float, float]:
@@ -267,11 +296,14 @@ def main() -> None:
     results = {"disk_GBps": statistics.median(disk_bandwidth(cache) for _ in range(3)), "rows": []}
     print(f"local disk, dd oflag=direct: {results['disk_GBps']:.2f} GB/s")
     shapes = tensor_shapes()
+    from forkpoint.format.codecs import codec_for
+    from forkpoint.format.floatcodec import Layouts
     for dtype in args.dtypes.split(","):
         snaps = load_or_train(cache, dtype, args.steps, args.batch)
         itemsize = 4 if dtype == "float32" else 2
         cases = buffers(snaps, itemsize, args.steps)
         table = methods(itemsize, dtype)
+        fp_codec = codec_for("lossless", itemsize, True)
         if args.methods:
             table = {name: table[name] for name in args.methods.split(",")}
         print(f"\n{dtype}: {sum(snaps[args.steps][p].nbytes for p in PARTS) / 1e6:.1f} MB of state")
@@ -283,12 +315,14 @@ def main() -> None:
                 {"dtype": dtype, "part": part, "data": kind, "MBps_1": decode_speed(buf, itemsize, 1, args.repeats),
                  "MBps_2": decode_speed(buf, itemsize, 2, args.repeats)})
             split = tensor_split(shapes, itemsize, len(PARTS) if part == "all" else 1, kind == "full")
+            units = save_units(buf, split)
             for name, encode in table.items():
                 if name == REUSED:
                     encode = functools.partial(encode, layouts=chosen_layouts(previous, itemsize))
                 if name in (TENSORS, TENSORS_REUSED):
-                    chosen = tensor_layouts(previous, itemsize, split) if name == TENSORS_REUSED else None
-                    encode = functools.partial(encode, split=split, layouts=chosen)
+                    chosen = (unit_layouts(save_units(previous, split), itemsize, fp_codec.pieces, Layouts)
+                              if name == TENSORS_REUSED else None)
+                    encode = functools.partial(encode, units=units, layouts=chosen)
                 ratio, one = measure(encode, buf, 1, args.repeats)
                 _, two = measure(encode, buf, 2, args.repeats)
                 row = {"dtype": dtype, "part": part, "data": kind, "method": name, "ratio": ratio,

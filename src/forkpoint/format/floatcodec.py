@@ -67,6 +67,7 @@ RUNS_MIN_GAIN = 0.95
 RUNS_MIN_SHARE = 0.10
 SEVEN_MIN_GAIN = 0.95
 GRID_DOWN, GRID_ACROSS = 128, 64
+GRID_MIN_GAIN = 0.97
 GRID_MIN_ROWS, GRID_MIN_COLS, GRID_MAX_COLS = 16, 8, 16384
 ZSTD_PARAMS = zstandard.ZstdCompressionParameters(
     window_log=18, hash_log=13, chain_log=13, search_log=1, min_match=7, target_length=0,
@@ -338,7 +339,9 @@ def choose(data: np.ndarray, itemsize: int, row: int = 0) -> tuple[int, list[int
     save to be coded at all (a second moment's rotated low plane, 7 random bits, saves 12% of
     itself but only 0.2% over leaving that plane raw unrotated, at a Huffman pass over half
     of a bf16 chunk). Form: 0, ROTATED, or ROTATED | GRID where `row` (elements per row, 0 for
-    none) allows the grid model; the sample is then made of whole rows."""
+    none) allows the grid model; the sample is then made of whole rows, and the grid is tried
+    only where its residual's order-0 entropy is 3% below the rotated top plane's coded size
+    (weights' exponents have no such structure: their residuals code no smaller)."""
     grid = itemsize in _WORDS and grid_fits(data.nbytes // itemsize, row)
     sample = _grid_sample(data, itemsize, row) if grid else _sample(data, itemsize)
     planes = np.empty((itemsize, sample.nbytes // itemsize), np.uint8)
@@ -353,8 +356,9 @@ def choose(data: np.ndarray, itemsize: int, row: int = 0) -> tuple[int, list[int
         segment = min(data.nbytes // itemsize, _segment_elements(itemsize, row))
         shift_bytes = round(planes.shape[1] * (1 / row + row / segment))
         _apply_grid(planes[-1], planes[-1], _fit_grid(planes[-1], row), row, add=False)
-        coder, coded = _plane_coder(planes[-1])
-        options.append((ROTATED | GRID, turned[:-1] + [(coder, coded + shift_bytes)]))
+        if _entropy_bytes(_byte_counts(planes[-1])) + shift_bytes < GRID_MIN_GAIN * turned[-1][1]:
+            coder, coded = _plane_coder(planes[-1])
+            options.append((ROTATED | GRID, turned[:-1] + [(coder, coded + shift_bytes)]))
     per_plane = (1 - MIN_GAIN) * planes.shape[1]
     best = min(options, key=lambda o: sum(n for _, n in o[1]) + per_plane * sum(c != RAW for c, _ in o[1]))
     return best[0], [c for c, _ in best[1]], sum(n for _, n in best[1])
