@@ -241,3 +241,19 @@ def test_native_and_numpy_seven_bit_packing_agree(monkeypatch):
             assert floatcodec._pack_seven(plane) is None
     with pytest.raises(ValueError, match="seven-bit"):
         floatcodec._unpack_seven(b"\0" * 6, np.empty(8, np.uint8))
+
+
+def test_zstds_repeats_at_long_distances_are_judged_on_a_stretch_of_rows(monkeypatch):
+    """Rows that repeat hundreds of rows apart (an embedding's rarely seen tokens) code smaller
+    with zstd on the whole plane, though the sample's short pieces show the grid ahead: a
+    contiguous stretch of rows decides, and the payload is smaller than the grid's."""
+    rng = np.random.default_rng(1)
+    patterns = _outer(256, 256, False, torch.float64, seed=1).numpy()
+    data = _bytes(torch.from_numpy(patterns[rng.integers(0, 256, 8192)]).to(torch.bfloat16))
+    form, coders, _ = floatcodec.choose(data, 2, 256)
+    assert not form & floatcodec.GRID and coders[-1] == floatcodec.ZSTD
+    chosen = _payload(data, 2, 256)
+    monkeypatch.setattr(floatcodec, "STRETCH_ELEMENTS", 1 << 40)
+    assert floatcodec.choose(data, 2, 256)[0] & floatcodec.GRID, "the sample alone picks the grid"
+    assert len(chosen) < 0.9 * len(_payload(data, 2, 256))
+    assert bytes(floatcodec.decode(chosen, data.nbytes)) == data.tobytes()

@@ -68,6 +68,7 @@ RUNS_MIN_SHARE = 0.10
 SEVEN_MIN_GAIN = 0.95
 GRID_DOWN, GRID_ACROSS = 128, 64
 GRID_MIN_GAIN = 0.97
+STRETCH_ELEMENTS = 1 << 18
 GRID_MIN_ROWS, GRID_MIN_COLS, GRID_MAX_COLS = 16, 8, 16384
 ZSTD_PARAMS = zstandard.ZstdCompressionParameters(
     window_log=18, hash_log=13, chain_log=13, search_log=1, min_match=7, target_length=0,
@@ -361,7 +362,36 @@ def choose(data: np.ndarray, itemsize: int, row: int = 0) -> tuple[int, list[int
             options.append((ROTATED | GRID, turned[:-1] + [(coder, coded + shift_bytes)]))
     per_plane = (1 - MIN_GAIN) * planes.shape[1]
     best = min(options, key=lambda o: sum(n for _, n in o[1]) + per_plane * sum(c != RAW for c, _ in o[1]))
+    if best[0] & GRID and data.nbytes >= 2 * STRETCH_ELEMENTS * itemsize:
+        rival = min(options[:2], key=lambda o: sum(n for _, n in o[1]) + per_plane * sum(c != RAW for c, _ in o[1]))
+        if rival[1][-1][0] == ZSTD and _stretch_cost(data, itemsize, row, rival) < _stretch_cost(data, itemsize, row, best):
+            best = rival
     return best[0], [c for c, _ in best[1]], sum(n for _, n in best[1])
+
+
+def _stretch_cost(data: np.ndarray, itemsize: int, row: int, option: tuple) -> float:
+    """Coded bytes, plus the price of each entropy-coded plane, of one contiguous stretch of
+    whole rows from the middle of `data` (STRETCH_ELEMENTS' worth) under `option` (form, [(coder,
+    sample bytes)]): where the sample prefers the grid to a layout whose top plane zstd codes, the
+    sample's short pieces hide the repeats zstd finds at long distances (an embedding's first
+    moment: 17% smaller on the whole plane than on the sample), which the stretch shows. Only
+    data of two stretches or more is looked at so (smaller data's planes are mostly in the sample,
+    and a second encode of each would double the cost of choosing)."""
+    rows = data.nbytes // itemsize // row
+    take = min(rows, max(1, STRETCH_ELEMENTS // row))
+    first = (rows - take) // 2 * row * itemsize
+    stretch = data[first:first + take * row * itemsize]
+    form, coders = option[0], [c for c, _ in option[1]]
+    planes = np.empty((itemsize, take * row), np.uint8)
+    _to_planes(stretch, itemsize, bool(form & ROTATED), planes)
+    cost = 0.0
+    if form & GRID:
+        _apply_grid(planes[-1], planes[-1], _fit_grid(planes[-1], row), row, add=False)
+        cost += take + row * take * row / min(rows * row, _segment_elements(itemsize, row))
+    for plane, coder in zip(planes, coders):
+        coded = _encode_plane(plane, coder)
+        cost += plane.nbytes if coded is None else len(coded) + (1 - MIN_GAIN) * plane.nbytes * (coder != RAW)
+    return cost
 
 
 def grid_fits(count: int, row: int) -> bool:
