@@ -13,7 +13,8 @@ extension built:
 With --per-tensor, each buffer is coded as a save of the model's tensors codes it (see
 compression.save_units): tensors of 1 MiB or more one encode each, matrices of full snapshots
 with their row length where a codec takes one (deltas without), smaller tensors in packs; each
-encode on one thread, two at a time; layouts per encode.
+encode on one thread, two at a time; layouts per encode. --mlp does the same on the state of
+benchmarks/codecs.py (24 Linear(1024, 1024) layers + AdamW, 20 steps): every weight a chunk.
 """
 
 import argparse
@@ -54,6 +55,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--per-tensor", action="store_true", help="code tensor by tensor, as a save does")
+    ap.add_argument("--mlp", action="store_true", help="instead: benchmarks/codecs.py's MLP + AdamW state, as a save splits it")
     ap.add_argument("--huffman", action="store_true",
                     help="time only the native Huffman coder, one thread, on each buffer's top byte plane")
     args = ap.parse_args()
@@ -64,6 +66,8 @@ def main() -> None:
     print("| dtype | data | ratio other / this | MB/s other / this | this / other "
           "| layouts reused: ratio other / this | MB/s other / this | this / other |")
     print("|---|---|---|---|---|---|---|---|")
+    if args.mlp:
+        return mlp_rows(codecs, args.repeats)
     shapes = tensor_shapes() if args.per_tensor else None
     for dtype, itemsize in (("float32", 4), ("bfloat16", 2)):
         for part, kind, buf, previous in buffers(load_or_train(Path(args.dir), dtype, args.steps, args.batch),
@@ -71,26 +75,68 @@ def main() -> None:
             split = tensor_split(shapes, itemsize, len(PARTS) if part == "all" else 1, kind == "full") if shapes else None
             units = save_units(buf, split) if split else [(buf, 0)]
             before = save_units(previous, split) if split else [(previous, 0)]
-            threads = 2 if len(units) > 1 else 1
-            pieces = {key: _pieces(codec, single=len(units) == 1) for key, codec in codecs.items()}
-            chosen = {key: unit_layouts(before, itemsize, pieces[key], codec.Layouts) for key, codec in codecs.items()}
-            seconds: dict = {}
-            sizes: dict = {}
-            for _ in range(args.repeats):
-                for key, codec in codecs.items():
-                    for reused in (False, True):
-                        start = time.perf_counter()
-                        sizes[key, reused] = encode_units(pieces[key], itemsize, units, threads,
-                                                          chosen[key] if reused else None)
-                        seconds.setdefault((key, reused), []).append(time.perf_counter() - start)
-            assert bytes(mine.decode(mine.encode(buf, itemsize), buf.nbytes)) == buf.tobytes()
-            cells = []
+            compare(codecs, f"{dtype} | {part} {kind}", itemsize, buf, units, before, args.repeats)
+
+
+def compare(codecs: dict, label: str, itemsize: int, buf: np.ndarray, units: list, before: list, repeats: int) -> None:
+    """Print one row: both codecs' ratio and median MB/s on `units` of `buf` (see
+    compression.save_units), layouts chosen afresh and reused from `before`, alternating."""
+    from forkpoint.format import floatcodec as mine
+
+    threads = 2 if len(units) > 1 else 1
+    pieces = {key: _pieces(codec, single=len(units) == 1) for key, codec in codecs.items()}
+    chosen = {key: unit_layouts(before, itemsize, pieces[key], codec.Layouts) for key, codec in codecs.items()}
+    seconds: dict = {}
+    sizes: dict = {}
+    for _ in range(repeats):
+        for key, codec in codecs.items():
             for reused in (False, True):
-                ratio = {k: buf.nbytes / sizes[k, reused] for k in codecs}
-                speed = {k: buf.nbytes / 1e6 / statistics.median(seconds[k, reused]) for k in codecs}
-                cells += [f"{ratio['other']:.3f} / {ratio['this']:.3f}", f"{speed['other']:.0f} / {speed['this']:.0f}",
-                          f"{speed['this'] / speed['other']:.2f}"]
-            print(f"| {dtype} | {part} {kind} | " + " | ".join(cells) + " |", flush=True)
+                start = time.perf_counter()
+                sizes[key, reused] = encode_units(pieces[key], itemsize, units, threads, chosen[key] if reused else None)
+                seconds.setdefault((key, reused), []).append(time.perf_counter() - start)
+    for data, row in units:
+        coded = b"".join(bytes(memoryview(p).cast("B")) for p in mine.encode_pieces(data, itemsize, row=row))
+        assert bytes(mine.decode(coded, data.nbytes)) == data.tobytes()
+    cells = []
+    for reused in (False, True):
+        ratio = {k: buf.nbytes / sizes[k, reused] for k in codecs}
+        speed = {k: buf.nbytes / 1e6 / statistics.median(seconds[k, reused]) for k in codecs}
+        cells += [f"{ratio['other']:.3f} / {ratio['this']:.3f}", f"{speed['other']:.0f} / {speed['this']:.0f}",
+                  f"{speed['this'] / speed['other']:.2f}"]
+    print(f"| {label} | " + " | ".join(cells) + " |", flush=True)
+
+
+def mlp_rows(codecs: dict, repeats: int) -> None:
+    """The same comparison on benchmarks/codecs.py's state (24 Linear(1024, 1024) layers and
+    AdamW after 20 steps, the layouts from step 19), each part as a save splits it."""
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("codecs_bench", Path(__file__).parent / "codecs.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    train_step, trained_state = bench.train_step, bench.trained_state
+
+    for dtype in (torch.float32, torch.bfloat16):
+        state = trained_state(dtype, steps=19)
+        params = list(state["model"].parameters())
+
+        def parts():
+            optim = state["optim"].state
+            return {"weights": params, "exp_avg": [optim[p]["exp_avg"] for p in params],
+                    "exp_avg_sq": [optim[p]["exp_avg_sq"] for p in params]}
+        snap = lambda ts: [t.detach().contiguous().view(torch.uint8).reshape(-1).numpy().copy() for t in ts]  # noqa: E731
+        before = {name: snap(ts) for name, ts in parts().items()}
+        train_step(state, dtype)
+        now = {name: snap(ts) for name, ts in parts().items()}
+        itemsize = params[0].element_size()
+        shapes = [tuple(p.shape) for p in params]
+        split = tensor_split(shapes, itemsize, 1, True)
+        for name in now:
+            buf, previous = np.concatenate(now[name]), np.concatenate(before[name])
+            compare(codecs, f"{str(dtype).removeprefix('torch.')} MLP | {name}", itemsize, buf,
+                    save_units(buf, split), save_units(previous, split), repeats)
 
 
 def _pieces(codec, single: bool):

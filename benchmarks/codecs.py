@@ -60,12 +60,12 @@ def timed(fn):
     return out, elapsed, c1.user - c0.user + c1.system - c0.system
 
 
-def trained_state(dtype, device: str = "cpu"):
+def trained_state(dtype, device: str = "cpu", steps: int = 20):
     torch.manual_seed(0)
     torch.set_num_threads(2)
     model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(24)]).to(device, dtype)
     state = {"model": model, "optim": torch.optim.AdamW(model.parameters(), lr=1e-3)}
-    for _ in range(20):
+    for _ in range(steps):
         train_step(state, dtype)
     return state
 

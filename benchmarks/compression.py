@@ -148,6 +148,15 @@ def tensor_shapes() -> list[tuple]:
     return [tuple(p.shape) for p in model.parameters()]
 
 
+def chosen_layouts(previous: np.ndarray, itemsize: int):
+    """The Layouts the lossless codec chooses on `previous` (what the next encode reuses)."""
+    from forkpoint.format.floatcodec import Layouts, encode_pieces
+
+    layouts = Layouts()
+    encode_pieces(previous, itemsize, layouts=layouts)
+    return layouts
+
+
 def tensor_split(shapes: list, itemsize: int, parts: int, rows: bool) -> list[tuple[int, int, int]]:
     """(start byte, end byte, row elements) of each tensor of `parts` parts concatenated; row
     elements 0 unless `rows` (a delta chunk is coded without them, as a save does)."""
