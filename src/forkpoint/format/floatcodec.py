@@ -370,9 +370,9 @@ def choose(data: np.ndarray, itemsize: int, row: int = 0) -> tuple[int, list[int
 
 
 def _stretch_cost(data: np.ndarray, itemsize: int, row: int, option: tuple) -> float:
-    """Coded bytes, plus the price of each entropy-coded plane, of one contiguous stretch of
-    whole rows from the middle of `data` (STRETCH_ELEMENTS' worth) under `option` (form, [(coder,
-    sample bytes)]): where the sample prefers the grid to a layout whose top plane zstd codes, the
+    """Coded bytes, plus the price of each entropy-coded plane, of the top two planes (those
+    rotation and the grid change) of one contiguous stretch of whole rows from the middle of
+    `data` (STRETCH_ELEMENTS' worth) under `option` (form, [(coder, sample bytes)]): where the sample prefers the grid to a layout whose top plane zstd codes, the
     sample's short pieces hide the repeats zstd finds at long distances (an embedding's first
     moment: 17% smaller on the whole plane than on the sample), which the stretch shows. Only
     data of two stretches or more is looked at so (smaller data's planes are mostly in the sample,
@@ -388,7 +388,7 @@ def _stretch_cost(data: np.ndarray, itemsize: int, row: int, option: tuple) -> f
     if form & GRID:
         _apply_grid(planes[-1], planes[-1], _fit_grid(planes[-1], row), row, add=False)
         cost += take + row * take * row / min(rows * row, _segment_elements(itemsize, row))
-    for plane, coder in zip(planes, coders):
+    for plane, coder in zip(planes[-2:], coders[-2:]):  # the planes below are alike in every layout
         coded = _encode_plane(plane, coder)
         cost += plane.nbytes if coded is None else len(coded) + (1 - MIN_GAIN) * plane.nbytes * (coder != RAW)
     return cost
