@@ -279,13 +279,16 @@ def _apply_grid(src: np.ndarray, dst: np.ndarray, shifts: np.ndarray, cols: int,
     combine(out, row[:, None], out=out)
 
 
-def _sample(data: np.ndarray, itemsize: int) -> np.ndarray:
-    count = data.nbytes // itemsize
-    if count <= SAMPLE_PIECES * SAMPLE_ELEMENTS:
+def _sample(data: np.ndarray, itemsize: int, row: int = 1) -> np.ndarray:
+    """SAMPLE_PIECES evenly spaced runs of SAMPLE_ELEMENTS' worth of whole rows of `row`
+    elements (one row at least) from `data`, or all of it where that is no more."""
+    width = row * itemsize
+    rows = data.nbytes // width
+    run = max(1, SAMPLE_ELEMENTS // row)
+    if rows <= SAMPLE_PIECES * run:
         return data
-    step = (count - SAMPLE_ELEMENTS) // (SAMPLE_PIECES - 1)
-    return np.concatenate([data[i * step * itemsize:(i * step + SAMPLE_ELEMENTS) * itemsize]
-                           for i in range(SAMPLE_PIECES)])
+    step = (rows - run) // (SAMPLE_PIECES - 1)
+    return np.concatenate([data[i * step * width:(i * step + run) * width] for i in range(SAMPLE_PIECES)])
 
 
 def _byte_counts(plane: np.ndarray) -> np.ndarray:
@@ -344,7 +347,7 @@ def choose(data: np.ndarray, itemsize: int, row: int = 0) -> tuple[int, list[int
     only where its residual's order-0 entropy is 3% below the rotated top plane's coded size
     (weights' exponents have no such structure: their residuals code no smaller)."""
     grid = itemsize in _WORDS and grid_fits(data.nbytes // itemsize, row)
-    sample = _grid_sample(data, itemsize, row) if grid else _sample(data, itemsize)
+    sample = _sample(data, itemsize, row if grid else 1)
     planes = np.empty((itemsize, sample.nbytes // itemsize), np.uint8)
     _to_planes(sample, itemsize, False, planes)
     plain = [_plane_coder(plane) for plane in planes]
@@ -404,18 +407,6 @@ def _segment_elements(itemsize: int, row: int) -> int:
     """Elements per segment: SEGMENT_BYTES' worth, whole rows where there are rows."""
     per = max(1, SEGMENT_BYTES // itemsize)
     return max(row, per // row * row) if row else per
-
-
-def _grid_sample(data: np.ndarray, itemsize: int, row: int) -> np.ndarray:
-    """Like _sample, in whole rows: SAMPLE_PIECES runs of SAMPLE_ELEMENTS' worth of rows (one
-    at least)."""
-    rows = data.nbytes // itemsize // row
-    run = max(1, SAMPLE_ELEMENTS // row)
-    if rows <= SAMPLE_PIECES * run:
-        return data
-    step = (rows - run) // (SAMPLE_PIECES - 1)
-    width = row * itemsize
-    return np.concatenate([data[i * step * width:(i * step + run) * width] for i in range(SAMPLE_PIECES)])
 
 
 def _elements(data, itemsize: int) -> tuple[np.ndarray, int]:
