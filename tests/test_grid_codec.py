@@ -25,6 +25,14 @@ def _bytes(t: torch.Tensor) -> np.ndarray:
     return t.contiguous().view(torch.uint8).numpy().reshape(-1)
 
 
+@pytest.fixture
+def native():
+    """The native kernels (the test is skipped where the extension was not built)."""
+    if floatcodec._native is None:
+        pytest.skip("native kernels not built")
+    return floatcodec._native
+
+
 def _payload(data, itemsize, row, **kw) -> bytes:
     return b"".join(bytes(memoryview(p).cast("B")) for p in floatcodec.encode_pieces(data, itemsize, row=row, **kw))
 
@@ -82,10 +90,7 @@ def test_data_that_rows_do_not_tile_or_that_is_too_small_is_coded_as_before():
         assert bytes(floatcodec.decode(payload, data.nbytes)) == data.tobytes()
 
 
-def test_native_and_numpy_fit_the_same_grid_and_read_each_other(monkeypatch):
-    native = floatcodec._native
-    if native is None:
-        pytest.skip("native kernels not built")
+def test_native_and_numpy_fit_the_same_grid_and_read_each_other(native, monkeypatch):
     rng = np.random.default_rng(7)
     for rows, cols in ((300, 200), (17, 1000), (1000, 8), (129, 65)):
         plane = rng.integers(0, 256, rows * cols, dtype=np.uint8)
@@ -216,15 +221,12 @@ def test_a_positive_tensors_low_plane_packs_seven_bits_a_byte(itemsize):
     data = signed.view(np.uint8)
     assert floatcodec.choose(data, itemsize)[1][-2] == floatcodec.SEVEN, "the sample sees no sign"
     layouts = floatcodec.Layouts()
-    payload = b"".join(bytes(memoryview(p).cast("B")) for p in floatcodec.encode_pieces(data, itemsize, layouts=layouts))
+    payload = _payload(data, itemsize, 0, layouts=layouts)
     assert layouts.segments[0][1][-2] == floatcodec.RAW
     assert bytes(floatcodec.decode(payload, data.nbytes)) == data.tobytes()
 
 
-def test_native_and_numpy_seven_bit_packing_agree(monkeypatch):
-    native = floatcodec._native
-    if native is None:
-        pytest.skip("native kernels not built")
+def test_native_and_numpy_seven_bit_packing_agree(native, monkeypatch):
     rng = np.random.default_rng(3)
     for n in (0, 1, 7, 8, 9, 15, 16, 17, 1000, 100_003):
         plane = (rng.integers(0, 128, n, dtype=np.uint8) << 1).astype(np.uint8)
