@@ -577,12 +577,20 @@ def test_small_float_leaves_pack_by_element_size_and_code_as_floats(tmp_path):
     assert len({leaves[f"b{i}"] for i in range(6)}) == 1 and len({leaves[f"f{i}"] for i in range(6)}) == 1
     assert len({leaves["b0"], leaves["f0"], leaves["ints"]}) == 3 and leaves["h"] == leaves["b0"]
     assert leaves["mask"] == leaves["ints"], "leaves that are not floats still share a pack"
+    slot = ("pack", "b0", 7)
+    assert repo._layouts.slots[slot].uses == 0, "the bf16 pack (with the fp16 leaf) keeps its layouts"
     assert codecs["b0"] == codecs["f0"] == {"float-planes"} and codecs["ints"] == {"zstd"}
     bytes_only = fp.Repo(str(tmp_path / "z"), create=True, codec="zstd")
     bytes_only.save(state)
     assert repo.versions()[0].stored_bytes < 0.95 * bytes_only.versions()[0].stored_bytes
     out = repo.load()
     assert all(torch.equal(out[k], v) for k, v in state.items())
+    for k in state:
+        if state[k].is_floating_point():
+            state[k] = state[k] * 1.01
+    repo.save(state, step=2)
+    assert repo._layouts.slots[slot].uses == 1, "the next save reused them"
+    assert all(torch.equal(repo.load()[k], v) for k, v in state.items())
     assert repo.verify().ok
     repo.close()
     bytes_only.close()

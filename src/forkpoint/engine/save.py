@@ -633,7 +633,8 @@ def _schedule_pack(sched, plan: ScheduledSave, group, total, known, pool, io, ti
             blob = buf[:used]
             digest = content_hash(blob)
             itemsize, floating = pack_kind(plan.flat[group[0][0]].data)
-            return digest, plan.writer.put(digest, blob, itemsize, floating), members
+            slot = ("pack", plan.flat[group[0][0]].path, len(group))
+            return digest, plan.writer.put(digest, blob, itemsize, floating, slot=slot), members
         finally:
             pool.give(buf)
 
