@@ -298,10 +298,15 @@ def main() -> None:
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--methods", help="comma-separated subset of the methods (default: all)")
     ap.add_argument("--no-repo", action="store_true", help="skip the repository rows")
+    ap.add_argument("--pack-layouts-ab", type=int, metavar="SAVES",
+                    help="instead: SAVES saves of one leaf per tensor into two lossless repositories, "
+                         "packs keeping their layouts or choosing afresh, alternating")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     cache = Path(args.dir)
     cache.mkdir(parents=True, exist_ok=True)
+    if args.pack_layouts_ab:
+        return pack_layouts_ab(cache, args)
     results = {"disk_GBps": statistics.median(disk_bandwidth(cache) for _ in range(3)), "rows": []}
     print(f"local disk, dd oflag=direct: {results['disk_GBps']:.2f} GB/s")
     shapes = tensor_shapes()
@@ -367,8 +372,7 @@ def repo_rows(results: dict, cache: Path, dtype: str, snaps: dict, steps: int) -
     split = tensor_split(shapes, itemsize, 1, True)
 
     def state(step):
-        return {f"{p}/{i}": torch.from_numpy(snaps[step][p][start:end].copy()).view(getattr(torch, dtype)).reshape(shape)
-                for p in PARTS for i, ((start, end, _), shape) in enumerate(zip(split, shapes))}
+        return tensor_state(snaps, step, dtype, shapes, split)
 
     print(f"\n{dtype}: repository with codec='lossless', delta=fp.Delta(), one leaf per tensor")
     print("| step | stored as | logical MB | stored MB | ratio | save (s) |")
@@ -388,6 +392,57 @@ def repo_rows(results: dict, cache: Path, dtype: str, snaps: dict, steps: int) -
         got = repo.load(f"main~{len(snaps) - 1 - sorted(snaps).index(step)}")
         assert all(torch.equal(got[k], t) for k, t in state(step).items())
     repo.close()
+
+
+def tensor_state(snaps: dict, step: int, dtype: str, shapes: list, split: list) -> dict:
+    """{part/index: tensor} of snapshot `step`, one leaf per tensor in the model's shapes."""
+    import torch
+
+    return {f"{p}/{i}": torch.from_numpy(snaps[step][p][start:end].copy()).view(getattr(torch, dtype)).reshape(shape)
+            for p in PARTS for i, ((start, end, _), shape) in enumerate(zip(split, shapes))}
+
+
+def pack_layouts_ab(cache: Path, args) -> None:
+    """Save time of the GPT-2 state (one leaf per tensor, most of it in float packs) into two
+    repositories, alternating: packs reusing the codec's layouts from save to save (the
+    default), or choosing afresh every save (their slot made unique per save)."""
+    import shutil
+
+    import forkpoint as fp
+    from forkpoint.engine import save as save_module
+
+    real_put = save_module.ObjectWriter.put
+    fresh = {"on": False, "n": 0}
+
+    def put(self, *a, slot=None, **kw):
+        if fresh["on"] and slot is not None and slot[0] == "pack":
+            fresh["n"] += 1
+            slot = (*slot, fresh["n"])
+        return real_put(self, *a, slot=slot, **kw)
+    save_module.ObjectWriter.put = put
+    print("| dtype | packs' layouts | median save (s) | saves | stored MB |")
+    print("|---|---|---|---|---|")
+    for dtype in args.dtypes.split(","):
+        snaps = load_or_train(cache, dtype, args.steps, args.batch)
+        itemsize = 4 if dtype == "float32" else 2
+        shapes = tensor_shapes()
+        split = tensor_split(shapes, itemsize, 1, True)
+        steps = sorted(snaps)
+        repos = {way: fp.Repo(str(cache / f"ab-{way}"), create=True, codec="lossless") for way in ("kept", "afresh")}
+        times: dict = {way: [] for way in repos}
+        for i in range(args.pack_layouts_ab):
+            state = tensor_state(snaps, steps[i % len(steps)], dtype, shapes, split)
+            for way in (("kept", "afresh") if i % 2 else ("afresh", "kept")):
+                fresh["on"] = way == "afresh"
+                start = time.perf_counter()
+                v = repos[way].save(state, step=i)
+                times[way].append(time.perf_counter() - start)
+        for way, repo in repos.items():
+            stored = repo.log(limit=1)[0].stored_bytes / 1e6
+            print(f"| {dtype} | {way} | {statistics.median(times[way][1:]):.3f} | {len(times[way]) - 1} | {stored:.1f} |")
+            repo.close()
+            shutil.rmtree(cache / f"ab-{way}", ignore_errors=True)
+    save_module.ObjectWriter.put = real_put
 
 
 def summarize(results: dict) -> None:
