@@ -403,10 +403,13 @@ def tensor_state(snaps: dict, step: int, dtype: str, shapes: list, split: list) 
 
 
 def pack_layouts_ab(cache: Path, args) -> None:
-    """Save time of the GPT-2 state (one leaf per tensor, most of it in float packs) into two
-    repositories, alternating: packs reusing the codec's layouts from save to save (the
+    """Save time of the GPT-2 state (one leaf per tensor, most of it in float packs; the
+    lowest bit of each element flipped at random so that every save writes new objects) into
+    two repositories, alternating: packs reusing the codec's layouts from save to save (the
     default), or choosing afresh every save (their slot made unique per save)."""
     import shutil
+
+    import torch
 
     import forkpoint as fp
     from forkpoint.engine import save as save_module
@@ -430,8 +433,11 @@ def pack_layouts_ab(cache: Path, args) -> None:
         steps = sorted(snaps)
         repos = {way: fp.Repo(str(cache / f"ab-{way}"), create=True, codec="lossless") for way in ("kept", "afresh")}
         times: dict = {way: [] for way in repos}
+        words = {2: torch.int16, 4: torch.int32}[itemsize]
         for i in range(args.pack_layouts_ab):
             state = tensor_state(snaps, steps[i % len(steps)], dtype, shapes, split)
+            for t in state.values():  # new bytes every save (nothing deduplicates), same statistics
+                t.view(words).bitwise_xor_(torch.randint(0, 2, t.shape, dtype=words))
             for way in (("kept", "afresh") if i % 2 else ("afresh", "kept")):
                 fresh["on"] = way == "afresh"
                 start = time.perf_counter()
