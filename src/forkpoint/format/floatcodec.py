@@ -340,9 +340,8 @@ def _plane_coder(plane: np.ndarray) -> tuple[int, int]:
 def choose(data: np.ndarray, itemsize: int, row: int = 0) -> tuple[int, list[int], int]:
     """(form, coder per plane, coded bytes of the sample) for `data`: the layout whose coded
     bytes plus (1 - MIN_GAIN) of each plane it entropy-codes are fewer, the price a plane must
-    save to be coded at all (a second moment's rotated low plane, 7 random bits, saves 12% of
-    itself but only 0.2% over leaving that plane raw unrotated, at a Huffman pass over half
-    of a bf16 chunk). Form: 0, ROTATED, or ROTATED | GRID where `row` (elements per row, 0 for
+    save to be coded at all (a layout that codes one more plane for 0.2% is not worth its pass
+    over that plane). Form: 0, ROTATED, or ROTATED | GRID where `row` (elements per row, 0 for
     none) allows the grid model; the sample is then made of whole rows, and the grid is tried
     only where its residual's order-0 entropy is 3% below the rotated top plane's coded size
     (weights' exponents have no such structure: their residuals code no smaller)."""
@@ -364,9 +363,12 @@ def choose(data: np.ndarray, itemsize: int, row: int = 0) -> tuple[int, list[int
             coder, coded = _plane_coder(planes[-1])
             options.append((ROTATED | GRID, turned[:-1] + [(coder, coded + shift_bytes)]))
     per_plane = (1 - MIN_GAIN) * planes.shape[1]
-    best = min(options, key=lambda o: sum(n for _, n in o[1]) + per_plane * sum(c != RAW for c, _ in o[1]))
+
+    def price(option):
+        return sum(n for _, n in option[1]) + per_plane * sum(c != RAW for c, _ in option[1])
+    best = min(options, key=price)
     if best[0] & GRID and data.nbytes >= 2 * STRETCH_ELEMENTS * itemsize:
-        rival = min(options[:2], key=lambda o: sum(n for _, n in o[1]) + per_plane * sum(c != RAW for c, _ in o[1]))
+        rival = min(options[:2], key=price)
         if rival[1][-1][0] == ZSTD and _stretch_cost(data, itemsize, row, rival) < _stretch_cost(data, itemsize, row, best):
             best = rival
     return best[0], [c for c, _ in best[1]], sum(n for _, n in best[1])
@@ -375,11 +377,13 @@ def choose(data: np.ndarray, itemsize: int, row: int = 0) -> tuple[int, list[int
 def _stretch_cost(data: np.ndarray, itemsize: int, row: int, option: tuple) -> float:
     """Coded bytes, plus the price of each entropy-coded plane, of the top two planes (those
     rotation and the grid change) of one contiguous stretch of whole rows from the middle of
-    `data` (STRETCH_ELEMENTS' worth) under `option` (form, [(coder, sample bytes)]): where the sample prefers the grid to a layout whose top plane zstd codes, the
-    sample's short pieces hide the repeats zstd finds at long distances (an embedding's first
-    moment: 17% smaller on the whole plane than on the sample), which the stretch shows. Only
-    data of two stretches or more is looked at so (smaller data's planes are mostly in the sample,
-    and a second encode of each would double the cost of choosing)."""
+    `data` (STRETCH_ELEMENTS' worth) under `option` (form, [(coder, sample bytes)]).
+
+    Where the sample prefers the grid to a layout whose top plane zstd codes, the sample's
+    short pieces hide the repeats zstd finds at long distances (an embedding's first moment:
+    17% smaller on the whole plane than on the sample), which the stretch shows. `choose`
+    looks so only at data of two stretches or more: smaller data's planes are mostly in the
+    sample, and a second encode of each would double the cost of choosing."""
     rows = data.nbytes // itemsize // row
     take = min(rows, max(1, STRETCH_ELEMENTS // row))
     first = (rows - take) // 2 * row * itemsize
