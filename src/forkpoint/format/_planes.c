@@ -635,11 +635,9 @@ static int lower_median(uint32_t *counts, int lo, int hi, int m) {
 /* Fit the grid model of a rows x cols byte plane: K[c], the lower median of column c over up to
  * `down` evenly spaced rows, then R[r], the lower median of (plane[r][c] - K[c]) over up to
  * `across` evenly spaced columns, taken modulo 256. */
-static void fit_grid_kernel(const uint8_t *p, size_t rows, size_t cols, size_t down, size_t across, uint8_t *R,
-                            uint8_t *K) {
+static void fit_grid_kernel(const uint8_t *p, size_t rows, size_t cols, size_t mr, size_t mc, size_t *at,
+                            int16_t *bias, uint8_t *R, uint8_t *K) {
     uint32_t counts[511] = {0};
-    size_t mr = rows < down ? rows : down, mc = cols < across ? cols : across;
-    size_t *at = malloc((mr > mc ? mr : mc) * sizeof(size_t));
     for (size_t k = 0; k < mr; k++) at[k] = (k * rows / mr) * cols;
     for (size_t c = 0; c < cols; c++) {
         int lo = 255, hi = 0;
@@ -651,35 +649,21 @@ static void fit_grid_kernel(const uint8_t *p, size_t rows, size_t cols, size_t d
         }
         K[c] = (uint8_t)lower_median(counts, lo, hi, (int)mr);
     }
-    for (size_t k = 0; k < mc; k++) at[k] = k * cols / mc;
-    int16_t *bias = malloc(mc * sizeof(int16_t));
-    for (size_t k = 0; k < mc; k++) bias[k] = (int16_t)(255 - K[at[k]]);
-    uint32_t lanes[4][511] = {{0}};
+    for (size_t k = 0; k < mc; k++) {
+        at[k] = k * cols / mc;
+        bias[k] = (int16_t)(255 - K[at[k]]);
+    }
     for (size_t r = 0; r < rows; r++) {
         const uint8_t *row = p + r * cols;
         int lo = 510, hi = 0;
-        size_t k = 0;
-        for (; k + 4 <= mc; k += 4)
-            for (int j = 0; j < 4; j++) {
-                int v = (int)row[at[k + j]] + bias[k + j];
-                lanes[j][v]++;
-                lo = v < lo ? v : lo;
-                hi = v > hi ? v : hi;
-            }
-        for (; k < mc; k++) {
+        for (size_t k = 0; k < mc; k++) {
             int v = (int)row[at[k]] + bias[k];
-            lanes[0][v]++;
+            counts[v]++;
             lo = v < lo ? v : lo;
             hi = v > hi ? v : hi;
         }
-        for (int v = lo; v <= hi; v++) {
-            counts[v] = lanes[0][v] + lanes[1][v] + lanes[2][v] + lanes[3][v];
-            lanes[0][v] = lanes[1][v] = lanes[2][v] = lanes[3][v] = 0;
-        }
         R[r] = (uint8_t)((lower_median(counts, lo, hi, (int)mc) - 255) & 255);
     }
-    free(bias);
-    free(at);
 }
 
 static void apply_grid_kernel(const uint8_t *s, uint8_t *d, size_t rows, size_t cols, const uint8_t *R,
@@ -704,12 +688,21 @@ static PyObject *fit_grid(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "grid of %zd bytes by rows of %zd: shift buffers of %zd and %zd bytes do not fit",
                      plane.len, cols, rshift.len, kshift.len);
     } else {
-        Py_BEGIN_ALLOW_THREADS
-        fit_grid_kernel(plane.buf, (size_t)(plane.len / cols), (size_t)cols, (size_t)down, (size_t)across, rshift.buf,
-                        kshift.buf);
-        Py_END_ALLOW_THREADS
-        result = Py_None;
-        Py_INCREF(result);
+        size_t rows = (size_t)(plane.len / cols);
+        size_t mr = rows < (size_t)down ? rows : (size_t)down, mc = (size_t)cols < (size_t)across ? (size_t)cols : (size_t)across;
+        size_t *at = malloc((mr > mc ? mr : mc) * sizeof(size_t) + 1);
+        int16_t *bias = malloc(mc * sizeof(int16_t) + 1);
+        if (at == NULL || bias == NULL) {
+            PyErr_NoMemory();
+        } else {
+            Py_BEGIN_ALLOW_THREADS
+            fit_grid_kernel(plane.buf, rows, (size_t)cols, mr, mc, at, bias, rshift.buf, kshift.buf);
+            Py_END_ALLOW_THREADS
+            result = Py_None;
+            Py_INCREF(result);
+        }
+        free(at);
+        free(bias);
     }
     PyBuffer_Release(&plane);
     PyBuffer_Release(&rshift);
