@@ -501,14 +501,11 @@ def encode_pieces(data, itemsize: int = 1, threads: int | None = None, out=None,
             shifts = _fit_grid(planes[-1], row)
             _apply_grid(planes[-1], planes[-1], shifts, row, add=False)
         coded = [_encode_plane(plane, coder) for plane, coder in zip(planes, coders)]
-        if any(c is None for c in coded):  # a byte with bit 0 set where the sample had none
-            coders = [RAW if c is None else coder for coder, c in zip(coders, coded)]
-            coded = [memoryview(plane) if c is None else c for plane, c in zip(planes, coded)]
-        if reuse is not None:
-            gains = [coder == RAW or len(c) < MIN_GAIN * plane.nbytes for plane, coder, c in zip(planes, coders, coded)]
-            coders = [coder if gain else RAW for coder, gain in zip(coders, gains)]
-            coded = [c if gain else memoryview(plane) for plane, c, gain in zip(planes, coded, gains)]
-        coded = [[c] for c in coded]
+        # raw where seven-bit packing met a set bit 0 the sample missed, or a reused coder no longer gains
+        kept_coded = [c is not None and (reuse is None or coder == RAW or len(c) < MIN_GAIN * plane.nbytes)
+                      for plane, coder, c in zip(planes, coders, coded)]
+        coders = [coder if keep else RAW for coder, keep in zip(coders, kept_coded)]
+        coded = [[c if keep else memoryview(plane)] for plane, c, keep in zip(planes, coded, kept_coded)]
         if shifts is not None:
             coded[-1].insert(0, shifts)
         return (form, coders), coded
