@@ -452,10 +452,14 @@ def launch_device_copies(flat: list[FlatLeaf], opts: SaveOptions, select=None, p
 
 
 def pack_kind(d) -> tuple[int, bool]:
-    """(element size, floating) a pack of leaves like `d` is coded by: floating-point leaves
-    pack by element size, so that the float codec splits each pack into the right planes;
-    everything else packs together and is coded as bytes."""
-    itemsize, floating = element_kind(d)
+    """(element size, floating) a pack of leaves like `d` is coded by (see packed_element)."""
+    return packed_element(*element_kind(d))
+
+
+def packed_element(itemsize: int, floating: bool) -> tuple[int, bool]:
+    """(element size, floating) a pack holding leaves of these elements is coded by:
+    floating-point leaves pack by element size, so that the float codec splits each pack into
+    the right planes; everything else packs together and is coded as bytes."""
     return (itemsize, True) if floating else (1, False)
 
 

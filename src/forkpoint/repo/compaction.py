@@ -4,7 +4,8 @@
 import logging
 
 from ..engine.reencode import LaterEncode, encode_in_place
-from ..engine.save import codec_rules, element_of, policy_codec, policy_for, row_elements, stored_codec
+from ..engine.save import (codec_rules, element_of, packed_element, policy_codec, policy_for, row_elements,
+                           stored_codec)
 from ..engine.scheduler import Priority, Task
 from ..errors import CorruptObjectError, FormatError
 from ..format.lossy import Lossy
@@ -29,7 +30,7 @@ def encodable_objects(m, rules, policies, items: dict[str, LaterEncode] | None =
             policy = rules[-1][1] if packed else policy_for(rules, leaf.path)
             if c.delta or not (isinstance(policy, Lossy) or policy in policies):
                 continue
-            size, fl = (itemsize if floating else 1, floating) if packed else (itemsize, floating)
+            size, fl = packed_element(itemsize, floating) if packed else (itemsize, floating)
             row = 0 if packed else row_elements(leaf.shape, leaf.nbytes, itemsize)
             key = object_key(c.object)
             item = items.setdefault(key, LaterEncode(key, policy_codec(policy, size, fl), size, row=row))
