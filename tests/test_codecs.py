@@ -328,6 +328,27 @@ def test_native_huffman_writes_standard_deflate_streams(kind):
         floatcodec._native.huffman_deflate(b"abc", 10)
 
 
+def test_native_huffman_joins_pieces_of_one_distribution_and_splits_where_it_changes():
+    """Pieces of a plane whose bytes keep one distribution share one block (no header and code
+    per piece: within a few bytes of coding the plane as a single block); where the
+    distribution changes, a new block starts (smaller than one block over both halves)."""
+    import zlib
+
+    from forkpoint.format import floatcodec
+    if floatcodec._native is None:
+        pytest.skip("native kernels not built (no C compiler at install time)")
+    rng = np.random.default_rng(3)
+    steady = (rng.geometric(0.3, 1 << 20) % 256).astype(np.uint8)
+    pieces = floatcodec._native.huffman_deflate(steady, 16384)
+    whole = floatcodec._native.huffman_deflate(steady, 1 << 20)
+    assert zlib.decompress(pieces, -15) == steady.tobytes()
+    assert len(pieces) <= len(whole) + 64, "64 pieces of one distribution should code as one block"
+    shifted = np.concatenate([steady[: 1 << 19], (steady[: 1 << 19] + 128).astype(np.uint8)])
+    pieces = floatcodec._native.huffman_deflate(shifted, 16384)
+    assert zlib.decompress(pieces, -15) == shifted.tobytes()
+    assert len(pieces) < 0.9 * len(floatcodec._native.huffman_deflate(shifted, 1 << 20))
+
+
 def test_native_kernels_are_built_where_a_compiler_is():
     import shutil
 

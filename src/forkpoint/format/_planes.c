@@ -254,25 +254,40 @@ static size_t encode_pairs(BitWriter *w, const uint8_t *data, size_t n, const ui
     return i;
 }
 
-/* One dynamic block of literals; where few byte values occur, coded two at a time through
- * `pairs` (or not, when NULL). */
-static void encode_block(BitWriter *w, const uint8_t *data, size_t n, int final, PairTable *pairs) {
-    uint32_t hist[4][256];
+/* Counts of each byte value in `data`, added to `freq` (eight tables: runs of one value do not
+ * wait on one counter). */
+static void count_bytes(const uint8_t *data, size_t n, uint32_t *freq) {
+    uint32_t hist[8][256];
+    size_t i;
+    memset(hist, 0, sizeof hist);
+    for (i = 0; i + 8 <= n; i += 8) {
+        uint64_t v;
+        memcpy(&v, data + i, 8);
+        hist[0][v & 255]++;
+        hist[1][(v >> 8) & 255]++;
+        hist[2][(v >> 16) & 255]++;
+        hist[3][(v >> 24) & 255]++;
+        hist[4][(v >> 32) & 255]++;
+        hist[5][(v >> 40) & 255]++;
+        hist[6][(v >> 48) & 255]++;
+        hist[7][v >> 56]++;
+    }
+    for (; i < n; i++) hist[0][data[i]]++;
+    for (i = 0; i < 256; i++)
+        freq[i] += hist[0][i] + hist[1][i] + hist[2][i] + hist[3][i] + hist[4][i] + hist[5][i] + hist[6][i] + hist[7][i];
+}
+
+/* One dynamic block of literals whose byte counts are `counts`; where few byte values occur,
+ * coded two at a time through `pairs` (or not, when NULL). */
+static void encode_block(BitWriter *w, const uint8_t *data, size_t n, const uint32_t *counts, int final,
+                         PairTable *pairs) {
     uint32_t freq[LIT_SYMBOLS];
     uint8_t lengths[LIT_SYMBOLS];
     uint16_t codes[LIT_SYMBOLS];
     size_t i;
-    memset(hist, 0, sizeof hist);
-    for (i = 0; i + 4 <= n; i += 4) {
-        hist[0][data[i]]++;
-        hist[1][data[i + 1]]++;
-        hist[2][data[i + 2]]++;
-        hist[3][data[i + 3]]++;
-    }
-    for (; i < n; i++) hist[0][data[i]]++;
     int distinct = 0;
     for (i = 0; i < 256; i++) {
-        freq[i] = hist[0][i] + hist[1][i] + hist[2][i] + hist[3][i];
+        freq[i] = counts[i];
         distinct += freq[i] != 0;
     }
     freq[END_OF_BLOCK] = 1;
@@ -294,6 +309,50 @@ static void encode_block(BitWriter *w, const uint8_t *data, size_t n, int final,
     *w = v;
     for (; i < n; i++) put_bits(w, codes[data[i]], lengths[data[i]]);
     put_bits(w, codes[END_OF_BLOCK], lengths[END_OF_BLOCK]);
+}
+
+/* Order-0 entropy of bytes with these counts, in bits. */
+static double entropy_bits(const uint32_t *counts) {
+    double total = 0, sum = 0;
+    for (int s = 0; s < 256; s++)
+        if (counts[s]) { total += counts[s]; sum += counts[s] * log2((double)counts[s]); }
+    return total > 0 ? total * log2(total) - sum : 0;
+}
+
+/* Deflate blocks of literals over `data`, taken `step` bytes at a time: the next piece joins the
+ * open block where one code for both costs no more (by order-0 entropy) than two codes and a
+ * block header of about MERGE_HEADER_BITS (stationary planes: fewer codes to build, headers
+ * and pair tables), else the open block is written and the piece opens the next. */
+#define MERGE_HEADER_BITS 800.0
+static void encode_literals(BitWriter *w, const uint8_t *data, size_t n, size_t step, PairTable *pairs) {
+    uint32_t open[256], piece[256], joined[256];
+    size_t lo = 0, hi = 0;
+    double open_bits = 0;
+    memset(open, 0, sizeof open);
+    while (hi < n) {
+        size_t len = n - hi < step ? n - hi : step;
+        memset(piece, 0, sizeof piece);
+        count_bytes(data + hi, len, piece);
+        if (hi > lo) {
+            for (int s = 0; s < 256; s++) joined[s] = open[s] + piece[s];
+            double joined_bits = entropy_bits(joined), piece_bits = entropy_bits(piece);
+            if (joined_bits <= open_bits + piece_bits + MERGE_HEADER_BITS) {
+                memcpy(open, joined, sizeof open);
+                open_bits = joined_bits;
+                hi += len;
+                continue;
+            }
+            encode_block(w, data + lo, hi - lo, open, 0, pairs);
+            memcpy(open, piece, sizeof open);
+            open_bits = piece_bits;
+        } else {
+            memcpy(open, piece, sizeof open);
+            open_bits = entropy_bits(piece);
+        }
+        lo = hi;
+        hi += len;
+    }
+    encode_block(w, data + lo, hi - lo, open, 1, pairs);
 }
 
 /* Deflate length codes: for each match length 3..258, its symbol, extra bits and their value. */
@@ -435,10 +494,13 @@ static PyObject *huffman_deflate(PyObject *self, PyObject *args) {
     BitWriter w = {out, 0, 0};
     const uint8_t *data = view.buf;
     Py_BEGIN_ALLOW_THREADS
-    for (size_t b = 0; b < blocks; b++) {
-        size_t lo = b * (size_t)block, len = n - lo < (size_t)block ? n - lo : (size_t)block;
-        if (runs) encode_runs_block(&w, data + lo, len, b + 1 == blocks, tokens);
-        else encode_block(&w, data + lo, len, b + 1 == blocks, pairs);
+    if (runs) {
+        for (size_t b = 0; b < blocks; b++) {
+            size_t lo = b * (size_t)block, len = n - lo < (size_t)block ? n - lo : (size_t)block;
+            encode_runs_block(&w, data + lo, len, b + 1 == blocks, tokens);
+        }
+    } else {
+        encode_literals(&w, data, n, (size_t)block, pairs);
     }
     if (w.count) { memcpy(w.out, &w.buf, 8); w.out += (w.count + 7) >> 3; }
     Py_END_ALLOW_THREADS
