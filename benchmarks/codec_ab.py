@@ -36,15 +36,19 @@ from compression import (PARTS, buffers, encode_units, load_or_train, save_units
 
 
 def other_codec(src: Path):
-    """The float codec module of the checkout whose sources are at `src`, imported under its own name."""
-    package = Path(tempfile.mkdtemp()) / "other_floatcodec"
-    package.mkdir()
-    (package / "__init__.py").touch()
-    shutil.copy(src / "forkpoint/format/floatcodec.py", package)
+    """The float codec module of the checkout whose sources are at `src`, imported under its own
+    name (as other_forkpoint.format.floatcodec, beside that checkout's errors module)."""
+    root = Path(tempfile.mkdtemp()) / "other_forkpoint"
+    (root / "format").mkdir(parents=True)
+    (root / "__init__.py").touch()
+    (root / "format" / "__init__.py").touch()
+    if (src / "forkpoint/errors.py").exists():
+        shutil.copy(src / "forkpoint/errors.py", root)
+    shutil.copy(src / "forkpoint/format/floatcodec.py", root / "format")
     for built in glob.glob(str(src / "forkpoint/format/_planes*.so")):
-        shutil.copy(built, package)
-    sys.path.insert(0, str(package.parent))
-    return importlib.import_module("other_floatcodec.floatcodec")
+        shutil.copy(built, root / "format")
+    sys.path.insert(0, str(root.parent))
+    return importlib.import_module("other_forkpoint.format.floatcodec")
 
 
 def main() -> None:
