@@ -328,10 +328,12 @@ def test_native_huffman_writes_standard_deflate_streams(kind):
         floatcodec._native.huffman_deflate(b"abc", 10)
 
 
-def test_native_huffman_joins_pieces_of_one_distribution_and_splits_where_it_changes():
+@pytest.mark.parametrize("runs", [False, True])
+def test_native_huffman_joins_pieces_of_one_distribution_and_splits_where_it_changes(runs):
     """Pieces of a plane whose bytes keep one distribution share one block (no header and code
-    per piece: within a few bytes of coding the plane as a single block); where the
-    distribution changes, a new block starts (smaller than one block over both halves)."""
+    per piece: within a few bytes of coding the plane as a single block), with and without
+    runs; where the distribution changes, a new block starts (smaller than one block over both
+    halves)."""
     import zlib
 
     from forkpoint.format import floatcodec
@@ -339,14 +341,16 @@ def test_native_huffman_joins_pieces_of_one_distribution_and_splits_where_it_cha
         pytest.skip("native kernels not built (no C compiler at install time)")
     rng = np.random.default_rng(3)
     steady = (rng.geometric(0.3, 1 << 20) % 256).astype(np.uint8)
-    pieces = floatcodec._native.huffman_deflate(steady, 16384)
-    whole = floatcodec._native.huffman_deflate(steady, 1 << 20)
+    if runs:
+        steady[rng.integers(0, steady.size - 64, 2000)[:, None] + np.arange(64)] = 0
+    pieces = floatcodec._native.huffman_deflate(steady, 16384, runs)
+    whole = floatcodec._native.huffman_deflate(steady, 1 << 20, runs)
     assert zlib.decompress(pieces, -15) == steady.tobytes()
-    assert len(pieces) <= len(whole) + 64, "64 pieces of one distribution should code as one block"
+    assert len(pieces) <= len(whole) + 64 * (runs + 1), "pieces of one distribution should code as few blocks"
     shifted = np.concatenate([steady[: 1 << 19], (steady[: 1 << 19] + 128).astype(np.uint8)])
-    pieces = floatcodec._native.huffman_deflate(shifted, 16384)
+    pieces = floatcodec._native.huffman_deflate(shifted, 16384, runs)
     assert zlib.decompress(pieces, -15) == shifted.tobytes()
-    assert len(pieces) < 0.9 * len(floatcodec._native.huffman_deflate(shifted, 1 << 20))
+    assert len(pieces) < 0.9 * len(floatcodec._native.huffman_deflate(shifted, 1 << 20, runs))
 
 
 def test_native_kernels_are_built_where_a_compiler_is():

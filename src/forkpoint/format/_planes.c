@@ -311,10 +311,10 @@ static void encode_block(BitWriter *w, const uint8_t *data, size_t n, const uint
     put_bits(w, codes[END_OF_BLOCK], lengths[END_OF_BLOCK]);
 }
 
-/* Order-0 entropy of bytes with these counts, in bits. */
-static double entropy_bits(const uint32_t *counts) {
+/* Order-0 entropy of `symbols` symbols with these counts, in bits. */
+static double entropy_bits(const uint32_t *counts, int symbols) {
     double total = 0, sum = 0;
-    for (int s = 0; s < 256; s++)
+    for (int s = 0; s < symbols; s++)
         if (counts[s]) { total += counts[s]; sum += counts[s] * log2((double)counts[s]); }
     return total > 0 ? total * log2(total) - sum : 0;
 }
@@ -335,7 +335,7 @@ static void encode_literals(BitWriter *w, const uint8_t *data, size_t n, size_t 
         count_bytes(data + hi, len, piece);
         if (hi > lo) {
             for (int s = 0; s < 256; s++) joined[s] = open[s] + piece[s];
-            double joined_bits = entropy_bits(joined), piece_bits = entropy_bits(piece);
+            double joined_bits = entropy_bits(joined, 256), piece_bits = entropy_bits(piece, 256);
             if (joined_bits <= open_bits + piece_bits + MERGE_HEADER_BITS) {
                 memcpy(open, joined, sizeof open);
                 open_bits = joined_bits;
@@ -347,7 +347,7 @@ static void encode_literals(BitWriter *w, const uint8_t *data, size_t n, size_t 
             open_bits = piece_bits;
         } else {
             memcpy(open, piece, sizeof open);
-            open_bits = entropy_bits(piece);
+            open_bits = entropy_bits(piece, 256);
         }
         lo = hi;
         hi += len;
@@ -389,14 +389,11 @@ static inline size_t run_of(const uint8_t *p, size_t avail, uint8_t v) {
     return r;
 }
 
-/* One dynamic block of `n` bytes in which every run of a repeated byte is one literal and
- * matches at distance 1 (the rest literals); `tokens` holds at least n entries of scratch. */
-static void encode_runs_block(BitWriter *w, const uint8_t *data, size_t n, int final, uint16_t *tokens) {
-    uint32_t freq[LITLEN_SYMBOLS] = {0}, hist[4][256 + 259];
-    uint8_t lengths[LITLEN_SYMBOLS];
-    uint16_t codes[LITLEN_SYMBOLS];
-    size_t i = 0, nt = 0, matches = 0;
-    memset(hist, 0, sizeof hist);
+/* The tokens of `n` bytes in which every run of a repeated byte is one literal and matches
+ * at distance 1 (the rest literals): a byte value, or 256 + a match length; returns how many
+ * were written to `tokens` (at most n). */
+static size_t run_tokens(const uint8_t *data, size_t n, uint16_t *tokens) {
+    size_t i = 0, nt = 0;
     while (i < n) {
         /* Eight bytes at a time while none of them starts three bytes equal to the byte before
          * (bytes past the eighth count as equal, so a run across the edge stops it too). */
@@ -423,13 +420,20 @@ static void encode_runs_block(BitWriter *w, const uint8_t *data, size_t n, int f
             size_t len = run > 258 ? 258 : run;
             if (run - len && run - len < 3) len = run - 3;
             tokens[nt++] = (uint16_t)(256 + len);
-            matches++;
             run -= len;
             i += len;
         }
     }
+    return nt;
+}
+
+/* Counts of the literal/length symbols of `tokens`, added to `freq` (four tables: no wait on
+ * the count a repeated token just raised). */
+static void count_tokens(const uint16_t *tokens, size_t nt, uint32_t *freq) {
+    uint32_t hist[4][256 + 259];
     size_t j = 0;
-    for (; j + 4 <= nt; j += 4) { /* four tables: no wait on the count a repeated token just raised */
+    memset(hist, 0, sizeof hist);
+    for (; j + 4 <= nt; j += 4) {
         hist[0][tokens[j]]++;
         hist[1][tokens[j + 1]]++;
         hist[2][tokens[j + 2]]++;
@@ -438,7 +442,17 @@ static void encode_runs_block(BitWriter *w, const uint8_t *data, size_t n, int f
     for (; j < nt; j++) hist[0][tokens[j]]++;
     for (int t = 256 + 3; t < 256 + 259; t++)
         freq[LENGTH_SYMBOL[t - 256]] += hist[0][t] + hist[1][t] + hist[2][t] + hist[3][t];
-    for (int k = 0; k < 256; k++) freq[k] = hist[0][k] + hist[1][k] + hist[2][k] + hist[3][k];
+    for (int k = 0; k < 256; k++) freq[k] += hist[0][k] + hist[1][k] + hist[2][k] + hist[3][k];
+}
+
+/* One dynamic block of `tokens` (see run_tokens) whose symbol counts are `counts`. */
+static void encode_runs_block(BitWriter *w, const uint16_t *tokens, size_t nt, const uint32_t *counts, int final) {
+    uint32_t freq[LITLEN_SYMBOLS];
+    uint8_t lengths[LITLEN_SYMBOLS];
+    uint16_t codes[LITLEN_SYMBOLS];
+    size_t j, matches = 0;
+    memcpy(freq, counts, sizeof freq);
+    for (int k = LIT_SYMBOLS; k < LITLEN_SYMBOLS; k++) matches += freq[k];
     freq[END_OF_BLOCK] = 1;
     if (nt == 0) freq[0] = 1; /* two codes at least: a complete code */
     build_code(freq, LITLEN_SYMBOLS, MAX_LITLEN_BITS, lengths, codes);
@@ -470,6 +484,45 @@ static void encode_runs_block(BitWriter *w, const uint8_t *data, size_t n, int f
     put_bits(w, codes[END_OF_BLOCK], lengths[END_OF_BLOCK]);
 }
 
+/* Deflate blocks of runs and literals over `data`, tokenized `step` bytes at a time, pieces
+ * joining the open block as in encode_literals (symbol entropy; a match's extra bits are the
+ * same either way), up to RUNS_JOINED pieces a block; `tokens` holds (RUNS_JOINED + 1) * step, or n. */
+#define RUNS_JOINED 16
+static void encode_runs(BitWriter *w, const uint8_t *data, size_t n, size_t step, uint16_t *tokens) {
+    uint32_t open[LITLEN_SYMBOLS], piece[LITLEN_SYMBOLS], joined[LITLEN_SYMBOLS];
+    size_t at = 0, open_nt = 0, pieces = 0;
+    double open_bits = 0;
+    memset(open, 0, sizeof open);
+    while (at < n) {
+        size_t len = n - at < step ? n - at : step;
+        size_t nt = run_tokens(data + at, len, tokens + open_nt);
+        memset(piece, 0, sizeof piece);
+        count_tokens(tokens + open_nt, nt, piece);
+        at += len;
+        double piece_bits = entropy_bits(piece, LITLEN_SYMBOLS);
+        if (pieces && pieces < RUNS_JOINED) {
+            for (int s = 0; s < LITLEN_SYMBOLS; s++) joined[s] = open[s] + piece[s];
+            double joined_bits = entropy_bits(joined, LITLEN_SYMBOLS);
+            if (joined_bits <= open_bits + piece_bits + MERGE_HEADER_BITS) {
+                memcpy(open, joined, sizeof open);
+                open_bits = joined_bits;
+                open_nt += nt;
+                pieces++;
+                continue;
+            }
+        }
+        if (pieces) {
+            encode_runs_block(w, tokens, open_nt, open, 0);
+            memmove(tokens, tokens + open_nt, nt * sizeof *tokens);
+        }
+        memcpy(open, piece, sizeof open);
+        open_bits = piece_bits;
+        open_nt = nt;
+        pieces = 1;
+    }
+    encode_runs_block(w, tokens, open_nt, open, 1);
+}
+
 static PyObject *huffman_deflate(PyObject *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t block = 32768;
@@ -484,7 +537,8 @@ static PyObject *huffman_deflate(PyObject *self, PyObject *args) {
     size_t bound = n * (runs ? MAX_LITLEN_BITS : MAX_DATA_BITS) / 8 + blocks * 700 + 64;
     uint16_t *tokens = NULL;
     PairTable *pairs = NULL;
-    if (runs ? !(tokens = malloc((size_t)block * sizeof *tokens)) : !(pairs = malloc(sizeof *pairs))) {
+    size_t capacity = (RUNS_JOINED + 1) * (size_t)block < n ? (RUNS_JOINED + 1) * (size_t)block : n + 1;
+    if (runs ? !(tokens = malloc(capacity * sizeof *tokens)) : !(pairs = malloc(sizeof *pairs))) {
         PyBuffer_Release(&view);
         return PyErr_NoMemory();
     }
@@ -494,14 +548,8 @@ static PyObject *huffman_deflate(PyObject *self, PyObject *args) {
     BitWriter w = {out, 0, 0};
     const uint8_t *data = view.buf;
     Py_BEGIN_ALLOW_THREADS
-    if (runs) {
-        for (size_t b = 0; b < blocks; b++) {
-            size_t lo = b * (size_t)block, len = n - lo < (size_t)block ? n - lo : (size_t)block;
-            encode_runs_block(&w, data + lo, len, b + 1 == blocks, tokens);
-        }
-    } else {
-        encode_literals(&w, data, n, (size_t)block, pairs);
-    }
+    if (runs) encode_runs(&w, data, n, (size_t)block, tokens);
+    else encode_literals(&w, data, n, (size_t)block, pairs);
     if (w.count) { memcpy(w.out, &w.buf, 8); w.out += (w.count + 7) >> 3; }
     Py_END_ALLOW_THREADS
     free(tokens);
