@@ -61,7 +61,7 @@ def main() -> None:
     ap.add_argument("--per-tensor", action="store_true", help="code tensor by tensor, as a save does")
     ap.add_argument("--mlp", action="store_true", help="instead: benchmarks/codecs.py's MLP + AdamW state, as a save splits it")
     ap.add_argument("--huffman", action="store_true",
-                    help="time only the native Huffman coder, one thread, on each buffer's top byte plane")
+                    help="time only the native deflate coders, one thread, on the planes this codec gives them")
     args = ap.parse_args()
     from forkpoint.format import floatcodec as mine
     codecs = {"other": other_codec(Path(args.other)), "this": mine}
@@ -154,27 +154,54 @@ def _pieces(codec, single: bool):
     return pieces
 
 
+def coded_planes(codec, buf: np.ndarray, itemsize: int) -> dict:
+    """{coder: [planes]}: the planes `codec` gives its Huffman (HUFFMAN) and runs (RUNS) coders
+    when it encodes `buf` with the layouts it chose on it (one thread)."""
+    planes: dict = {}
+    plain = codec._encode_plane
+
+    def grab(plane, coder):
+        if coder in (codec.HUFFMAN, codec.RUNS):
+            planes.setdefault(coder, []).append(plane.copy())
+        return plain(plane, coder)
+    layouts = codec.Layouts()
+    codec.encode_pieces(buf, itemsize, 1, layouts=layouts)
+    codec._encode_plane = grab
+    try:
+        codec.encode_pieces(buf, itemsize, 1, layouts=layouts)
+    finally:
+        codec._encode_plane = plain
+    return planes
+
+
 def huffman_only(codecs: dict, args) -> None:
-    """One-thread MB/s of both native Huffman coders (literals only, 16 KiB blocks) on the top
-    byte plane (sign and exponent) of each buffer, alternating; asserts both inflate alike."""
+    """One-thread MB/s and ratio of both native deflate coders (literals only, and with runs)
+    on the planes this checkout's codec gives them in each buffer, with the piece size it picks
+    for each plane, alternating; asserts both inflate to the plane."""
     import zlib
 
-    print("| dtype | data | distinct bytes | Huffman ratio | MB/s other / this | this / other |")
-    print("|---|---|---|---|---|---|")
+    this = codecs["this"]
+    print("| dtype | data | coder | planes (MB) | ratio other / this | MB/s other / this | this / other |")
+    print("|---|---|---|---|---|---|---|")
     for dtype, itemsize in (("float32", 4), ("bfloat16", 2)):
         for part, kind, buf, _ in buffers(load_or_train(Path(args.dir), dtype, args.steps, args.batch),
                                           itemsize, args.steps):
-            plane = np.ascontiguousarray(buf.view(np.uint8).reshape(-1, itemsize)[:, -1])
-            seconds: dict = {}
-            for _ in range(args.repeats):
-                for key, codec in codecs.items():
-                    start = time.perf_counter()
-                    coded = codec._native.huffman_deflate(plane, codec.HUFFMAN_BLOCK, False)
-                    seconds.setdefault(key, []).append(time.perf_counter() - start)
-                    assert zlib.decompress(coded, -15) == plane.tobytes()
-            speed = {k: plane.nbytes / 1e6 / statistics.median(v) for k, v in seconds.items()}
-            print(f"| {dtype} | {part} {kind} | {len(np.unique(plane))} | {plane.nbytes / len(coded):.3f} "
-                  f"| {speed['other']:.0f} / {speed['this']:.0f} | {speed['this'] / speed['other']:.2f} |", flush=True)
+            for coder, planes in sorted(coded_planes(this, buf, itemsize).items()):
+                runs = coder == this.RUNS
+                seconds: dict = {}
+                coded: dict = {}
+                for _ in range(args.repeats):
+                    for key, codec in codecs.items():
+                        start = time.perf_counter()
+                        out = [codec._native.huffman_deflate(p, this._huffman_block(p), runs) for p in planes]
+                        seconds.setdefault(key, []).append(time.perf_counter() - start)
+                        coded[key] = sum(map(len, out))
+                        assert all(zlib.decompress(o, -15) == p.tobytes() for o, p in zip(out, planes))
+                nbytes = sum(p.nbytes for p in planes)
+                speed = {k: nbytes / 1e6 / statistics.median(v) for k, v in seconds.items()}
+                print(f"| {dtype} | {part} {kind} | {'runs' if runs else 'Huffman'} | {nbytes / 1e6:.1f} "
+                      f"| {nbytes / coded['other']:.3f} / {nbytes / coded['this']:.3f} "
+                      f"| {speed['other']:.0f} / {speed['this']:.0f} | {speed['this'] / speed['other']:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

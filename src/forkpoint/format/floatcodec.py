@@ -112,8 +112,9 @@ def _encode_plane(plane: np.ndarray, coder: int) -> bytes | np.ndarray:
 
 
 def _huffman_block(plane: np.ndarray) -> int:
-    """Bytes per Huffman block: small blocks adapt to skewed planes, large ones spare planes
-    that use most byte values the per-block cost of their code (decided on the first 64 KiB)."""
+    """Bytes per piece of the native Huffman coder (pieces of one distribution join one block):
+    small pieces adapt to skewed planes, large ones spare planes that use most byte values the
+    cost of judging each piece (decided on the first 64 KiB)."""
     head = plane[:HUFFMAN_BLOCK_WIDE]
     if head.nbytes and _entropy_bytes(_byte_counts(head)) >= WIDE_ENTROPY_BITS / 8 * head.nbytes:
         return HUFFMAN_BLOCK_WIDE
