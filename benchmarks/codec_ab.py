@@ -160,10 +160,10 @@ def coded_planes(codec, buf: np.ndarray, itemsize: int) -> dict:
     planes: dict = {}
     plain = codec._encode_plane
 
-    def grab(plane, coder):
+    def grab(plane, coder, block=0):
         if coder in (codec.HUFFMAN, codec.RUNS):
             planes.setdefault(coder, []).append(plane.copy())
-        return plain(plane, coder)
+        return plain(plane, coder, block)
     layouts = codec.Layouts()
     codec.encode_pieces(buf, itemsize, 1, layouts=layouts)
     codec._encode_plane = grab

@@ -27,9 +27,9 @@ def timed_encodes(fc, units: list, itemsize: int, layouts: list | None) -> tuple
     per_coder: dict = {}
     plain = fc._encode_plane
 
-    def timed(plane, coder):
+    def timed(plane, coder, block=0):
         start = time.perf_counter()
-        out = plain(plane, coder)
+        out = plain(plane, coder, block)
         entry = per_coder.setdefault(coder, [0.0, 0, 0])
         entry[0] += time.perf_counter() - start
         entry[1] += plane.nbytes

@@ -148,7 +148,7 @@ def test_float_codec_chooses_layout_and_coder_per_plane(monkeypatch):
     weights, moments = _weights_and_moments()
     tried = []
     real = floatcodec._encode_plane
-    monkeypatch.setattr(floatcodec, "_encode_plane", lambda plane, coder: tried.append(coder) or real(plane, coder))
+    monkeypatch.setattr(floatcodec, "_encode_plane", lambda plane, coder, block=0: tried.append(coder) or real(plane, coder, block))
     rotated, coders, _ = floatcodec.choose(weights.view(np.uint8), 4)
     assert floatcodec.RUNS not in tried, "planes with few runs are not trial-coded with runs"
     monkeypatch.setattr(floatcodec, "_encode_plane", real)

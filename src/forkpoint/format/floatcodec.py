@@ -96,7 +96,9 @@ def _planes_buffer(itemsize: int, count: int) -> np.ndarray:
     return buffer[:need].reshape(itemsize, count)
 
 
-def _encode_plane(plane: np.ndarray, coder: int) -> bytes | np.ndarray:
+def _encode_plane(plane: np.ndarray, coder: int, block: int = 0) -> bytes | np.ndarray:
+    """`plane` coded by `coder` (None where SEVEN meets a set bit 0); `block`, the native
+    deflate coders' piece size, is _huffman_block(plane) unless given."""
     if coder == ZSTD:
         packer = getattr(_scratch, "zstd", None)
         if packer is None:
@@ -106,7 +108,7 @@ def _encode_plane(plane: np.ndarray, coder: int) -> bytes | np.ndarray:
         return _pack_seven(plane)
     if coder in (HUFFMAN, RUNS):
         if _native is not None:
-            return _native.huffman_deflate(plane, _huffman_block(plane), coder == RUNS)
+            return _native.huffman_deflate(plane, block or _huffman_block(plane), coder == RUNS)
         packer = _deflate.compressobj(1, zlib.DEFLATED, -15, 9, zlib.Z_RLE if coder == RUNS else zlib.Z_HUFFMAN_ONLY)
         return packer.compress(plane) + packer.flush()
     return memoryview(plane)
@@ -117,9 +119,12 @@ def _huffman_block(plane: np.ndarray) -> int:
     small pieces adapt to skewed planes, large ones spare planes that use most byte values the
     cost of judging each piece (decided on the first 64 KiB)."""
     head = plane[:HUFFMAN_BLOCK_WIDE]
-    if head.nbytes and _entropy_bytes(_byte_counts(head)) >= WIDE_ENTROPY_BITS / 8 * head.nbytes:
-        return HUFFMAN_BLOCK_WIDE
-    return HUFFMAN_BLOCK
+    return _block_for(_entropy_bytes(_byte_counts(head)), head.nbytes)
+
+
+def _block_for(entropy: float, nbytes: int) -> int:
+    """_huffman_block of a plane whose first 64 KiB (`nbytes`) have this order-0 entropy."""
+    return HUFFMAN_BLOCK_WIDE if nbytes and entropy >= WIDE_ENTROPY_BITS / 8 * nbytes else HUFFMAN_BLOCK
 
 
 def _seven_bytes(n: int) -> int:
@@ -331,7 +336,8 @@ def _plane_coder(plane: np.ndarray) -> tuple[int, int]:
     if seven is not None and entropy >= SEVEN_MIN_GAIN * seven:
         return SEVEN, seven
     tried = (ZSTD, HUFFMAN, RUNS) if _run_share(plane) >= RUNS_MIN_SHARE else (ZSTD, HUFFMAN)
-    sizes = {coder: len(_encode_plane(plane, coder)) for coder in tried}
+    block = _block_for(entropy, plane.nbytes) if plane.nbytes <= HUFFMAN_BLOCK_WIDE else _huffman_block(plane)
+    sizes = {coder: len(_encode_plane(plane, coder, block)) for coder in tried}
     deflate = RUNS if sizes.get(RUNS, float("inf")) < RUNS_MIN_GAIN * sizes[HUFFMAN] else HUFFMAN
     coder = ZSTD if sizes[ZSTD] < ZSTD_MIN_GAIN * sizes[deflate] else deflate
     if seven is not None and sizes[coder] >= SEVEN_MIN_GAIN * seven:
