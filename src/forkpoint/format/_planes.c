@@ -392,7 +392,7 @@ static inline size_t run_of(const uint8_t *p, size_t avail, uint8_t v) {
 
 /* The tokens of `n` bytes in which every run of a repeated byte is one literal and matches
  * at distance 1 (the rest literals): a byte value, or 256 + a match length; returns how many
- * were written to `tokens` (at most n). */
+ * (at most n). `tokens` must hold n entries: up to 7 past the last token are scratch. */
 static size_t run_tokens(const uint8_t *data, size_t n, uint16_t *tokens) {
     size_t i = 0, nt = 0;
     while (i < n) {
