@@ -323,13 +323,26 @@ static double entropy_bits(const uint32_t *counts, int symbols) {
     return total > 0 ? total * log2(total) - sum : 0;
 }
 
-/* Deflate blocks of literals over `data`, taken `step` bytes at a time: the next piece joins the
- * open block where one code for both costs no more (by order-0 entropy) than two codes and a
- * block header of about MERGE_HEADER_BITS (stationary planes: fewer codes to build, headers
- * and pair tables), else the open block is written and the piece opens the next. */
+/* Whether a piece of a plane with these counts of `symbols` symbols (entropy `piece_bits`) joins
+ * the open block (counts `open`, entropy *open_bits): one code over both costs no more than two
+ * codes and a block header of about MERGE_HEADER_BITS. If so, `open` and *open_bits become the
+ * joined block's. */
 #define MERGE_HEADER_BITS 800.0
+static int joins_open_block(uint32_t *open, double *open_bits, const uint32_t *piece, double piece_bits, int symbols) {
+    uint32_t joined[LITLEN_SYMBOLS];
+    for (int s = 0; s < symbols; s++) joined[s] = open[s] + piece[s];
+    double joined_bits = entropy_bits(joined, symbols);
+    if (joined_bits > *open_bits + piece_bits + MERGE_HEADER_BITS) return 0;
+    memcpy(open, joined, (size_t)symbols * sizeof *open);
+    *open_bits = joined_bits;
+    return 1;
+}
+
+/* Deflate blocks of literals over `data`, taken `step` bytes at a time: the next piece joins the
+ * open block where joins_open_block says so (stationary planes: fewer codes to build, headers
+ * and pair tables), else the open block is written and the piece opens the next. */
 static void encode_literals(BitWriter *w, const uint8_t *data, size_t n, size_t step, PairTable *pairs) {
-    uint32_t open[256], piece[256], joined[256];
+    uint32_t open[256], piece[256];
     size_t lo = 0, hi = 0;
     double open_bits = 0;
     memset(open, 0, sizeof open);
@@ -337,23 +350,13 @@ static void encode_literals(BitWriter *w, const uint8_t *data, size_t n, size_t 
         size_t len = n - hi < step ? n - hi : step;
         memset(piece, 0, sizeof piece);
         count_bytes(data + hi, len, piece);
-        if (hi > lo) {
-            for (int s = 0; s < 256; s++) joined[s] = open[s] + piece[s];
-            double joined_bits = entropy_bits(joined, 256), piece_bits = entropy_bits(piece, 256);
-            if (joined_bits <= open_bits + piece_bits + MERGE_HEADER_BITS) {
-                memcpy(open, joined, sizeof open);
-                open_bits = joined_bits;
-                hi += len;
-                continue;
-            }
-            encode_block(w, data + lo, hi - lo, open, 0, pairs);
+        double piece_bits = entropy_bits(piece, 256);
+        if (hi == lo || !joins_open_block(open, &open_bits, piece, piece_bits, 256)) {
+            if (hi > lo) encode_block(w, data + lo, hi - lo, open, 0, pairs);
             memcpy(open, piece, sizeof open);
             open_bits = piece_bits;
-        } else {
-            memcpy(open, piece, sizeof open);
-            open_bits = entropy_bits(piece, 256);
+            lo = hi;
         }
-        lo = hi;
         hi += len;
     }
     encode_block(w, data + lo, hi - lo, open, 1, pairs);
@@ -489,11 +492,11 @@ static void encode_runs_block(BitWriter *w, const uint16_t *tokens, size_t nt, c
 }
 
 /* Deflate blocks of runs and literals over `data`, tokenized `step` bytes at a time, pieces
- * joining the open block as in encode_literals (symbol entropy; a match's extra bits are the
- * same either way), up to RUNS_JOINED pieces a block; `tokens` holds (RUNS_JOINED + 1) * step, or n. */
+ * joining the open block where joins_open_block says so (a match's extra bits are the same
+ * either way), up to RUNS_JOINED pieces a block; `tokens` holds (RUNS_JOINED + 1) * step, or n. */
 #define RUNS_JOINED 16
 static void encode_runs(BitWriter *w, const uint8_t *data, size_t n, size_t step, uint16_t *tokens) {
-    uint32_t open[LITLEN_SYMBOLS], piece[LITLEN_SYMBOLS], joined[LITLEN_SYMBOLS];
+    uint32_t open[LITLEN_SYMBOLS], piece[LITLEN_SYMBOLS];
     size_t at = 0, open_nt = 0, pieces = 0;
     double open_bits = 0;
     memset(open, 0, sizeof open);
@@ -504,16 +507,10 @@ static void encode_runs(BitWriter *w, const uint8_t *data, size_t n, size_t step
         count_tokens(tokens + open_nt, nt, piece);
         at += len;
         double piece_bits = entropy_bits(piece, LITLEN_SYMBOLS);
-        if (pieces && pieces < RUNS_JOINED) {
-            for (int s = 0; s < LITLEN_SYMBOLS; s++) joined[s] = open[s] + piece[s];
-            double joined_bits = entropy_bits(joined, LITLEN_SYMBOLS);
-            if (joined_bits <= open_bits + piece_bits + MERGE_HEADER_BITS) {
-                memcpy(open, joined, sizeof open);
-                open_bits = joined_bits;
-                open_nt += nt;
-                pieces++;
-                continue;
-            }
+        if (pieces && pieces < RUNS_JOINED && joins_open_block(open, &open_bits, piece, piece_bits, LITLEN_SYMBOLS)) {
+            open_nt += nt;
+            pieces++;
+            continue;
         }
         if (pieces) {
             encode_runs_block(w, tokens, open_nt, open, 0);
