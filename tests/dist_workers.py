@@ -1,5 +1,7 @@
 """Worker functions for the multi-process tests (spawned by torch.multiprocessing)."""
 
+import datetime
+import faulthandler
 import json
 import os
 import signal
@@ -12,8 +14,13 @@ import torch.distributed as dist
 import forkpoint as fp
 
 
+INIT_SECONDS = 60
+"""How long a rank waits for the others to join the process group before it raises."""
+
+
 def init(rank: int, world: int, port: int) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=INIT_SECONDS))
 
 
 def build_fsdp(seed: int = 0):
@@ -68,15 +75,28 @@ def full_state(train_state) -> dict:
 
 def main(rank, name, world, port, out, *args):
     """Spawned entry: run `_<name>`(rank, world, out, *args) in a process group; write its
-    result or traceback to out/rank<r>.json."""
+    result or traceback to out/rank<r>.json. SIGUSR1 writes every thread's stack to
+    out/rank<r>.stack (the launcher sends it to a rank that hangs); out/rank<r>.phase says
+    whether the rank is still joining the process group ("init") or past it ("run")."""
+    stacks = open(os.path.join(out, f"rank{rank}.stack"), "w")
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    phase = "init"
+    _write(os.path.join(out, f"rank{rank}.phase"), phase)
     try:
         init(rank, world, port)
+        phase = "run"
+        _write(os.path.join(out, f"rank{rank}.phase"), phase)
         record = {"ok": True, "result": globals()["_" + name](rank, world, out, *args)}
     except BaseException as e:
-        record = {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
+        record = {"ok": False, "phase": phase, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(record, f)
     os._exit(0)
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
 
 
 def _save(rank, world, out, url, steps):
@@ -141,10 +161,11 @@ def _killed_save(rank, world, out, url, victim):
             return write(key, parts)
 
         repo.store.write = write_then_die
+    start = time.monotonic()
     try:
         repo.save({"train": fp.dist.TrainState(model, opt)}, step=1)
     except fp.dist.DistSaveError as e:
-        return {"raised": str(e), "heads": repo.branches()}
+        return {"raised": str(e), "heads": repo.branches(), "seconds": time.monotonic() - start}
     return {"raised": None}
 
 

@@ -4,6 +4,7 @@ and restored with M, a rank killed mid-save, the launch environment."""
 import json
 import os
 import shutil
+import signal
 import socket
 import time
 
@@ -24,12 +25,48 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def hung_stacks(procs, hung: list[int], out: str) -> str:
+    """Every thread's stack in each hung rank (SIGUSR1, which dist_workers.main registers)."""
+    for r in hung:
+        os.kill(procs[r].pid, signal.SIGUSR1)
+    if hung:
+        time.sleep(2)
+    texts = []
+    for r in hung:
+        path = os.path.join(out, f"rank{r}.stack")
+        texts.append(f"--- rank {r} ---\n" + (open(path).read() if os.path.exists(path) else "(no stack)"))
+    return "\n".join(texts)
+
+
 def launch(name: str, world: int, out, *args, timeout: float = 270.0) -> list[dict]:
     """Run dist_workers._<name> on `world` spawned ranks; return each rank's record (None for a
     rank that died without writing one). Ranks still running after `timeout` seconds (a hang,
-    or a machine too loaded to finish) are killed and reported as such, not as the errors
-    their peers see once they die."""
+    or a machine too loaded to finish) are killed and reported as such, with their stacks,
+    not as the errors their peers see once they die. A launch in which no rank got past
+    joining the process group (torch's rendezvous, not the code under test) runs once more."""
     out = str(out)
+    for attempt in (1, 2):
+        records, hung, stacks, phases = run_ranks(name, world, out, args, timeout)
+        if attempt == 1 and "run" not in phases and (hung or any(r is not None and not r["ok"] for r in records)):
+            for r in range(world):
+                for suffix in ("json", "phase", "stack"):
+                    if os.path.exists(path := os.path.join(out, f"rank{r}.{suffix}")):
+                        os.remove(path)
+            continue
+        break
+    if hung:
+        errors = [rec["trace"].strip().splitlines()[-1] for rec in records if rec is not None and not rec["ok"]]
+        raise AssertionError(f"{name}: rank(s) {hung} of {world} still running after {timeout:.0f} s, killed "
+                             f"(phases {phases}); errors the others raised: {errors}\n{stacks}")
+    for rec in records:
+        if rec is not None and not rec["ok"]:
+            raise AssertionError(rec["trace"])
+    return records
+
+
+def run_ranks(name: str, world: int, out: str, args: tuple, timeout: float):
+    """One launch: (records, ranks still running at the deadline, their stacks, each rank's
+    phase: "init" while joining the process group, "run" after, None if never started)."""
     os.makedirs(out, exist_ok=True)
     ctx = mp.get_context("spawn")
     port = free_port()
@@ -40,22 +77,18 @@ def launch(name: str, world: int, out, *args, timeout: float = 270.0) -> list[di
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))
     hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    stacks = hung_stacks(procs, hung, out)
     for p in procs:
         if p.is_alive():
             p.kill()
             p.join()
-    records = []
+    records, phases = [], []
     for r in range(world):
         path = os.path.join(out, f"rank{r}.json")
         records.append(json.load(open(path)) if os.path.exists(path) else None)
-    if hung:
-        errors = [rec["trace"].strip().splitlines()[-1] for rec in records if rec is not None and not rec["ok"]]
-        raise AssertionError(f"{name}: rank(s) {hung} of {world} still running after {timeout:.0f} s, killed; "
-                             f"errors the others raised: {errors}")
-    for rec in records:
-        if rec is not None and not rec["ok"]:
-            raise AssertionError(rec["trace"])
-    return records
+        path = os.path.join(out, f"rank{r}.phase")
+        phases.append(open(path).read() if os.path.exists(path) else None)
+    return records, hung, stacks, phases
 
 
 def test_fsdp2_and_ddp_save_on_n_ranks_restore_on_m(tmp_path):
@@ -93,14 +126,13 @@ def test_fsdp2_and_ddp_save_on_n_ranks_restore_on_m(tmp_path):
 
 def test_rank_killed_mid_save_leaves_no_version_and_others_fail_fast(tmp_path):
     url = str(tmp_path / "repo")
-    start = time.monotonic()
     records = launch("killed_save", 3, tmp_path / "kill", url, 2, timeout=120)
     assert records[2] is None, "the victim was killed"
     for rec in records[:2]:
         assert rec["result"]["raised"], "surviving ranks get a DistSaveError"
         assert "rank(s) [2]" in rec["result"]["raised"] or "rank 0" in rec["result"]["raised"]
         assert not rec["result"]["heads"]
-    assert time.monotonic() - start < 90
+        assert rec["result"]["seconds"] < 60, "the survivors fail within the save's timeout (5 s), not hang"
     assert not fp.Repo(url).branches()
     records = launch("save", 2, tmp_path / "after", url, 1)
     assert len({rec["result"]["version"] for rec in records}) == 1
