@@ -844,6 +844,144 @@ static PyObject *apply_grid(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* Row matching: a plane in rows of `width` bytes (the last may be shorter) where a row is often an
+ * earlier row plus a constant (an Adam moment's exponents: rows are near multiples of each other).
+ * For each whole row i > 0 the encoder scores the `reach` rows before it on MATCH_SAMPLES evenly spaced
+ * columns: for each earlier row j and each shift t among the differences at four of those columns,
+ * the count of sampled columns where row i - row j == t; the best count (first found on a tie,
+ * nearer rows first) wins if it reaches `least`. side[i] = i - j (0: no reference), side[rows + i] = t;
+ * residual = row i - row j - t (mod 256), or row i itself. Rows are coded last to first, so the
+ * residual may overwrite the plane (res == p). Decoding adds them back, first row to last. */
+#define MATCH_SAMPLES 32
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
+static void match_rows_kernel(const uint8_t *p, uint8_t *res, uint8_t *side, size_t n, size_t width,
+                              int reach, int least, uint8_t *samples) {
+    size_t rows = (n + width - 1) / width, whole = n / width, step = width / MATCH_SAMPLES;
+    for (size_t r = 0; r < whole; r++)
+        for (int k = 0; k < MATCH_SAMPLES; k++) samples[r * MATCH_SAMPLES + k] = p[r * width + k * step];
+    for (size_t r = rows; r-- > 0;) {
+        const uint8_t *row = p + r * width;
+        uint8_t *out = res + r * width;
+        size_t len = r < whole ? width : n - r * width;
+        int best = least - 1, best_o = 0;
+        uint8_t best_t = 0;
+        if (r < whole) {
+            const uint8_t *mine = samples + r * MATCH_SAMPLES;
+            for (int o = 1; o <= reach && (size_t)o <= r; o++) {
+                const uint8_t *theirs = samples + (r - o) * MATCH_SAMPLES;
+                uint8_t d[MATCH_SAMPLES];
+#ifdef __SSE2__
+                __m128i lo = _mm_sub_epi8(_mm_loadu_si128((const __m128i *)mine), _mm_loadu_si128((const __m128i *)theirs));
+                __m128i hi = _mm_sub_epi8(_mm_loadu_si128((const __m128i *)(mine + 16)),
+                                          _mm_loadu_si128((const __m128i *)(theirs + 16)));
+                _mm_storeu_si128((__m128i *)d, lo);
+                _mm_storeu_si128((__m128i *)(d + 16), hi);
+#else
+                for (int k = 0; k < MATCH_SAMPLES; k++) d[k] = (uint8_t)(mine[k] - theirs[k]);
+#endif
+                for (int c = 0; c < 4; c++) {
+                    uint8_t t = d[c * (MATCH_SAMPLES / 4)];
+#ifdef __SSE2__
+                    __m128i tt = _mm_set1_epi8((char)t);
+                    __m128i ones = _mm_sub_epi8(_mm_setzero_si128(),
+                                                _mm_add_epi8(_mm_cmpeq_epi8(lo, tt), _mm_cmpeq_epi8(hi, tt)));
+                    __m128i sums = _mm_sad_epu8(ones, _mm_setzero_si128());
+                    int score = _mm_cvtsi128_si32(sums) + _mm_cvtsi128_si32(_mm_srli_si128(sums, 8));
+#else
+                    int score = 0;
+                    for (int k = 0; k < MATCH_SAMPLES; k++) score += d[k] == t;
+#endif
+                    if (score > best) { best = score; best_o = o; best_t = t; }
+                }
+            }
+        }
+        side[r] = (uint8_t)best_o;
+        side[rows + r] = best_t;
+        if (best_o) {
+            const uint8_t *ref = row - (size_t)best_o * width;
+            for (size_t c = 0; c < len; c++) out[c] = (uint8_t)(row[c] - ref[c] - best_t);
+        } else if (out != row) {
+            memcpy(out, row, len);
+        }
+    }
+}
+
+/* Return the first row whose reference is out of range, or -1 when all rows were restored. */
+static Py_ssize_t unmatch_rows_kernel(uint8_t *p, const uint8_t *side, size_t n, size_t width) {
+    size_t rows = (n + width - 1) / width;
+    for (size_t r = 0; r < rows; r++) {
+        size_t o = side[r];
+        if (!o) continue;
+        if (o > r) return (Py_ssize_t)r;
+        uint8_t *row = p + r * width;
+        const uint8_t *ref = row - o * width;
+        const uint8_t t = side[rows + r];
+        size_t len = (r + 1) * width <= n ? width : n - r * width;
+        for (size_t c = 0; c < len; c++) row[c] = (uint8_t)(row[c] + ref[c] + t);
+    }
+    return -1;
+}
+
+static PyObject *match_rows(PyObject *self, PyObject *args) {
+    Py_buffer src, dst, side;
+    Py_ssize_t width;
+    int reach, least;
+    if (!PyArg_ParseTuple(args, "y*w*w*nii", &src, &dst, &side, &width, &reach, &least)) return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t rows = width > 0 ? (src.len + width - 1) / width : 0;
+    if (width < MATCH_SAMPLES || width % MATCH_SAMPLES || reach < 0 || reach > 255 || dst.len != src.len
+        || side.len != 2 * rows || (dst.buf != src.buf && (uint8_t *)dst.buf < (uint8_t *)src.buf + src.len
+                                    && (uint8_t *)src.buf < (uint8_t *)dst.buf + dst.len)) {
+        PyErr_Format(PyExc_ValueError, "row matching of %zd bytes (into %zd) by rows of %zd: %zd side bytes do not fit",
+                     src.len, dst.len, width, side.len);
+    } else {
+        uint8_t *samples = malloc((size_t)(src.len / width) * MATCH_SAMPLES + 1);
+        if (samples == NULL) {
+            PyErr_NoMemory();
+        } else {
+            Py_BEGIN_ALLOW_THREADS
+            match_rows_kernel(src.buf, dst.buf, side.buf, (size_t)src.len, (size_t)width, reach, least, samples);
+            Py_END_ALLOW_THREADS
+            result = Py_None;
+            Py_INCREF(result);
+        }
+        free(samples);
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&side);
+    return result;
+}
+
+static PyObject *unmatch_rows(PyObject *self, PyObject *args) {
+    Py_buffer plane, side;
+    Py_ssize_t width;
+    if (!PyArg_ParseTuple(args, "w*y*n", &plane, &side, &width)) return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t rows = width > 0 ? (plane.len + width - 1) / width : 0;
+    if (width < 1 || side.len != 2 * rows) {
+        PyErr_Format(PyExc_ValueError, "row matching of %zd bytes by rows of %zd: %zd side bytes do not fit",
+                     plane.len, width, side.len);
+    } else {
+        Py_ssize_t bad;
+        Py_BEGIN_ALLOW_THREADS
+        bad = unmatch_rows_kernel(plane.buf, side.buf, (size_t)plane.len, (size_t)width);
+        Py_END_ALLOW_THREADS
+        if (bad >= 0) {
+            PyErr_Format(PyExc_ValueError, "row matching: row %zd refers to a row before the first", bad);
+        } else {
+            result = Py_None;
+            Py_INCREF(result);
+        }
+    }
+    PyBuffer_Release(&plane);
+    PyBuffer_Release(&side);
+    return result;
+}
+
 /* Pack bytes whose bit 0 is zero (a positive tensor's rotated sign) seven bits each: every 8
  * bytes become 7, little-endian, byte k's bits 7..1 at bits 7k..7k+6; a tail of t bytes takes
  * ceil(7t/8). Return nonzero when some byte has bit 0 set (nothing useful is written then). */
@@ -949,6 +1087,14 @@ static PyMethodDef methods[] = {
     {"apply_grid", apply_grid, METH_VARARGS,
      "apply_grid(src, dst, row_shifts, col_shifts, add)\n"
      "dst = src - (or + where `add`) row shift - column shift, per byte, modulo 256."},
+    {"match_rows", match_rows, METH_VARARGS,
+     "match_rows(plane, residual, side, width, reach, least)\n"
+     "Code each row of `width` bytes as an earlier row (up to `reach` back) plus a constant plus `residual`;\n"
+     "`side` (2 bytes per row) receives each row's distance back (0: none) and constant. `residual` may be\n"
+     "`plane` itself (not part of it)."},
+    {"unmatch_rows", unmatch_rows, METH_VARARGS,
+     "unmatch_rows(plane, side, width)\n"
+     "Inverse of match_rows, in place: `plane` holds the residual and becomes the rows."},
     {"pack_seven", pack_seven, METH_VARARGS,
      "pack_seven(data) -> bytes | None\n"
      "Bytes whose bit 0 is zero, seven bits each (8 bytes into 7); None when some byte has bit 0 set."},

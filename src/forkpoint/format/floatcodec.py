@@ -55,8 +55,8 @@ SEVEN = 4  # bytes whose bit 0 is always zero, packed seven bits each (payload v
 _PAYLOAD_CODER = {RAW: RAW, ZSTD: ZSTD, HUFFMAN: HUFFMAN, RUNS: HUFFMAN, SEVEN: SEVEN}
 _HEAD = struct.Struct("<BBBxQI")
 _ROW = struct.Struct("<I")
-PLAIN_VERSION, VERSION = 2, 3
-ROTATED, GRID = 1, 2
+PLAIN_VERSION, GRID_VERSION, VERSION = 2, 3, 4
+ROTATED, GRID, MATCH = 1, 2, 4
 _WORDS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 SEGMENT_BYTES = 4 << 20
 HUFFMAN_BLOCK, HUFFMAN_BLOCK_WIDE, WIDE_ENTROPY_BITS = 16 << 10, 64 << 10, 5.0
@@ -69,6 +69,7 @@ SEVEN_MIN_GAIN = 0.95
 SEVEN_PRICE = 0.005
 GRID_DOWN, GRID_ACROSS = 128, 64
 GRID_MIN_GAIN = 0.97
+MATCH_ROW, MATCH_REACH, MATCH_LEAST, MATCH_SAMPLES = 256, 16, 8, 32
 STRETCH_ELEMENTS = 1 << 18
 GRID_MIN_ROWS, GRID_MIN_COLS, GRID_MAX_COLS = 16, 8, 16384
 ZSTD_PARAMS = zstandard.ZstdCompressionParameters(
@@ -286,6 +287,60 @@ def _apply_grid(src: np.ndarray, dst: np.ndarray, shifts: np.ndarray, cols: int,
     combine(out, row[:, None], out=out)
 
 
+def _match_rows(plane: np.ndarray) -> np.ndarray:
+    """Code `plane` (in place) as rows of MATCH_ROW bytes, each an earlier row (up to MATCH_REACH
+    back) plus a constant plus the residual left in the plane; return the side bytes (each row's
+    distance back, 0 for none, then each row's constant). See match_rows in _planes.c: the numpy
+    path picks the same rows and constants."""
+    rows = -(-plane.size // MATCH_ROW)
+    side = np.zeros(2 * rows, np.uint8)
+    if _native is not None:
+        _native.match_rows(plane, plane, side, MATCH_ROW, MATCH_REACH, MATCH_LEAST)
+        return side
+    whole = plane.size // MATCH_ROW
+    if whole < 2:
+        return side
+    grid = plane[:whole * MATCH_ROW].reshape(whole, MATCH_ROW)
+    samples = grid[:, ::MATCH_ROW // MATCH_SAMPLES].astype(np.int16)
+    best = np.full(whole, MATCH_LEAST - 1)
+    back = np.zeros(whole, np.int64)
+    shift = np.zeros(whole, np.uint8)
+    for o in range(1, min(MATCH_REACH, whole - 1) + 1):
+        d = (samples[o:] - samples[:-o]) & 255
+        for c in range(4):
+            t = d[:, c * (MATCH_SAMPLES // 4)]
+            score = (d == t[:, None]).sum(axis=1)
+            better = score > best[o:]
+            best[o:][better] = score[better]
+            back[o:][better] = o
+            shift[o:][better] = t[better]
+    rows_at = np.arange(whole)
+    matched = back > 0
+    reference = grid[rows_at[matched] - back[matched]]
+    grid[matched] = grid[matched] - reference - shift[matched][:, None]
+    side[:whole], side[rows:rows + whole] = back, shift
+    return side
+
+
+def _unmatch_rows(plane: np.ndarray, side) -> None:
+    """Inverse of _match_rows, in place: `plane` holds the residual and becomes the rows."""
+    side = np.frombuffer(side, np.uint8)
+    if _native is not None:
+        _native.unmatch_rows(plane, side, MATCH_ROW)
+        return
+    rows = side.size // 2
+    for r in np.flatnonzero(side[:rows]).tolist():
+        back = int(side[r])
+        if back > r:
+            raise ValueError(f"row matching: row {r} refers to a row before the first")
+        here = plane[r * MATCH_ROW:(r + 1) * MATCH_ROW]
+        here += plane[(r - back) * MATCH_ROW:(r - back) * MATCH_ROW + here.size] + side[rows + r]
+
+
+def _match_side_bytes(nbytes: int) -> int:
+    return 2 * -(-nbytes // MATCH_ROW)
+
+
 def _sample(data: np.ndarray, itemsize: int, row: int = 1) -> np.ndarray:
     """SAMPLE_PIECES evenly spaced runs of SAMPLE_ELEMENTS' worth of whole rows of `row`
     elements (one row at least) from `data`, or all of it where that is no more."""
@@ -361,9 +416,10 @@ def choose(data: np.ndarray, itemsize: int, row: int = 0) -> tuple[int, list[int
     plain = [_plane_coder(plane) for plane in planes]
     if itemsize not in _WORDS:
         return 0, [c for c, _ in plain], sum(n for _, n in plain)
+    matched = _matched_option(0, plain, planes[-1])
     _to_planes(sample, itemsize, True, planes)
     turned = plain[:-2] + [_plane_coder(planes[-2]), _plane_coder(planes[-1])]
-    options = [(0, plain), (ROTATED, turned)]
+    options = [(0, plain), (ROTATED, turned)] + matched + _matched_option(ROTATED, turned, planes[-1])
     if grid:
         segment = min(data.nbytes // itemsize, _segment_elements(itemsize, row))
         shift_bytes = round(planes.shape[1] * (1 / row + row / segment))
@@ -375,10 +431,23 @@ def choose(data: np.ndarray, itemsize: int, row: int = 0) -> tuple[int, list[int
         return sum(n + _pass_price(c, planes.shape[1]) for c, n in option[1])
     best = min(options, key=price)
     if best[0] & GRID and data.nbytes >= 2 * STRETCH_ELEMENTS * itemsize:
-        rival = min(options[:2], key=price)
-        if rival[1][-1][0] == ZSTD and _stretch_cost(data, itemsize, row, rival) < _stretch_cost(data, itemsize, row, best):
+        rival = min((o for o in options if not o[0] & GRID), key=price)
+        if (rival[1][-1][0] == ZSTD or rival[0] & MATCH) and _stretch_cost(data, itemsize, row, rival) < _stretch_cost(data, itemsize, row, best):
             best = rival
     return best[0], [c for c, _ in best[1]], sum(n for _, n in best[1])
+
+
+def _matched_option(form: int, option: list, top: np.ndarray) -> list:
+    """[(form | MATCH, coders)] where row matching (see _match_rows) suits the sample's `top`
+    plane, which `option` codes with zstd (repeats far apart: rows that are near multiples of
+    earlier rows, which matching codes smaller, and Huffman then several times faster than zstd
+    codes `top`); else []."""
+    if option[-1][0] != ZSTD or top.size < 2 * MATCH_ROW:
+        return []
+    residual = top.copy()
+    side = _match_rows(residual)
+    coder, coded = _plane_coder(residual)
+    return [(form | MATCH, option[:-1] + [(coder, coded + side.size)])]
 
 
 def _stretch_cost(data: np.ndarray, itemsize: int, row: int, option: tuple) -> float:
@@ -402,6 +471,8 @@ def _stretch_cost(data: np.ndarray, itemsize: int, row: int, option: tuple) -> f
     if form & GRID:
         _apply_grid(planes[-1], planes[-1], _fit_grid(planes[-1], row), row, add=False)
         cost += take + row * take * row / min(rows * row, _segment_elements(itemsize, row))
+    elif form & MATCH:
+        cost += _match_rows(planes[-1]).size
     for plane, coder in zip(planes[-2:], coders[-2:]):  # the planes below are alike in every layout
         coded = _encode_plane(plane, coder)
         cost += plane.nbytes if coded is None else len(coded) + _pass_price(coder, plane.nbytes)
@@ -514,6 +585,8 @@ def encode_pieces(data, itemsize: int = 1, threads: int | None = None, out=None,
         if form & GRID:
             shifts = _fit_grid(planes[-1], row)
             _apply_grid(planes[-1], planes[-1], shifts, row, add=False)
+        elif form & MATCH:
+            shifts = _match_rows(planes[-1])
         coded = [_encode_plane(plane, coder) for plane, coder in zip(planes, coders)]
         # raw where seven-bit packing met a set bit 0 the sample missed, or a reused coder no longer gains
         kept_coded = [c is not None and (reuse is None or coder == RAW or len(c) < MIN_GAIN * plane.nbytes)
@@ -534,9 +607,10 @@ def encode_pieces(data, itemsize: int = 1, threads: int | None = None, out=None,
         layouts.update(itemsize, [(int(form), list(coders)) for (form, coders), _ in coded], sum(lengths),
                        reused=reuse is not None, row=row)
     grid = any(form & GRID for (form, _), _ in coded)
-    newer = grid or any(SEVEN in coders for (_, coders), _ in coded)
-    head = _HEAD.pack(VERSION if newer else PLAIN_VERSION, itemsize, 0, count, per)
-    head += _ROW.pack(row if grid else 0) if newer else b""
+    version = (VERSION if any(form & MATCH for (form, _), _ in coded) else
+               GRID_VERSION if grid or any(SEVEN in coders for (_, coders), _ in coded) else PLAIN_VERSION)
+    head = _HEAD.pack(version, itemsize, 0, count, per)
+    head += _ROW.pack(row if grid else 0) if version >= GRID_VERSION else b""
     table = bytes(b for (form, coders), _ in coded for b in (form, *(_PAYLOAD_CODER[c] for c in coders)))
     return [head, table, struct.pack(f"<{len(lengths)}I", *lengths),
             *(c for _, planes in coded for plane in planes for c in plane)]
@@ -556,11 +630,11 @@ def decode(payload, decoded_length: int, threads: int | None = None, out=None) -
     if version > VERSION:
         raise FormatError(f"float codec payload version {version} is newer than this forkpoint reads "
                           f"({VERSION}); upgrade forkpoint to read it")
-    if version not in (1, 2, VERSION) or count * itemsize != decoded_length or per < 1 or itemsize not in (1, *_WORDS):
+    if version not in (1, 2, GRID_VERSION, VERSION) or count * itemsize != decoded_length or per < 1 or itemsize not in (1, *_WORDS):
         raise ValueError(f"float codec payload v{version} of {count}x{itemsize} bytes, expected {decoded_length}")
     pos = _HEAD.size
     row = 0
-    if version == VERSION:
+    if version >= GRID_VERSION:
         (row,) = _ROW.unpack_from(view, pos)
         pos += _ROW.size
         if row and (per % row or count % row):
@@ -573,10 +647,11 @@ def decode(payload, decoded_length: int, threads: int | None = None, out=None) -
         layouts = [(view[p], list(view[p + 1:p + 1 + itemsize]))
                    for p in range(pos, pos + len(starts) * (itemsize + 1), itemsize + 1)]
         pos += len(starts) * (itemsize + 1)
-    if any(c not in ((RAW, ZSTD, HUFFMAN, SEVEN) if version == VERSION else (RAW, ZSTD, HUFFMAN))
+    if any(c not in ((RAW, ZSTD, HUFFMAN, SEVEN) if version >= GRID_VERSION else (RAW, ZSTD, HUFFMAN))
            for _, coders in layouts for c in coders):
         raise ValueError("float codec payload names an unknown plane coder")
-    if any(form > (ROTATED | GRID) or (form & GRID and not row) for form, _ in layouts):
+    forms = (0, ROTATED, GRID, ROTATED | GRID) + ((MATCH, ROTATED | MATCH) if version == VERSION else ())
+    if any(form not in forms or (form & GRID and not row) for form, _ in layouts):
         raise ValueError("float codec payload names an unknown segment form")
     lengths = struct.unpack_from(f"<{len(starts) * itemsize}I", view, pos)
     pos += 4 * len(lengths)
@@ -598,14 +673,17 @@ def decode(payload, decoded_length: int, threads: int | None = None, out=None) -
         for k in range(itemsize):
             i = j * itemsize + k
             coded = view[offsets[i]:offsets[i + 1]]
-            if k == itemsize - 1 and form & GRID:
-                need = (hi - lo) // row + row
+            if k == itemsize - 1 and form & (GRID | MATCH):
+                need = (hi - lo) // row + row if form & GRID else _match_side_bytes(hi - lo)
                 if len(coded) < need:
-                    raise ValueError(f"float codec payload: segment {j}'s grid shifts need {need} bytes, it has {len(coded)}")
+                    raise ValueError(f"float codec payload: segment {j}'s {'grid shifts' if form & GRID else 'row matches'} "
+                                     f"need {need} bytes, it has {len(coded)}")
                 shifts, coded = np.frombuffer(coded[:need], np.uint8), coded[need:]
             _decode_plane(coded, coders[k], planes[k])
-        if shifts is not None:
+        if shifts is not None and form & GRID:
             _apply_grid(planes[-1], planes[-1], shifts, row, add=True)
+        elif shifts is not None:
+            _unmatch_rows(planes[-1], shifts)
         _from_planes(planes, itemsize, bool(form & ROTATED), dest[lo * itemsize:hi * itemsize])
 
     threads = THREADS if threads is None else threads
