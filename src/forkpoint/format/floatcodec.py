@@ -343,7 +343,8 @@ def _match_side_bytes(nbytes: int) -> int:
 
 def _sample(data: np.ndarray, itemsize: int, row: int = 1) -> np.ndarray:
     """SAMPLE_PIECES evenly spaced runs of SAMPLE_ELEMENTS' worth of whole rows of `row`
-    elements (one row at least) from `data`, or all of it where that is no more."""
+    elements (one row at least) from `data`, or all of it where that is no more. Data without
+    rows is sampled in MATCH_ROW's (row matching then sees rows where a segment's would be)."""
     width = row * itemsize
     rows = data.nbytes // width
     run = max(1, SAMPLE_ELEMENTS // row)
@@ -408,9 +409,10 @@ def choose(data: np.ndarray, itemsize: int, row: int = 0) -> tuple[int, list[int
     `row` (elements per row, 0 for none) allows the grid model; the sample is then made of whole
     rows, and the grid is tried only where its residual's order-0 entropy is 3% below the
     rotated top plane's coded size (weights' exponents have no such structure: their residuals
-    code no smaller)."""
+    code no smaller). A layout whose top plane zstd codes is also tried with that plane's rows
+    matched (| MATCH, see _matched_option)."""
     grid = itemsize in _WORDS and grid_fits(data.nbytes // itemsize, row)
-    sample = _sample(data, itemsize, row if grid else 1)
+    sample = _sample(data, itemsize, row if grid else MATCH_ROW)
     planes = np.empty((itemsize, sample.nbytes // itemsize), np.uint8)
     _to_planes(sample, itemsize, False, planes)
     plain = [_plane_coder(plane) for plane in planes]
@@ -431,9 +433,11 @@ def choose(data: np.ndarray, itemsize: int, row: int = 0) -> tuple[int, list[int
         return sum(n + _pass_price(c, planes.shape[1]) for c, n in option[1])
     best = min(options, key=price)
     if best[0] & GRID and data.nbytes >= 2 * STRETCH_ELEMENTS * itemsize:
-        rival = min((o for o in options if not o[0] & GRID), key=price)
-        if (rival[1][-1][0] == ZSTD or rival[0] & MATCH) and _stretch_cost(data, itemsize, row, rival) < _stretch_cost(data, itemsize, row, best):
-            best = rival
+        zstd_top = [o for o in options if not o[0] & (GRID | MATCH) and o[1][-1][0] == ZSTD]
+        matched = [o for o in options if o[0] & MATCH]
+        rivals = [min(group, key=price) for group in (zstd_top, matched) if group]
+        if rivals:
+            best = min([best, *rivals], key=lambda o: _stretch_cost(data, itemsize, row, o))
     return best[0], [c for c, _ in best[1]], sum(n for _, n in best[1])
 
 
@@ -441,8 +445,9 @@ def _matched_option(form: int, option: list, top: np.ndarray) -> list:
     """[(form | MATCH, coders)] where row matching (see _match_rows) suits the sample's `top`
     plane, which `option` codes with zstd (repeats far apart: rows that are near multiples of
     earlier rows, which matching codes smaller, and Huffman then several times faster than zstd
-    codes `top`); else []."""
-    if option[-1][0] != ZSTD or top.size < 2 * MATCH_ROW:
+    codes `top`); else []. Not tried where zstd codes the plane to under a bit a byte (zero
+    runs: a residual cannot code smaller than that)."""
+    if option[-1][0] != ZSTD or top.size < 2 * MATCH_ROW or option[-1][1] * 8 < top.size:
         return []
     residual = top.copy()
     side = _match_rows(residual)
@@ -455,11 +460,12 @@ def _stretch_cost(data: np.ndarray, itemsize: int, row: int, option: tuple) -> f
     rotation and the grid change) of one contiguous stretch of whole rows from the middle of
     `data` (STRETCH_ELEMENTS' worth) under `option` (form, [(coder, sample bytes)]).
 
-    Where the sample prefers the grid to a layout whose top plane zstd codes, the sample's
-    short pieces hide the repeats zstd finds at long distances (an embedding's first moment:
-    17% smaller on the whole plane than on the sample), which the stretch shows. `choose`
-    looks so only at data of two stretches or more: smaller data's planes are mostly in the
-    sample, and a second encode of each would double the cost of choosing."""
+    Where the sample prefers the grid to a layout whose top plane zstd codes or rows match, the
+    sample's short pieces hide the repeats zstd finds at long distances (an embedding's first
+    moment: 17% smaller on the whole plane than on the sample), which the stretch shows; the
+    grid is weighed against the best of each. `choose` looks so only at data of two stretches
+    or more: smaller data's planes are mostly in the sample, and more encodes of each would
+    multiply the cost of choosing."""
     rows = data.nbytes // itemsize // row
     take = min(rows, max(1, STRETCH_ELEMENTS // row))
     first = (rows - take) // 2 * row * itemsize
@@ -511,7 +517,7 @@ def sample(data, itemsize: int = 1) -> np.ndarray:
     """The bytes of `data` that `estimate` codes (uint8, whole elements, at positions that
     depend only on the data's size): estimate(sample(data)) == estimate(data)."""
     data, itemsize = _elements(data, itemsize)
-    return _sample(data, itemsize)
+    return _sample(data, itemsize, MATCH_ROW)
 
 
 def estimate(data, itemsize: int = 1) -> int:
