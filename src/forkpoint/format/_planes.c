@@ -560,6 +560,264 @@ static PyObject *huffman_deflate(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* Inflate: a raw deflate stream (RFC 1951: stored, fixed and dynamic blocks) into exactly the
+ * bytes of `out`. Codes of up to FAST_BITS bits decode with one table lookup (two literals at
+ * once where both fit), longer ones canonically, a bit at a time. Return 0; INFLATES_PAST when
+ * the stream holds more bytes than `out` (stopping there), INFLATES_SHORT when fewer; -1 for an
+ * invalid code or header, a distance before the start, or bits read past the end of the input. */
+#define FAST_BITS 11
+#define MAX_CODE_BITS 15
+#define INFLATES_PAST (-3)
+#define INFLATES_SHORT (-4)
+
+typedef struct {
+    uint16_t fast[1 << FAST_BITS]; /* symbol << 4 | length; 0: longer code (or none) */
+    uint32_t pair[1 << FAST_BITS]; /* two literals: first | second << 8 | bits << 16 | 1 << 31; else 0 */
+    uint16_t count[MAX_CODE_BITS + 1];
+    uint16_t sorted[288];
+} Decoder;
+
+typedef struct {
+    const uint8_t *in, *end;
+    uint64_t bits;
+    int nbits;
+    int padded;
+} BitReader;
+
+static inline void refill(BitReader *r) {
+    if (r->end - r->in >= 8) {
+        uint64_t word;
+        memcpy(&word, r->in, 8);
+        r->bits |= word << r->nbits;
+        r->in += (63 - r->nbits) >> 3;
+        r->nbits |= 56;
+        return;
+    }
+    while (r->nbits <= 56) {
+        if (r->in < r->end) r->bits |= (uint64_t)*r->in++ << r->nbits;
+        else r->padded++;
+        r->nbits += 8;
+    }
+}
+
+static inline uint32_t take_bits(BitReader *r, int n) {
+    if (r->nbits < n) refill(r);
+    uint32_t v = (uint32_t)(r->bits & ((1ull << n) - 1));
+    r->bits >>= n;
+    r->nbits -= n;
+    return v;
+}
+
+/* Build a decoder for `n` code lengths (with the table of literal pairs where `pairs`); -1
+ * when the lengths over-subscribe the code space. */
+static int build_decoder(Decoder *d, const uint8_t *lengths, int n, int pairs) {
+    uint16_t offs[MAX_CODE_BITS + 2];
+    memset(d->count, 0, sizeof d->count);
+    memset(d->fast, 0, sizeof d->fast);
+    for (int i = 0; i < n; i++) d->count[lengths[i]]++;
+    d->count[0] = 0;
+    int left = 1;
+    for (int len = 1; len <= MAX_CODE_BITS; len++) {
+        left = (left << 1) - d->count[len];
+        if (left < 0) return -1;
+    }
+    offs[1] = 0;
+    for (int len = 1; len <= MAX_CODE_BITS; len++) offs[len + 1] = (uint16_t)(offs[len] + d->count[len]);
+    for (int i = 0; i < n; i++)
+        if (lengths[i]) d->sorted[offs[lengths[i]]++] = (uint16_t)i;
+    /* Canonical codes in (length, symbol) order; the table is indexed by the bit-reversed code. */
+    uint32_t code = 0;
+    int k = 0;
+    for (int len = 1; len <= FAST_BITS; len++) {
+        for (int c = 0; c < d->count[len]; c++, k++, code++) {
+            uint32_t reversed = 0;
+            for (int b = 0; b < len; b++) reversed |= ((code >> b) & 1u) << (len - 1 - b);
+            for (uint32_t fill = reversed; fill < (1u << FAST_BITS); fill += 1u << len)
+                d->fast[fill] = (uint16_t)(d->sorted[k] << 4 | len);
+        }
+        code <<= 1;
+    }
+    if (pairs) {
+        for (uint32_t i = 0; i < (1u << FAST_BITS); i++) {
+            uint16_t first = d->fast[i], second;
+            int l1 = first & 15, l2;
+            d->pair[i] = 0;
+            if (!first || (first >> 4) > 255 || l1 >= FAST_BITS) continue;
+            second = d->fast[i >> l1];
+            l2 = second & 15;
+            if (second && (second >> 4) < 256 && l2 <= FAST_BITS - l1)
+                d->pair[i] = (uint32_t)(first >> 4) | (uint32_t)(second >> 4) << 8 | (uint32_t)(l1 + l2) << 16 | 1u << 31;
+        }
+    }
+    return 0;
+}
+
+/* The next symbol, or -1 for a bit pattern that is no code. */
+static inline int decode_symbol(BitReader *r, const Decoder *d) {
+    if (r->nbits < MAX_CODE_BITS) refill(r);
+    uint16_t entry = d->fast[r->bits & ((1u << FAST_BITS) - 1)];
+    if (entry) {
+        r->bits >>= entry & 15;
+        r->nbits -= entry & 15;
+        return entry >> 4;
+    }
+    int code = 0, first = 0, index = 0;
+    for (int len = 1; len <= MAX_CODE_BITS; len++) {
+        code |= (int)(r->bits & 1);
+        r->bits >>= 1;
+        r->nbits--;
+        int count = d->count[len];
+        if (code - first < count) return d->sorted[index + code - first];
+        index += count;
+        first = (first + count) << 1;
+        code <<= 1;
+    }
+    return -1;
+}
+
+static const uint16_t LENGTH_BASE[29] = {3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 15, 17, 19, 23, 27, 31, 35, 43, 51, 59,
+                                         67, 83, 99, 115, 131, 163, 195, 227, 258};
+static const uint8_t LENGTH_BITS[29] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 0};
+static const uint16_t DIST_BASE[30] = {1, 2, 3, 4, 5, 7, 9, 13, 17, 25, 33, 49, 65, 97, 129, 193, 257, 385, 513, 769,
+                                       1025, 1537, 2049, 3073, 4097, 6145, 8193, 12289, 16385, 24577};
+static const uint8_t DIST_BITS[30] = {0, 0, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9, 10, 10, 11, 11,
+                                      12, 12, 13, 13};
+
+static int inflate_codes(BitReader *r, const Decoder *lit, const Decoder *dist, uint8_t *out, size_t n, size_t *at) {
+    size_t o = *at;
+    for (;;) {
+        if (r->nbits < 4 * FAST_BITS) refill(r);
+        int k = 0;
+        for (; k < 4; k++) { /* at least 4 x FAST_BITS bits are in the buffer */
+            uint32_t two = lit->pair[r->bits & ((1u << FAST_BITS) - 1)];
+            if (!two || n - o < 2) break;
+            out[o] = (uint8_t)two;
+            out[o + 1] = (uint8_t)(two >> 8);
+            o += 2;
+            r->bits >>= (two >> 16) & 31;
+            r->nbits -= (two >> 16) & 31;
+        }
+        if (k == 4) continue;
+        int sym = decode_symbol(r, lit);
+        if (sym < 256) {
+            if (sym < 0) return -1;
+            if (o >= n) return INFLATES_PAST;
+            out[o++] = (uint8_t)sym;
+            continue;
+        }
+        if (sym == 256) break;
+        sym -= 257;
+        if (sym >= 29) return -1;
+        size_t length = LENGTH_BASE[sym] + take_bits(r, LENGTH_BITS[sym]);
+        int dsym = decode_symbol(r, dist);
+        if (dsym < 0 || dsym >= 30) return -1;
+        size_t distance = DIST_BASE[dsym] + take_bits(r, DIST_BITS[dsym]);
+        if (distance > o) return -1;
+        if (length > n - o) return INFLATES_PAST;
+        const uint8_t *from = out + o - distance;
+        if (distance == 1) memset(out + o, out[o - 1], length);
+        else for (size_t i = 0; i < length; i++) out[o + i] = from[i];
+        o += length;
+        if (r->padded > 8) return -1;
+    }
+    *at = o;
+    return 0;
+}
+
+static int dynamic_header(BitReader *r, Decoder *lit, Decoder *dist) {
+    int nlit = (int)take_bits(r, 5) + 257, ndist = (int)take_bits(r, 5) + 1, ncl = (int)take_bits(r, 4) + 4;
+    if (nlit > 286 || ndist > 30) return -1;
+    uint8_t lengths[320] = {0};
+    for (int i = 0; i < ncl; i++) lengths[CL_ORDER[i]] = (uint8_t)take_bits(r, 3);
+    Decoder cl;
+    if (build_decoder(&cl, lengths, 19, 0) < 0) return -1;
+    memset(lengths, 0, sizeof lengths);
+    for (int i = 0; i < nlit + ndist;) {
+        int sym = decode_symbol(r, &cl);
+        if (sym < 0) return -1;
+        if (sym < 16) { lengths[i++] = (uint8_t)sym; continue; }
+        int repeat;
+        uint8_t value = 0;
+        if (sym == 16) {
+            if (i == 0) return -1;
+            value = lengths[i - 1];
+            repeat = 3 + (int)take_bits(r, 2);
+        } else if (sym == 17) {
+            repeat = 3 + (int)take_bits(r, 3);
+        } else {
+            repeat = 11 + (int)take_bits(r, 7);
+        }
+        if (i + repeat > nlit + ndist) return -1;
+        while (repeat--) lengths[i++] = value;
+    }
+    if (!lengths[256]) return -1;
+    if (build_decoder(lit, lengths, nlit, 1) < 0 || build_decoder(dist, lengths + nlit, ndist, 0) < 0) return -1;
+    return r->padded > 8 ? -1 : 0;
+}
+
+static int inflate_kernel(const uint8_t *in, size_t len, uint8_t *out, size_t n, Decoder *lit, Decoder *dist,
+                          size_t *produced) {
+    BitReader r = {in, in + len, 0, 0, 0};
+    size_t o = 0;
+    int final = 0, status;
+    while (!final) {
+        final = (int)take_bits(&r, 1);
+        int type = (int)take_bits(&r, 2);
+        if (type == 0) {
+            take_bits(&r, r.nbits & 7);
+            uint32_t stored = take_bits(&r, 16), check = take_bits(&r, 16);
+            if ((stored ^ 0xffff) != check) return -1;
+            if (stored > n - o) return INFLATES_PAST;
+            for (uint32_t i = 0; i < stored; i++) out[o++] = (uint8_t)take_bits(&r, 8);
+        } else if (type == 1) {
+            uint8_t lengths[320];
+            memset(lengths, 8, 144);
+            memset(lengths + 144, 9, 112);
+            memset(lengths + 256, 7, 24);
+            memset(lengths + 280, 8, 8);
+            memset(lengths + 288, 5, 32);
+            build_decoder(lit, lengths, 288, 1);
+            build_decoder(dist, lengths + 288, 32, 0);
+            if ((status = inflate_codes(&r, lit, dist, out, n, &o)) < 0) return status;
+        } else if (type == 2) {
+            if (dynamic_header(&r, lit, dist) < 0) return -1;
+            if ((status = inflate_codes(&r, lit, dist, out, n, &o)) < 0) return status;
+        } else {
+            return -1;
+        }
+        if (r.padded > 8) return -1;
+    }
+    size_t consumed = (size_t)(r.in - in) * 8 - (size_t)r.nbits + (size_t)r.padded * 8;
+    if (consumed > len * 8) return -1;
+    *produced = o;
+    return o == n ? 0 : INFLATES_SHORT;
+}
+
+static PyObject *inflate_into(PyObject *self, PyObject *args) {
+    Py_buffer src, dst;
+    if (!PyArg_ParseTuple(args, "y*w*", &src, &dst)) return NULL;
+    Decoder *decoders = malloc(2 * sizeof(Decoder));
+    int status = -2;
+    size_t produced = 0;
+    if (decoders) {
+        Py_BEGIN_ALLOW_THREADS
+        status = inflate_kernel(src.buf, (size_t)src.len, dst.buf, (size_t)dst.len, decoders, decoders + 1, &produced);
+        Py_END_ALLOW_THREADS
+    }
+    free(decoders);
+    Py_ssize_t n = dst.len;
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    if (status == -2) return PyErr_NoMemory();
+    if (status == INFLATES_PAST) return PyErr_Format(PyExc_ValueError, "a deflate plane of %zd bytes inflates to more: damaged", n);
+    if (status == INFLATES_SHORT)
+        return PyErr_Format(PyExc_ValueError, "a deflate plane of %zd bytes inflates to %zu: damaged", n, produced);
+    if (status < 0)
+        return PyErr_Format(PyExc_ValueError, "a deflate plane of %zd bytes: invalid code, header or distance, or bits "
+                            "past its end: damaged", n);
+    Py_RETURN_NONE;
+}
+
 static int plane_args(PyObject *args, Py_buffer *src, Py_buffer *dst, int *itemsize, int *rotated) {
     if (!PyArg_ParseTuple(args, "y*w*ip", src, dst, itemsize, rotated)) return 0;
     if ((*itemsize != 2 && *itemsize != 4 && *itemsize != 8) || src->len != dst->len || src->len % *itemsize) {
@@ -1074,6 +1332,9 @@ static PyMethodDef methods[] = {
      "huffman_deflate(data, block=32768, runs=False) -> bytes\n"
      "A raw deflate stream of `data`, one dynamic Huffman block per `block` bytes: literals only, or with runs\n"
      "of a repeated byte as matches at distance 1."},
+    {"inflate_into", inflate_into, METH_VARARGS,
+     "inflate_into(stream, out)\n"
+     "Inflate a raw deflate stream into exactly the bytes of `out`; ValueError when it is damaged."},
     {"to_planes", to_planes, METH_VARARGS,
      "to_planes(src, dst, itemsize, rotated)\n"
      "Write the byte planes of `src`'s elements into `dst`, the top 16-bit word rotated left if asked."},

@@ -1,7 +1,7 @@
 """The float-aware lossless codec: byte planes, each entropy-coded by the coder that suits it.
 
-The plane split and the deflate coders run in native code (format/_planes.c) where the
-extension was built, else in numpy and zlib-ng; both write payloads that either reads.
+The plane split, the deflate coders and the inflater run in native code (format/_planes.c)
+where the extension was built, else in numpy and zlib-ng; both write payloads that either reads.
 
 Elements are split into byte planes, the top two optionally rotated left by one bit as one
 16-bit word (the sign moves below the exponent, so the top plane of a float32 or bfloat16
@@ -168,6 +168,8 @@ def _decode_plane(coded, coder: int, out: np.ndarray) -> None:
         _unpack_seven(coded, out)
     elif coder == ZSTD:
         out[...] = np.frombuffer(zstandard.ZstdDecompressor().decompress(coded, max_output_size=out.nbytes), np.uint8)
+    elif coder == HUFFMAN and _native is not None:
+        _native.inflate_into(coded, out)
     elif coder == HUFFMAN:
         inflater = _deflate.decompressobj(-15)
         plain = inflater.decompress(coded, out.nbytes)
