@@ -120,6 +120,15 @@ def test_native_and_numpy_fit_the_same_grid_and_read_each_other(native, monkeypa
     assert bytes(floatcodec.decode(without, data.nbytes)) == data.tobytes()
 
 
+def _top_plane_cut_to_100_bytes(payload: bytes, lengths_at: int) -> bytes:
+    """A one-segment bf16 payload whose top plane (the second coded length at `lengths_at`)
+    lost all but its first 100 bytes."""
+    top = struct.unpack_from("<I", payload, lengths_at + 4)[0]
+    short = bytearray(payload)
+    struct.pack_into("<I", short, lengths_at + 4, 100)
+    return bytes(short[:len(short) - (top - 100)])
+
+
 def test_damaged_grid_payloads_are_refused():
     data = _bytes(_outer(512, 384, True))
     payload = bytearray(_payload(data, 2, 384))
@@ -130,13 +139,8 @@ def test_damaged_grid_payloads_are_refused():
     as_v2 = bytes([floatcodec.PLAIN_VERSION]) + payload[1:head] + payload[head + 4:]
     with pytest.raises(ValueError, match="form|table says|unknown plane coder"):
         floatcodec.decode(as_v2, data.nbytes)
-    lengths_at = head + 4 + 3
-    top = struct.unpack_from("<I", payload, lengths_at + 4)[0]
-    short = bytearray(payload)
-    struct.pack_into("<I", short, lengths_at + 4, 100)
-    short = bytes(short[:len(short) - (top - 100)])
     with pytest.raises(ValueError, match="grid shifts need"):
-        floatcodec.decode(short, data.nbytes)
+        floatcodec.decode(_top_plane_cut_to_100_bytes(bytes(payload), head + 4 + 3), data.nbytes)
 
 
 def test_layouts_reused_from_save_to_save_keep_the_grid():
@@ -340,12 +344,8 @@ def test_damaged_row_matches_are_refused(monkeypatch, kernels):
     backwards[top_at] = 1  # row 0 refers to the row before it
     with pytest.raises(ValueError, match="row 0 refers to a row before the first"):
         floatcodec.decode(bytes(backwards), data.nbytes)
-    top = struct.unpack_from("<I", payload, lengths_at + 4)[0]
-    short = bytearray(payload)
-    struct.pack_into("<I", short, lengths_at + 4, 100)
-    short = bytes(short[:len(short) - (top - 100)])
     with pytest.raises(ValueError, match="row matches need 2048 bytes"):
-        floatcodec.decode(short, data.nbytes)
+        floatcodec.decode(_top_plane_cut_to_100_bytes(payload, lengths_at), data.nbytes)
     as_v3 = bytes([floatcodec.GRID_VERSION]) + payload[1:]
     with pytest.raises(ValueError, match="unknown segment form"):
         floatcodec.decode(as_v3, data.nbytes)
