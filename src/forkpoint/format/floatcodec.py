@@ -14,17 +14,23 @@ a sample. Where the caller names the length of a row (a weight matrix's columns)
 may instead be coded as its residual under a grid model: byte = row shift + column shift +
 residual (mod 256), the shifts being medians (an Adam moment's exponents are close to log|u_r| +
 log|v_c|, as a sum of outer products makes them; the residual has 25-35% less entropy than the
-exponents). Segments of elements are coded independently, in parallel threads, each segment
+exponents). With or without rows, a top plane that zstd would code may instead be coded by
+row matching: rows of MATCH_ROW bytes, each an earlier row (up to MATCH_REACH back) plus a
+constant plus a residual that Huffman codes (an Adam moment's rows are often an earlier row
+times a power of two). Segments of elements are coded independently, in parallel threads, each segment
 with the layout and coders its own sample picks (a chunk that holds weights and then moments
 codes each part as suits it). Payload (little-endian):
 
-    u8 version (2, or 3 where a segment uses the grid or a plane seven bits) | u8 itemsize
-    | u16 0 | u64 elements | u32 segment elements | (version 3: u32 row elements, 0 for none)
-    | segments x (u8 form: bit 0 rotated, bit 1 grid; itemsize x u8 plane coder)
+    u8 version (2; 3 where a segment uses the grid or a plane seven bits; 4 where one matches
+    rows) | u8 itemsize | u16 0 | u64 elements | u32 segment elements
+    | (versions 3 and 4: u32 row elements, 0 for none)
+    | segments x (u8 form: bit 0 rotated, bit 1 grid, bit 2 matched; itemsize x u8 plane coder)
     | (segments x itemsize) x u32 coded length | coded bytes
 
 A grid segment's top plane is its row shifts (one byte per row), its column shifts (one byte
-per column of a row) and then the coded residual; its segment elements are whole rows. Version
+per column of a row) and then the coded residual; its segment elements are whole rows. A
+matched segment's top plane is each MATCH_ROW row's distance back (0: none), then each row's
+constant, then the coded residual. Version
 1 payloads (one layout and coder list for all segments, right after the counts) still decode.
 """
 
@@ -294,8 +300,8 @@ def _match_rows(plane: np.ndarray) -> np.ndarray:
     back) plus a constant plus the residual left in the plane; return the side bytes (each row's
     distance back, 0 for none, then each row's constant). See match_rows in _planes.c: the numpy
     path picks the same rows and constants."""
-    rows = -(-plane.size // MATCH_ROW)
-    side = np.zeros(2 * rows, np.uint8)
+    side = np.zeros(_match_side_bytes(plane.size), np.uint8)
+    rows = side.size // 2
     if _native is not None:
         _native.match_rows(plane, plane, side, MATCH_ROW, MATCH_REACH, MATCH_LEAST)
         return side
