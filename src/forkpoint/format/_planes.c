@@ -561,8 +561,8 @@ static PyObject *huffman_deflate(PyObject *self, PyObject *args) {
 }
 
 /* Inflate: a raw deflate stream (RFC 1951: stored, fixed and dynamic blocks) into exactly the
- * bytes of `out`. Codes of up to FAST_BITS bits decode with one table lookup (two literals at
- * once where both fit), longer ones canonically, a bit at a time. Return 0; INFLATES_PAST when
+ * bytes of `out`. Codes of up to FAST_BITS bits decode with one table lookup (up to three
+ * literals at once where they fit), longer ones canonically, a bit at a time. Return 0; INFLATES_PAST when
  * the stream holds more bytes than `out` (stopping there), INFLATES_SHORT when fewer; -1 for an
  * invalid code or header, a distance before the start, or bits read past the end of the input. */
 #define FAST_BITS 11
@@ -572,7 +572,7 @@ static PyObject *huffman_deflate(PyObject *self, PyObject *args) {
 
 typedef struct {
     uint16_t fast[1 << FAST_BITS]; /* symbol << 4 | length; 0: longer code (or none) */
-    uint32_t pair[1 << FAST_BITS]; /* two literals: first | second << 8 | bits << 16 | 1 << 31; else 0 */
+    uint32_t run[1 << FAST_BITS]; /* up to 3 literals: bytes | count << 24 | bits << 26; 0: none */
     uint16_t count[MAX_CODE_BITS + 1];
     uint16_t sorted[288];
 } Decoder;
@@ -608,9 +608,9 @@ static inline uint32_t take_bits(BitReader *r, int n) {
     return v;
 }
 
-/* Build a decoder for `n` code lengths (with the table of literal pairs where `pairs`); -1
+/* Build a decoder for `n` code lengths (with the table of literal runs where `literals`); -1
  * when the lengths over-subscribe the code space. */
-static int build_decoder(Decoder *d, const uint8_t *lengths, int n, int pairs) {
+static int build_decoder(Decoder *d, const uint8_t *lengths, int n, int literals) {
     uint16_t offs[MAX_CODE_BITS + 2];
     memset(d->count, 0, sizeof d->count);
     memset(d->fast, 0, sizeof d->fast);
@@ -637,16 +637,18 @@ static int build_decoder(Decoder *d, const uint8_t *lengths, int n, int pairs) {
         }
         code <<= 1;
     }
-    if (pairs) {
+    if (literals) {
         for (uint32_t i = 0; i < (1u << FAST_BITS); i++) {
-            uint16_t first = d->fast[i], second;
-            int l1 = first & 15, l2;
-            d->pair[i] = 0;
-            if (!first || (first >> 4) > 255 || l1 >= FAST_BITS) continue;
-            second = d->fast[i >> l1];
-            l2 = second & 15;
-            if (second && (second >> 4) < 256 && l2 <= FAST_BITS - l1)
-                d->pair[i] = (uint32_t)(first >> 4) | (uint32_t)(second >> 4) << 8 | (uint32_t)(l1 + l2) << 16 | 1u << 31;
+            uint32_t entry = 0, used = 0, count = 0;
+            while (count < 3) {
+                uint16_t next = d->fast[i >> used];
+                uint32_t len = next & 15;
+                if (!next || (next >> 4) > 255 || used + len > FAST_BITS) break;
+                entry |= (uint32_t)(next >> 4) << (8 * count);
+                used += len;
+                count++;
+            }
+            d->run[i] = count ? entry | count << 24 | used << 26 : 0;
         }
     }
     return 0;
@@ -689,13 +691,14 @@ static int inflate_codes(BitReader *r, const Decoder *lit, const Decoder *dist, 
         if (r->nbits < 4 * FAST_BITS) refill(r);
         int k = 0;
         for (; k < 4; k++) { /* at least 4 x FAST_BITS bits are in the buffer */
-            uint32_t two = lit->pair[r->bits & ((1u << FAST_BITS) - 1)];
-            if (!two || n - o < 2) break;
-            out[o] = (uint8_t)two;
-            out[o + 1] = (uint8_t)(two >> 8);
-            o += 2;
-            r->bits >>= (two >> 16) & 31;
-            r->nbits -= (two >> 16) & 31;
+            uint32_t three = lit->run[r->bits & ((1u << FAST_BITS) - 1)];
+            if (!three || n - o < 3) break;
+            out[o] = (uint8_t)three; /* bytes past the count are written over later */
+            out[o + 1] = (uint8_t)(three >> 8);
+            out[o + 2] = (uint8_t)(three >> 16);
+            o += (three >> 24) & 3;
+            r->bits >>= three >> 26;
+            r->nbits -= (int)(three >> 26);
         }
         if (k == 4) continue;
         int sym = decode_symbol(r, lit);
