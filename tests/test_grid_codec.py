@@ -369,3 +369,17 @@ def test_a_repository_stores_matched_rows(tmp_path):
         assert blob[header_size] == floatcodec.VERSION
     assert repo.verify().ok
     repo.close()
+
+
+def test_native_row_matching_refuses_arguments_that_do_not_fit(native):
+    plane = np.zeros(1000, np.uint8)
+    with pytest.raises(ValueError, match="rows of 100"):
+        native.match_rows(plane, plane, np.zeros(20, np.uint8), 100, 16, 8)
+    with pytest.raises(ValueError, match="side bytes do not fit"):
+        native.match_rows(plane, plane, np.zeros(6, np.uint8), 256, 16, 8)
+    with pytest.raises(ValueError, match="side bytes do not fit"):
+        native.match_rows(plane, plane[:500].copy(), np.zeros(8, np.uint8), 256, 16, 8)
+    with pytest.raises(ValueError, match="side bytes do not fit"):
+        native.unmatch_rows(plane, np.zeros(7, np.uint8), 256)
+    with pytest.raises(TypeError):
+        native.inflate_into(b"\x03\x00", b"read-only")
