@@ -80,15 +80,13 @@ def main(rank, name, world, port, out, *args):
     whether the rank is still joining the process group ("init") or past it ("run")."""
     stacks = open(os.path.join(out, f"rank{rank}.stack"), "w")
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
-    phase = "init"
-    _write(os.path.join(out, f"rank{rank}.phase"), phase)
+    _write(os.path.join(out, f"rank{rank}.phase"), "init")
     try:
         init(rank, world, port)
-        phase = "run"
-        _write(os.path.join(out, f"rank{rank}.phase"), phase)
+        _write(os.path.join(out, f"rank{rank}.phase"), "run")
         record = {"ok": True, "result": globals()["_" + name](rank, world, out, *args)}
     except BaseException as e:
-        record = {"ok": False, "phase": phase, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
+        record = {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(record, f)
     os._exit(0)

@@ -65,19 +65,17 @@ def launch(name: str, world: int, out, *args, timeout: float = 270.0) -> list[di
     not as the errors their peers see once they die. A launch in which no rank got past
     joining the process group (torch's rendezvous, not the code under test) runs once more."""
     out = str(out)
-    for attempt in (1, 2):
+    records, hung, stacks, phases = run_ranks(name, world, out, args, timeout)
+    if "run" not in phases and (hung or any(r is not None and not r["ok"] for r in records)):
+        for r in range(world):
+            for suffix in ("json", "phase", "stack"):
+                if os.path.exists(path := os.path.join(out, f"rank{r}.{suffix}")):
+                    os.remove(path)
         records, hung, stacks, phases = run_ranks(name, world, out, args, timeout)
-        if attempt == 1 and "run" not in phases and (hung or any(r is not None and not r["ok"] for r in records)):
-            for r in range(world):
-                for suffix in ("json", "phase", "stack"):
-                    if os.path.exists(path := os.path.join(out, f"rank{r}.{suffix}")):
-                        os.remove(path)
-            continue
-        break
     if hung:
         errors = [rec["trace"].strip().splitlines()[-1] for rec in records if rec is not None and not rec["ok"]]
         raise RanksHung(f"{name}: rank(s) {hung} of {world} still running after {timeout:.0f} s, killed "
-                             f"(phases {phases}); errors the others raised: {errors}\n{stacks}")
+                        f"(phases {phases}); errors the others raised: {errors}\n{stacks}")
     for rec in records:
         if rec is not None and not rec["ok"]:
             raise AssertionError(rec["trace"])
