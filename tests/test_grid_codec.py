@@ -1,6 +1,9 @@
 """The float codec's grid model of a matrix's exponents (row shift + column shift + residual)."""
 
+import os
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -328,6 +331,24 @@ def test_native_and_numpy_match_the_same_rows_and_read_each_other(native, monkey
     assert bytes(floatcodec.decode(with_native, data.nbytes)) == data.tobytes()
     monkeypatch.setattr(floatcodec, "_native", native)
     assert bytes(floatcodec.decode(with_numpy, data.nbytes)) == data.tobytes()
+
+
+def test_portable_and_vector_match_scoring_pick_the_same_rows(native, tmp_path):
+    """FORKPOINT_PORTABLE_KERNELS=1 keeps the native kernels off their run-time-chosen vector
+    paths (AVX2 scoring of row matches): a process so started picks the same rows."""
+    rng = np.random.default_rng(5)
+    structured = np.frombuffer(_near_multiples(rows=600)[1::2].tobytes(), np.uint8)
+    plane = np.concatenate([structured, rng.integers(0, 256, 3 * 256 + 17, dtype=np.uint8)])
+    np.save(tmp_path / "plane.npy", plane)
+    script = ("import sys, numpy as np; from forkpoint.format import floatcodec as f; "
+              "p = np.load(sys.argv[1]); s = f._match_rows(p); np.save(sys.argv[2], np.concatenate([s, p]))")
+    env = {**os.environ, "FORKPOINT_PORTABLE_KERNELS": "1"}
+    subprocess.run([sys.executable, "-c", script, str(tmp_path / "plane.npy"), str(tmp_path / "portable.npy")],
+                   env=env, check=True)
+    here = plane.copy()
+    side = floatcodec._match_rows(here)
+    assert side[:side.size // 2].any()
+    assert np.array_equal(np.load(tmp_path / "portable.npy"), np.concatenate([side, here]))
 
 
 @pytest.mark.parametrize("kernels", ["native", "numpy"])

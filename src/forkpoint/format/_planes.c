@@ -6,7 +6,9 @@
  * this extension is not built. Also the significand rounding of the lossy modes
  * (format/lossy.py, numpy fallback), the grid model of exponent planes (a row shift plus a
  * column shift per byte, fitted by medians) and the seven-bit packing of planes whose bit 0 is
- * always zero. Every function releases the GIL. */
+ * always zero, row matching and a deflate decoder. Every function releases the GIL. Row matching
+ * scores its candidates with AVX2 where the processor has it (chosen at import, the same rows
+ * either way); FORKPOINT_PORTABLE_KERNELS=1 in the environment keeps the portable path. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
@@ -1117,6 +1119,67 @@ static PyObject *apply_grid(PyObject *self, PyObject *args) {
 #ifdef __SSE2__
 #include <emmintrin.h>
 #endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define MATCH_AVX2 1
+#endif
+
+/* The best reference of whole row r among the `reach` before it, judged on their samples (see
+ * above): raises *best (from least - 1) and sets *best_o and *best_t where a row scores more. */
+typedef void (*MatchScorer)(const uint8_t *samples, size_t r, int reach, int *best, int *best_o, uint8_t *best_t);
+
+static void score_rows(const uint8_t *samples, size_t r, int reach, int *best, int *best_o, uint8_t *best_t) {
+    const uint8_t *mine = samples + r * MATCH_SAMPLES;
+    for (int o = 1; o <= reach && (size_t)o <= r; o++) {
+        const uint8_t *theirs = samples + (r - o) * MATCH_SAMPLES;
+#ifdef __SSE2__
+        __m128i lo = _mm_sub_epi8(_mm_loadu_si128((const __m128i *)mine), _mm_loadu_si128((const __m128i *)theirs));
+        __m128i hi = _mm_sub_epi8(_mm_loadu_si128((const __m128i *)(mine + 16)),
+                                  _mm_loadu_si128((const __m128i *)(theirs + 16)));
+#else
+        uint8_t d[MATCH_SAMPLES];
+        for (int k = 0; k < MATCH_SAMPLES; k++) d[k] = (uint8_t)(mine[k] - theirs[k]);
+#endif
+        for (int c = 0; c < 4; c++) {
+            uint8_t t = (uint8_t)(mine[c * (MATCH_SAMPLES / 4)] - theirs[c * (MATCH_SAMPLES / 4)]);
+#ifdef __SSE2__
+            __m128i tt = _mm_set1_epi8((char)t);
+            __m128i ones = _mm_sub_epi8(_mm_setzero_si128(),
+                                        _mm_add_epi8(_mm_cmpeq_epi8(lo, tt), _mm_cmpeq_epi8(hi, tt)));
+            __m128i sums = _mm_sad_epu8(ones, _mm_setzero_si128());
+            int score = _mm_cvtsi128_si32(sums) + _mm_cvtsi128_si32(_mm_srli_si128(sums, 8));
+#else
+            int score = 0;
+            for (int k = 0; k < MATCH_SAMPLES; k++) score += d[k] == t;
+#endif
+            if (score > *best) { *best = score; *best_o = o; *best_t = t; }
+        }
+    }
+}
+
+#ifdef MATCH_AVX2
+/* score_rows with the 32 samples of a row in one AVX2 register: a compare, a mask and a
+ * population count per shift (chosen at run time where the processor has them). */
+__attribute__((target("avx2,popcnt")))
+static void score_rows_avx2(const uint8_t *samples, size_t r, int reach, int *best, int *best_o, uint8_t *best_t) {
+    const uint8_t *mine = samples + r * MATCH_SAMPLES;
+    __m256i m = _mm256_loadu_si256((const __m256i *)mine);
+    int top = *best, top_o = *best_o;
+    uint8_t top_t = *best_t;
+    for (int o = 1; o <= reach && (size_t)o <= r; o++) {
+        const uint8_t *theirs = samples + (r - o) * MATCH_SAMPLES;
+        __m256i d = _mm256_sub_epi8(m, _mm256_loadu_si256((const __m256i *)theirs));
+        for (int c = 0; c < 4; c++) {
+            uint8_t t = (uint8_t)(mine[c * (MATCH_SAMPLES / 4)] - theirs[c * (MATCH_SAMPLES / 4)]);
+            int score = __builtin_popcount((unsigned)_mm256_movemask_epi8(_mm256_cmpeq_epi8(d, _mm256_set1_epi8((char)t))));
+            if (score > top) { top = score; top_o = o; top_t = t; }
+        }
+    }
+    *best = top, *best_o = top_o, *best_t = top_t;
+}
+#endif
+
+static MatchScorer match_scorer = score_rows;
 
 static void match_rows_kernel(const uint8_t *p, uint8_t *res, uint8_t *side, size_t n, size_t width,
                               int reach, int least, uint8_t *samples) {
@@ -1129,36 +1192,7 @@ static void match_rows_kernel(const uint8_t *p, uint8_t *res, uint8_t *side, siz
         size_t len = r < whole ? width : n - r * width;
         int best = least - 1, best_o = 0;
         uint8_t best_t = 0;
-        if (r < whole) {
-            const uint8_t *mine = samples + r * MATCH_SAMPLES;
-            for (int o = 1; o <= reach && (size_t)o <= r; o++) {
-                const uint8_t *theirs = samples + (r - o) * MATCH_SAMPLES;
-                uint8_t d[MATCH_SAMPLES];
-#ifdef __SSE2__
-                __m128i lo = _mm_sub_epi8(_mm_loadu_si128((const __m128i *)mine), _mm_loadu_si128((const __m128i *)theirs));
-                __m128i hi = _mm_sub_epi8(_mm_loadu_si128((const __m128i *)(mine + 16)),
-                                          _mm_loadu_si128((const __m128i *)(theirs + 16)));
-                _mm_storeu_si128((__m128i *)d, lo);
-                _mm_storeu_si128((__m128i *)(d + 16), hi);
-#else
-                for (int k = 0; k < MATCH_SAMPLES; k++) d[k] = (uint8_t)(mine[k] - theirs[k]);
-#endif
-                for (int c = 0; c < 4; c++) {
-                    uint8_t t = d[c * (MATCH_SAMPLES / 4)];
-#ifdef __SSE2__
-                    __m128i tt = _mm_set1_epi8((char)t);
-                    __m128i ones = _mm_sub_epi8(_mm_setzero_si128(),
-                                                _mm_add_epi8(_mm_cmpeq_epi8(lo, tt), _mm_cmpeq_epi8(hi, tt)));
-                    __m128i sums = _mm_sad_epu8(ones, _mm_setzero_si128());
-                    int score = _mm_cvtsi128_si32(sums) + _mm_cvtsi128_si32(_mm_srli_si128(sums, 8));
-#else
-                    int score = 0;
-                    for (int k = 0; k < MATCH_SAMPLES; k++) score += d[k] == t;
-#endif
-                    if (score > best) { best = score; best_o = o; best_t = t; }
-                }
-            }
-        }
+        if (r < whole) match_scorer(samples, r, reach, &best, &best_o, &best_t);
         side[r] = (uint8_t)best_o;
         side[rows + r] = best_t;
         if (best_o) {
@@ -1371,6 +1405,13 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_planes", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__planes(void) {
+#ifdef MATCH_AVX2
+    const char *portable = getenv("FORKPOINT_PORTABLE_KERNELS");
+    __builtin_cpu_init();
+    if (!(portable && *portable && strcmp(portable, "0")) && __builtin_cpu_supports("avx2")
+        && __builtin_cpu_supports("popcnt"))
+        match_scorer = score_rows_avx2;
+#endif
     fill_reversed();
     fill_lengths();
     return PyModule_Create(&module);
