@@ -15,6 +15,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "forkpoint._planes assumes a little-endian machine"
@@ -383,56 +386,88 @@ static void fill_lengths(void) {
     }
 }
 
-/* How many bytes from p[0] on (at most `avail`) equal `v`. */
-static inline size_t run_of(const uint8_t *p, size_t avail, uint8_t v) {
-    const uint64_t pattern = 0x0101010101010101ULL * v;
-    size_t r = 0;
-    while (r + 8 <= avail) {
-        uint64_t x;
-        memcpy(&x, p + r, 8);
-        x ^= pattern;
-        if (x) return r + ((size_t)__builtin_ctzll(x) >> 3);
-        r += 8;
+/* Bit j of the result: byte j of `p` (64 of them) equals the byte before it, p[j - 1]. */
+static inline uint64_t same_as_before(const uint8_t *p) {
+#ifdef __SSE2__
+    uint64_t mask = 0;
+    for (int k = 0; k < 4; k++) {
+        __m128i now = _mm_loadu_si128((const __m128i *)(p + 16 * k));
+        __m128i before = _mm_loadu_si128((const __m128i *)(p + 16 * k - 1));
+        mask |= (uint64_t)(uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi8(now, before)) << (16 * k);
     }
-    while (r < avail && p[r] == v) r++;
-    return r;
+    return mask;
+#else
+    uint64_t mask = 0;
+    for (int j = 0; j < 64; j++) mask |= (uint64_t)(p[j] == p[j - 1]) << j;
+    return mask;
+#endif
 }
 
-/* The tokens of `n` bytes in which every run of a repeated byte is one literal and matches
- * at distance 1 (the rest literals): a byte value, or 256 + a match length; returns how many
- * (at most n). `tokens` must hold n entries: up to 7 past the last token are scratch. */
+/* Append `len` literal tokens: the bytes at `p`. */
+static inline size_t literal_tokens(const uint8_t *p, size_t len, uint16_t *tokens) {
+    for (size_t j = 0; j < len; j++) tokens[j] = p[j];
+    return len;
+}
+
+/* Append the tokens of a stretch of `len` bytes each equal to the byte before it, starting at
+ * `p`: matches at distance 1 of up to 258 (none left under 3) where it is 3 or longer, else
+ * literals. */
+static inline size_t stretch_tokens(const uint8_t *p, size_t len, uint16_t *tokens) {
+    if (len < 3) return literal_tokens(p, len, tokens);
+    size_t nt = 0;
+    while (len >= 3) {
+        size_t take = len > 258 ? 258 : len;
+        if (len - take && len - take < 3) take = len - 3;
+        tokens[nt++] = (uint16_t)(256 + take);
+        len -= take;
+    }
+    return nt;
+}
+
+/* Bit j: byte base + j of `data` (n bytes) equals the byte before it (never for byte 0, nor
+ * past n). */
+static inline uint64_t same_mask(const uint8_t *data, size_t n, size_t base) {
+    if (base && base + 64 <= n) return same_as_before(data + base);
+    uint64_t mask = 0;
+    for (size_t j = base ? 0 : 1; base + j < n && j < 64; j++) mask |= (uint64_t)(data[base + j] == data[base + j - 1]) << j;
+    return mask;
+}
+
+/* The tokens of `n` bytes in which every stretch of three or more bytes each equal to the byte
+ * before it is matches at distance 1, the rest literals: a byte value, or 256 + a match length;
+ * returns how many (at most n; `tokens` must hold n). The first byte has none before it. Bytes
+ * are compared 64 at a time; literals skip to the next three equal bits of the mask, stretches
+ * to its next clear bit. */
 static size_t run_tokens(const uint8_t *data, size_t n, uint16_t *tokens) {
-    size_t i = 0, nt = 0;
-    while (i < n) {
-        /* Eight bytes at a time while none of them starts three bytes equal to the byte before
-         * (bytes past the eighth count as equal, so a run across the edge stops it too). */
-        while (i && i + 8 <= n) {
-            uint64_t now, before;
-            memcpy(&now, data + i, 8);
-            memcpy(&before, data + i - 1, 8);
-            uint64_t x = now ^ before, low7 = 0x7F7F7F7F7F7F7F7FULL;
-            uint64_t same = ~(((x & low7) + low7) | x | low7); /* 0x80 in each byte equal to the one before */
-            uint64_t starts = same & (same >> 8 | 0x80ULL << 56) & (same >> 16 | 0x8080ULL << 48);
-            size_t k = starts ? (size_t)__builtin_ctzll(starts) >> 3 : 8;
-            for (size_t j = 0; j < 8; j++) tokens[nt + j] = data[i + j];
-            nt += k;
-            i += k;
-            if (k < 8) break;
-        }
-        if (i >= n) break;
-        size_t run = i ? run_of(data + i, n - i, data[i - 1]) : 0;
-        if (run < 3) {
-            tokens[nt++] = data[i++];
-            continue;
-        }
-        while (run >= 3) {
-            size_t len = run > 258 ? 258 : run;
-            if (run - len && run - len < 3) len = run - 3;
-            tokens[nt++] = (uint16_t)(256 + len);
-            run -= len;
-            i += len;
+    size_t nt = 0, start = 0; /* where the open stretch of equal bytes (or of literals) began */
+    int open = 0;             /* whether [start, here) is a stretch of equal bytes */
+    uint64_t next = same_mask(data, n, 0);
+    for (size_t base = 0; base < n; base += 64) {
+        size_t width = n - base < 64 ? n - base : 64, j = 0;
+        uint64_t mask = next;
+        next = base + 64 < n ? same_mask(data, n, base + 64) : 0;
+        uint64_t three = mask & (mask >> 1 | next << 63) & (mask >> 2 | next << 62);
+        while (j < width) {
+            if (open) {
+                uint64_t rest = ~mask >> j;
+                j = rest ? j + (size_t)__builtin_ctzll(rest) : 64;
+                if (j < width) { /* the stretch ends at base + j */
+                    nt += stretch_tokens(data + start, base + j - start, tokens + nt);
+                    start = base + j;
+                    open = 0;
+                }
+            } else {
+                uint64_t rest = three >> j;
+                j = rest ? j + (size_t)__builtin_ctzll(rest) : 64;
+                if (j < width) { /* three or more equal bytes begin at base + j */
+                    nt += literal_tokens(data + start, base + j - start, tokens + nt);
+                    start = base + j;
+                    open = 1;
+                }
+            }
         }
     }
+    nt += open ? stretch_tokens(data + start, n - start, tokens + nt) : literal_tokens(data + start, n - start, tokens + nt);
     return nt;
 }
 
@@ -1116,9 +1151,6 @@ static PyObject *apply_grid(PyObject *self, PyObject *args) {
  * residual = row i - row j - t (mod 256), or row i itself. Rows are coded last to first, so the
  * residual may overwrite the plane (res == p). Decoding adds them back, first row to last. */
 #define MATCH_SAMPLES 32
-#ifdef __SSE2__
-#include <emmintrin.h>
-#endif
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define MATCH_AVX2 1
