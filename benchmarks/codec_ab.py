@@ -15,6 +15,7 @@ compression.save_units): tensors of 1 MiB or more one encode each, matrices of f
 with their row length where a codec takes one (deltas without), smaller tensors in packs; each
 encode on one thread, two at a time; layouts per encode. --mlp does the same on the state of
 benchmarks/codecs.py (24 Linear(1024, 1024) layers + AdamW, 20 steps): every weight a chunk.
+--huffman times only the native deflate coders, --match-rows only the native row matching.
 """
 
 import argparse
@@ -62,11 +63,15 @@ def main() -> None:
     ap.add_argument("--mlp", action="store_true", help="instead: benchmarks/codecs.py's MLP + AdamW state, as a save splits it")
     ap.add_argument("--huffman", action="store_true",
                     help="time only the native deflate coders, one thread, on the planes this codec gives them")
+    ap.add_argument("--match-rows", action="store_true",
+                    help="time only the native row matching, one thread, on each full part's rotated top plane")
     args = ap.parse_args()
     from forkpoint.format import floatcodec as mine
     codecs = {"other": other_codec(Path(args.other)), "this": mine}
     if args.huffman:
         return huffman_only(codecs, args)
+    if args.match_rows:
+        return match_rows_only(codecs, args)
     print("| dtype | data | ratio other / this | MB/s other / this | this / other "
           "| layouts reused: ratio other / this | MB/s other / this | this / other |")
     print("|---|---|---|---|---|---|---|---|")
@@ -172,6 +177,38 @@ def coded_planes(codec, buf: np.ndarray, itemsize: int) -> dict:
     finally:
         codec._encode_plane = plain
     return planes
+
+
+def match_rows_only(codecs: dict, args) -> None:
+    """One-thread MB/s of both checkouts' native row matching (in place, rows of MATCH_ROW,
+    this checkout's reach and least score) on the rotated top plane of each full part,
+    alternating; asserts both pick the same rows and leave the same residual."""
+    this = codecs["this"]
+    print("| dtype | part | plane (MB) | rows matched | MB/s other / this | this / other |")
+    print("|---|---|---|---|---|---|")
+    for dtype, itemsize in (("float32", 4), ("bfloat16", 2)):
+        for part, kind, buf, _ in buffers(load_or_train(Path(args.dir), dtype, args.steps, args.batch),
+                                          itemsize, args.steps):
+            if kind != "full" or part == "all":
+                continue
+            planes = np.empty((itemsize, buf.nbytes // itemsize), np.uint8)
+            this._to_planes(buf, itemsize, True, planes)
+            top = planes[-1]
+            rows = -(-top.size // this.MATCH_ROW)
+            seconds: dict = {}
+            results: dict = {}
+            for _ in range(args.repeats):
+                for key, codec in codecs.items():
+                    plane, side = top.copy(), np.empty(2 * rows, np.uint8)
+                    start = time.perf_counter()
+                    codec._native.match_rows(plane, plane, side, this.MATCH_ROW, this.MATCH_REACH, this.MATCH_LEAST)
+                    seconds.setdefault(key, []).append(time.perf_counter() - start)
+                    results[key] = (plane, side)
+            assert all(np.array_equal(a, b) for a, b in zip(results["this"], results["other"])), (dtype, part)
+            speed = {k: top.nbytes / 1e6 / statistics.median(v) for k, v in seconds.items()}
+            matched = np.count_nonzero(results["this"][1][:rows]) / rows
+            print(f"| {dtype} | {part} | {top.nbytes / 1e6:.1f} | {matched:.0%} | {speed['other']:.0f} / {speed['this']:.0f} "
+                  f"| {speed['this'] / speed['other']:.2f} |", flush=True)
 
 
 def huffman_only(codecs: dict, args) -> None:
