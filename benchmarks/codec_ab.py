@@ -13,7 +13,8 @@ extension built:
 With --per-tensor, each buffer is coded as a save of the model's tensors codes it (see
 compression.save_units): tensors of 1 MiB or more one encode each, matrices of full snapshots
 with their row length where a codec takes one (deltas without), smaller tensors in packs; each
-encode on one thread, two at a time; layouts per encode. --mlp does the same on the state of
+encode spreading its 4 MiB segments over two threads, two encodes at a time (as a save does);
+layouts per encode. --mlp does the same on the state of
 benchmarks/codecs.py (24 Linear(1024, 1024) layers + AdamW, 20 steps): every weight a chunk.
 --huffman times only the native deflate coders, --match-rows only the native row matching.
 """

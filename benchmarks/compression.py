@@ -12,10 +12,11 @@ call to call, as a save does (its staging pool's buffer); "forkpoint (fresh work
 the codec allocate one per call, which pays its page faults every time. "forkpoint as a save
 splits it" codes the same bytes as a save of the model's tensors does: tensors of 1 MiB or more
 one encode each, matrices with their row length (which lets the codec model their exponents
-by rows and columns; deltas without), smaller tensors concatenated into packs, the encodes
-spread over the threads (a save's writer tasks each encode a chunk on one thread); "(layouts
-reused)" as above. Reports ratio and single- and two-thread encode MB/s, medians of --repeats
-runs, and the local disk's direct-write bandwidth measured in the same run.
+by rows and columns; deltas without), smaller tensors concatenated into packs, as many encodes
+at a time as there are threads, each spreading its chunk's 4 MiB segments over the codec's
+threads (a save's writer tasks each encode a chunk that way); "(layouts reused)" as above.
+Reports ratio and single- and two-thread encode MB/s, medians of --repeats runs, and the local
+disk's direct-write bandwidth measured in the same run.
 
     .venv/bin/python benchmarks/compression.py --repeats 3 --dir /work/bench-comp
 """
@@ -199,15 +200,16 @@ def unit_layouts(previous: list, itemsize: int, pieces, layouts_class) -> list:
 
 
 def encode_units(pieces, itemsize: int, units: list, threads: int, layouts=None, work=None) -> int:
-    """Coded bytes of `units` (see save_units), each encoded on one thread by
-    `pieces(data, itemsize, threads, scratch, layouts, row)`, `threads` of them at a time, as a
-    save's writer tasks do; copies of `layouts` (one per unit) are reused when given."""
+    """Coded bytes of `units` (see save_units), each encoded by
+    `pieces(data, itemsize, threads, scratch, layouts, row)` (its segments over the codec's
+    `threads`), `threads` of them at a time, as a save's writer tasks do; copies of `layouts`
+    (one per unit) are reused when given."""
     layouts = copy.deepcopy(layouts) if layouts is not None else [None] * len(units)
     work = work if work is not None else _unit_work(units)
 
     def one(i):
         data, row = units[i]
-        return sum(memoryview(p).nbytes for p in pieces(memoryview(data), itemsize, 1, work[i], layouts[i], row))
+        return sum(memoryview(p).nbytes for p in pieces(memoryview(data), itemsize, threads, work[i], layouts[i], row))
     if threads == 1:
         return sum(map(one, range(len(units))))
     with ThreadPoolExecutor(threads) as pool:
