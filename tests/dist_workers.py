@@ -18,8 +18,10 @@ INIT_SECONDS = 60
 """How long a rank waits for the others to join the process group before it raises."""
 
 
-def init(rank: int, world: int, port: int) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+def init(rank: int, world: int, rendezvous: str) -> None:
+    """Join the launch's process group through the file `rendezvous` (a fresh one per launch:
+    no port that another test could take between its choice and its use)."""
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=INIT_SECONDS))
 
 
@@ -73,7 +75,7 @@ def full_state(train_state) -> dict:
     return out
 
 
-def main(rank, name, world, port, out, *args):
+def main(rank, name, world, rendezvous, out, *args):
     """Spawned entry: run `_<name>`(rank, world, out, *args) in a process group; write its
     result or traceback to out/rank<r>.json. SIGUSR1 writes every thread's stack to
     out/rank<r>.stack (the launcher sends it to a rank that hangs); out/rank<r>.phase says
@@ -82,7 +84,7 @@ def main(rank, name, world, port, out, *args):
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     _write(os.path.join(out, f"rank{rank}.phase"), "init")
     try:
-        init(rank, world, port)
+        init(rank, world, rendezvous)
         _write(os.path.join(out, f"rank{rank}.phase"), "run")
         record = {"ok": True, "result": globals()["_" + name](rank, world, out, *args)}
     except BaseException as e:

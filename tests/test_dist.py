@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import time
 import warnings
 
@@ -19,12 +18,6 @@ torch = pytest.importorskip("torch")
 import forkpoint as fp  # noqa: E402
 
 import dist_workers  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RanksHung(AssertionError):
@@ -87,8 +80,9 @@ def run_ranks(name: str, world: int, out: str, args: tuple, timeout: float):
     phase: "init" while joining the process group, "run" after, None if never started)."""
     os.makedirs(out, exist_ok=True)
     ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=dist_workers.main, args=(r, name, world, port, out, *args)) for r in range(world)]
+    rendezvous = os.path.join(out, f"rendezvous-{time.monotonic_ns()}")
+    procs = [ctx.Process(target=dist_workers.main, args=(r, name, world, rendezvous, out, *args))
+             for r in range(world)]
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout

@@ -4,7 +4,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -147,16 +146,19 @@ def test_requeue_under_slurm(tmp_path):
 
 def test_signal_on_one_rank_saves_one_version_at_the_same_step(tmp_path):
     url = str(tmp_path / "r")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     procs = []
-    for rank in range(2):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE="2", LOCAL_RANK=str(rank))
-        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "helpers", "dist_preempt.py"), url],
-                                      env=env))
-    codes = [p.wait(timeout=120) for p in procs]
+    try:
+        for rank in range(2):
+            env = dict(os.environ, FP_TEST_RENDEZVOUS=str(tmp_path / "rendezvous"), RANK=str(rank),
+                       WORLD_SIZE="2", LOCAL_RANK=str(rank))
+            procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "helpers", "dist_preempt.py"), url],
+                                          env=env))
+        codes = [p.wait(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     assert codes == [fp.PREEMPTED_EXIT_CODE] * 2
     log = fp.Repo(url).log()
     emergency = [v for v in log if v.message.startswith("emergency")]

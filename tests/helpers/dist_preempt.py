@@ -1,5 +1,10 @@
-"""One rank of a 2-rank gloo run; rank 1 signals itself at step 3 (resilience test)."""
+"""One rank of a 2-rank gloo run; rank 1 signals itself at step 3 (resilience test).
 
+Ranks meet through a file (FP_TEST_RENDEZVOUS, no port that another test could take first)
+and print every thread's stack if still running after STACKS_AFTER seconds."""
+
+import datetime
+import faulthandler
 import os
 import signal
 import sys
@@ -11,8 +16,14 @@ import torch.distributed as dist
 import forkpoint as fp
 
 
+STACKS_AFTER = 90
+
+
 def main(url: str) -> None:
-    dist.init_process_group("gloo")
+    faulthandler.dump_traceback_later(STACKS_AFTER)
+    dist.init_process_group("gloo", init_method=f"file://{os.environ['FP_TEST_RENDEZVOUS']}",
+                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+                            timeout=datetime.timedelta(seconds=60))
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = torch.nn.Linear(16, 16)
