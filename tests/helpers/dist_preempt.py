@@ -16,7 +16,7 @@ import torch.distributed as dist
 import forkpoint as fp
 
 
-STACKS_AFTER = 90
+STACKS_AFTER = float(os.environ.get("FP_TEST_STACKS_AFTER", 90))
 
 
 def main(url: str) -> None:
