@@ -187,29 +187,35 @@ def match_rows_only(codecs: dict, args) -> None:
     this = codecs["this"]
     print("| dtype | part | plane (MB) | rows matched | MB/s other / this | this / other |")
     print("|---|---|---|---|---|---|")
+    for dtype, itemsize, part, kind, buf in each_buffer(args):
+        if kind != "full" or part == "all":
+            continue
+        planes = np.empty((itemsize, buf.nbytes // itemsize), np.uint8)
+        this._to_planes(buf, itemsize, True, planes)
+        top = planes[-1]
+        rows = -(-top.size // this.MATCH_ROW)
+        seconds: dict = {}
+        results: dict = {}
+        for _ in range(args.repeats):
+            for key, codec in codecs.items():
+                plane, side = top.copy(), np.empty(2 * rows, np.uint8)
+                start = time.perf_counter()
+                codec._native.match_rows(plane, plane, side, this.MATCH_ROW, this.MATCH_REACH, this.MATCH_LEAST)
+                seconds.setdefault(key, []).append(time.perf_counter() - start)
+                results[key] = (plane, side)
+        assert all(np.array_equal(a, b) for a, b in zip(results["this"], results["other"])), (dtype, part)
+        speed = {k: top.nbytes / 1e6 / statistics.median(v) for k, v in seconds.items()}
+        matched = np.count_nonzero(results["this"][1][:rows]) / rows
+        print(f"| {dtype} | {part} | {top.nbytes / 1e6:.1f} | {matched:.0%} | {speed['other']:.0f} / {speed['this']:.0f} "
+              f"| {speed['this'] / speed['other']:.2f} |", flush=True)
+
+
+def each_buffer(args):
+    """(dtype, itemsize, part, kind, bytes) of each buffer compression.py codes, both dtypes."""
     for dtype, itemsize in (("float32", 4), ("bfloat16", 2)):
         for part, kind, buf, _ in buffers(load_or_train(Path(args.dir), dtype, args.steps, args.batch),
                                           itemsize, args.steps):
-            if kind != "full" or part == "all":
-                continue
-            planes = np.empty((itemsize, buf.nbytes // itemsize), np.uint8)
-            this._to_planes(buf, itemsize, True, planes)
-            top = planes[-1]
-            rows = -(-top.size // this.MATCH_ROW)
-            seconds: dict = {}
-            results: dict = {}
-            for _ in range(args.repeats):
-                for key, codec in codecs.items():
-                    plane, side = top.copy(), np.empty(2 * rows, np.uint8)
-                    start = time.perf_counter()
-                    codec._native.match_rows(plane, plane, side, this.MATCH_ROW, this.MATCH_REACH, this.MATCH_LEAST)
-                    seconds.setdefault(key, []).append(time.perf_counter() - start)
-                    results[key] = (plane, side)
-            assert all(np.array_equal(a, b) for a, b in zip(results["this"], results["other"])), (dtype, part)
-            speed = {k: top.nbytes / 1e6 / statistics.median(v) for k, v in seconds.items()}
-            matched = np.count_nonzero(results["this"][1][:rows]) / rows
-            print(f"| {dtype} | {part} | {top.nbytes / 1e6:.1f} | {matched:.0%} | {speed['other']:.0f} / {speed['this']:.0f} "
-                  f"| {speed['this'] / speed['other']:.2f} |", flush=True)
+            yield dtype, itemsize, part, kind, buf
 
 
 def huffman_only(codecs: dict, args) -> None:
@@ -221,25 +227,23 @@ def huffman_only(codecs: dict, args) -> None:
     this = codecs["this"]
     print("| dtype | data | coder | planes (MB) | ratio other / this | MB/s other / this | this / other |")
     print("|---|---|---|---|---|---|---|")
-    for dtype, itemsize in (("float32", 4), ("bfloat16", 2)):
-        for part, kind, buf, _ in buffers(load_or_train(Path(args.dir), dtype, args.steps, args.batch),
-                                          itemsize, args.steps):
-            for coder, planes in sorted(coded_planes(this, buf, itemsize).items()):
-                runs = coder == this.RUNS
-                seconds: dict = {}
-                coded: dict = {}
-                for _ in range(args.repeats):
-                    for key, codec in codecs.items():
-                        start = time.perf_counter()
-                        out = [codec._native.huffman_deflate(p, this._huffman_block(p), runs) for p in planes]
-                        seconds.setdefault(key, []).append(time.perf_counter() - start)
-                        coded[key] = sum(map(len, out))
-                        assert all(zlib.decompress(o, -15) == p.tobytes() for o, p in zip(out, planes))
-                nbytes = sum(p.nbytes for p in planes)
-                speed = {k: nbytes / 1e6 / statistics.median(v) for k, v in seconds.items()}
-                print(f"| {dtype} | {part} {kind} | {'runs' if runs else 'Huffman'} | {nbytes / 1e6:.1f} "
-                      f"| {nbytes / coded['other']:.3f} / {nbytes / coded['this']:.3f} "
-                      f"| {speed['other']:.0f} / {speed['this']:.0f} | {speed['this'] / speed['other']:.2f} |", flush=True)
+    for dtype, itemsize, part, kind, buf in each_buffer(args):
+        for coder, planes in sorted(coded_planes(this, buf, itemsize).items()):
+            runs = coder == this.RUNS
+            seconds: dict = {}
+            coded: dict = {}
+            for _ in range(args.repeats):
+                for key, codec in codecs.items():
+                    start = time.perf_counter()
+                    out = [codec._native.huffman_deflate(p, this._huffman_block(p), runs) for p in planes]
+                    seconds.setdefault(key, []).append(time.perf_counter() - start)
+                    coded[key] = sum(map(len, out))
+                    assert all(zlib.decompress(o, -15) == p.tobytes() for o, p in zip(out, planes))
+            nbytes = sum(p.nbytes for p in planes)
+            speed = {k: nbytes / 1e6 / statistics.median(v) for k, v in seconds.items()}
+            print(f"| {dtype} | {part} {kind} | {'runs' if runs else 'Huffman'} | {nbytes / 1e6:.1f} "
+                  f"| {nbytes / coded['other']:.3f} / {nbytes / coded['this']:.3f} "
+                  f"| {speed['other']:.0f} / {speed['this']:.0f} | {speed['this'] / speed['other']:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
