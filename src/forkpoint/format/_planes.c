@@ -18,6 +18,10 @@
 #ifdef __SSE2__
 #include <emmintrin.h>
 #endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define MATCH_AVX2 1 /* row scoring with AVX2, chosen at import where the processor has it */
+#endif
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "forkpoint._planes assumes a little-endian machine"
@@ -1151,10 +1155,6 @@ static PyObject *apply_grid(PyObject *self, PyObject *args) {
  * residual = row i - row j - t (mod 256), or row i itself. Rows are coded last to first, so the
  * residual may overwrite the plane (res == p). Decoding adds them back, first row to last. */
 #define MATCH_SAMPLES 32
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define MATCH_AVX2 1
-#endif
 
 /* The best reference of whole row r among the `reach` before it, judged on their samples (see
  * above): raises *best (from least - 1) and sets *best_o and *best_t where a row scores more. */
