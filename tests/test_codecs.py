@@ -442,6 +442,28 @@ def test_each_segment_picks_its_own_coders():
         floatcodec.decode(bytes(damaged), data.nbytes)
 
 
+def test_runs_coder_reads_stretches_across_its_64_byte_masks():
+    """The runs coder compares bytes 64 at a time: stretches of one value, of every length
+    from 1 to 70, starting at every offset around a 64-byte edge (and at the very start),
+    inflate back to the data, and a long stretch costs a few match codes, not a byte each."""
+    import zlib
+
+    from forkpoint.format import floatcodec
+    if floatcodec._native is None:
+        pytest.skip("native kernels not built (no C compiler at install time)")
+    rng = np.random.default_rng(64)
+    for offset in [0, 1, *range(56, 73), *range(120, 131)]:
+        for length in range(1, 71):
+            data = bytearray(rng.integers(0, 256, 220, dtype=np.uint8).tobytes())
+            data[max(0, offset - 1):offset + length] = bytes([7]) * (offset + length - max(0, offset - 1))
+            coded = floatcodec._native.huffman_deflate(bytes(data), 1024, True)
+            assert zlib.decompress(coded, -15) == data, (offset, length)
+    literals = rng.integers(0, 256, 1000, dtype=np.uint8).tobytes()
+    stretched = literals[:500] + bytes([literals[499]]) * 5000 + literals[500:]
+    assert len(floatcodec._native.huffman_deflate(stretched, 1 << 14, True)) < \
+        len(floatcodec._native.huffman_deflate(literals, 1 << 14, True)) + 40
+
+
 def test_version_1_float_payloads_still_decode():
     """Objects written before per-segment layouts (one layout for every segment) read back."""
     import struct
