@@ -26,10 +26,14 @@ def torchrun(nproc: int, *args) -> str:
     """Run the example under torchrun; return rank 0's output. A worker that finished its work
     (rank 0 printed "done") but aborted in torch's process-group teardown, which happens now
     and then under load on this machine, is not counted as a failure: the versions it
-    committed are checked by the caller."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-           "--master_port", str(free_port()), EXAMPLE, *args]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    committed are checked by the caller. A run whose port another process took between
+    free_port() and torchrun's bind (EADDRINUSE, before any rank starts) runs again on another."""
+    for attempt in range(2):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+               "--master_port", str(free_port()), EXAMPLE, *args]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
+        if out.returncode == 0 or "EADDRINUSE" not in out.stderr:
+            break
     teardown_abort = "done at step" in out.stdout and "terminate called without an active exception" in out.stderr
     assert out.returncode == 0 or teardown_abort, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout
