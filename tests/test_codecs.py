@@ -353,6 +353,26 @@ def test_native_huffman_joins_pieces_of_one_distribution_and_splits_where_it_cha
     assert len(pieces) < 0.9 * len(floatcodec._native.huffman_deflate(shifted, 1 << 20, runs))
 
 
+@pytest.mark.parametrize("kind", ["uniform", "constant", "geometric", "two", "fibonacci", "runs"])
+def test_native_huffman_size_from_counts_is_within_bytes_of_coding(kind):
+    """huffman_bytes(counts), which choose uses instead of a trial encode, is the size of the
+    one-block literals stream huffman_deflate writes, within 8 bytes (empty data: exactly), for
+    every kind of distribution including codes clamped at the 14-bit limit."""
+    from forkpoint.format import floatcodec
+    native = floatcodec._native
+    if native is None:
+        pytest.skip("native kernels not built")
+    rng = np.random.default_rng(11)
+    for n in (0, 1, 3, 1023, 16384, 100_003):
+        data = _skewed_bytes(kind, n, rng)
+        counts = np.empty(256, np.uint64)
+        native.byte_counts(data, counts)
+        coded = len(native.huffman_deflate(data, 1 << 20))
+        assert abs(native.huffman_bytes(counts) - coded) <= (8 if n else 0), (kind, n)
+    with pytest.raises(ValueError, match="256 x 8"):
+        native.huffman_bytes(np.zeros(255, np.uint64))
+
+
 def test_native_kernels_are_built_where_a_compiler_is():
     import shutil
 

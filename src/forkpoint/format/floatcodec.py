@@ -401,12 +401,20 @@ def _plane_coder(plane: np.ndarray) -> tuple[int, int]:
         return SEVEN, seven
     tried = (ZSTD, HUFFMAN, RUNS) if _run_share(plane) >= RUNS_MIN_SHARE else (ZSTD, HUFFMAN)
     block = _block_for(entropy, plane.nbytes) if plane.nbytes <= HUFFMAN_BLOCK_WIDE else _huffman_block(plane)
-    sizes = {coder: len(_encode_plane(plane, coder, block)) for coder in tried}
+    sizes = {coder: _trial_bytes(plane, coder, block, counts) for coder in tried}
     deflate = RUNS if sizes.get(RUNS, float("inf")) < RUNS_MIN_GAIN * sizes[HUFFMAN] else HUFFMAN
     coder = ZSTD if sizes[ZSTD] < ZSTD_MIN_GAIN * sizes[deflate] else deflate
     if seven is not None and sizes[coder] >= SEVEN_MIN_GAIN * seven:
         return SEVEN, seven
     return (coder, sizes[coder]) if sizes[coder] < MIN_GAIN * plane.nbytes else (RAW, plane.nbytes)
+
+
+def _trial_bytes(plane: np.ndarray, coder: int, block: int, counts: np.ndarray) -> int:
+    """Coded bytes of `plane` under `coder`; the native Huffman coder's are computed from the
+    plane's byte `counts` as one block (within a few bytes of coding it, at no pass over it)."""
+    if coder == HUFFMAN and _native is not None:
+        return _native.huffman_bytes(counts)
+    return len(_encode_plane(plane, coder, block))
 
 
 def choose(data: np.ndarray, itemsize: int, row: int = 0) -> tuple[int, list[int], int]:
