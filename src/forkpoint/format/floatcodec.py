@@ -453,7 +453,9 @@ def choose(data: np.ndarray, itemsize: int, row: int = 0) -> tuple[int, list[int
         matched = [o for o in options if o[0] & MATCH]
         rivals = [min(group, key=price) for group in (zstd_top, matched) if group]
         if rivals:
-            best = min([best, *rivals], key=lambda o: _stretch_cost(data, itemsize, row, o))
+            candidates = [best, *rivals]
+            costs = _stretch_costs(data, itemsize, row, candidates)
+            best = candidates[costs.index(min(costs))]
     return best[0], [c for c, _ in best[1]], sum(n for _, n in best[1])
 
 
@@ -471,34 +473,49 @@ def _matched_option(form: int, option: list, top: np.ndarray) -> list:
     return [(form | MATCH, option[:-1] + [(coder, coded + side.size)])]
 
 
-def _stretch_cost(data: np.ndarray, itemsize: int, row: int, option: tuple) -> float:
-    """Coded bytes, plus the price of each entropy-coded plane, of the top two planes (those
-    rotation and the grid change) of one contiguous stretch of whole rows from the middle of
-    `data` (STRETCH_ELEMENTS' worth) under `option` (form, [(coder, sample bytes)]).
+def _stretch_costs(data: np.ndarray, itemsize: int, row: int, options: list) -> list[float]:
+    """For each of `options` ((form, [(coder, sample bytes)])): coded bytes, plus the price of
+    each entropy-coded plane, of the top two planes (those rotation and the grid change) of one
+    contiguous stretch of whole rows from the middle of `data` (STRETCH_ELEMENTS' worth).
 
     Where the sample prefers the grid to a layout whose top plane zstd codes or rows match, the
     sample's short pieces hide the repeats zstd finds at long distances (an embedding's first
     moment: 17% smaller on the whole plane than on the sample), which the stretch shows; the
     grid is weighed against the best of each. `choose` looks so only at data of two stretches
     or more: smaller data's planes are mostly in the sample, and more encodes of each would
-    multiply the cost of choosing."""
+    multiply the cost of choosing. Options of one rotation share the stretch's planes, and the
+    plane below the top is coded once per rotation and coder."""
     rows = data.nbytes // itemsize // row
     take = min(rows, max(1, STRETCH_ELEMENTS // row))
     first = (rows - take) // 2 * row * itemsize
     stretch = data[first:first + take * row * itemsize]
-    form, coders = option[0], [c for c, _ in option[1]]
-    planes = np.empty((itemsize, take * row), np.uint8)
-    _to_planes(stretch, itemsize, bool(form & ROTATED), planes)
-    cost = 0.0
-    if form & GRID:
-        _apply_grid(planes[-1], planes[-1], _fit_grid(planes[-1], row), row, add=False)
-        cost += take + row * take * row / min(rows * row, _segment_elements(itemsize, row))
-    elif form & MATCH:
-        cost += _match_rows(planes[-1]).size
-    for plane, coder in zip(planes[-2:], coders[-2:]):  # the planes below are alike in every layout
+    planes_of: dict = {}
+    below_cost: dict = {}
+
+    def plane_cost(plane: np.ndarray, coder: int) -> float:
         coded = _encode_plane(plane, coder)
-        cost += plane.nbytes if coded is None else len(coded) + _pass_price(coder, plane.nbytes)
-    return cost
+        return plane.nbytes if coded is None else len(coded) + _pass_price(coder, plane.nbytes)
+
+    costs = []
+    for form, chosen in options:
+        rotated, coders = bool(form & ROTATED), [c for c, _ in chosen]
+        if rotated not in planes_of:
+            planes_of[rotated] = np.empty((itemsize, take * row), np.uint8)
+            _to_planes(stretch, itemsize, rotated, planes_of[rotated])
+        planes = planes_of[rotated]
+        if (rotated, coders[-2]) not in below_cost:
+            below_cost[rotated, coders[-2]] = plane_cost(planes[-2], coders[-2])
+        cost = below_cost[rotated, coders[-2]]
+        top = planes[-1]
+        if form & GRID:
+            top = top.copy()
+            _apply_grid(top, top, _fit_grid(top, row), row, add=False)
+            cost += take + row * take * row / min(rows * row, _segment_elements(itemsize, row))
+        elif form & MATCH:
+            top = top.copy()
+            cost += _match_rows(top).size
+        costs.append(cost + plane_cost(top, coders[-1]))
+    return costs
 
 
 def _pass_price(coder: int, nbytes: int) -> float:
