@@ -19,7 +19,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from compression import LAGS, PARTS, load_or_train, save_units, tensor_shapes, tensor_split  # noqa: E402
 
-CODERS = {1: "zstd", 2: "Huffman", 3: "runs", 4: "seven-bit"}
+CODERS = {1: "zstd", 2: "Huffman", 3: "runs", 4: "seven-bit", 5: "sparse"}
 
 
 def timed_encodes(fc, units: list, itemsize: int, layouts: list | None) -> tuple[float, int, dict]:

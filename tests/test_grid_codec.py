@@ -51,7 +51,8 @@ def test_rows_let_moments_code_smaller_and_round_trip_bit_exactly(dtype, scale, 
         unmatched.setattr(floatcodec, "_matched_option", lambda *args: [])
         plain = floatcodec.encode(data, itemsize)
     grid = _payload(data, itemsize, 384)
-    assert grid[0] == floatcodec.GRID_VERSION, "the grid was chosen for an outer-product matrix"
+    assert grid[0] >= floatcodec.GRID_VERSION and grid[floatcodec._HEAD.size + floatcodec._ROW.size] & floatcodec.GRID, \
+        "the grid was chosen for an outer-product matrix"
     assert len(grid) <= gain * len(plain), f"{len(grid)} bytes with rows against {len(plain)} without"
     assert bytes(floatcodec.decode(grid, data.nbytes)) == data.tobytes()
     assert bytes(floatcodec.decode(grid, data.nbytes, threads=1)) == data.tobytes()
@@ -296,11 +297,11 @@ def test_rows_near_multiples_of_rows_shortly_before_are_matched(monkeypatch):
     data = _near_multiples()
     assert all(form & floatcodec.MATCH for form in _segment_forms(data, 2))
     payload = floatcodec.encode(data, 2)
-    assert payload[0] == floatcodec.VERSION
+    assert payload[0] >= floatcodec.MATCH_VERSION
     with monkeypatch.context() as unmatched:
         unmatched.setattr(floatcodec, "_matched_option", lambda *args: [])
         without = floatcodec.encode(data, 2)
-        assert without[0] < floatcodec.VERSION and floatcodec.ZSTD in without[16:19]
+        assert without[0] < floatcodec.MATCH_VERSION and floatcodec.ZSTD in without[16:19]
     assert len(payload) < 0.9 * len(without), f"{len(payload)} bytes matched against {len(without)}"
     for threads in (1, None):
         assert bytes(floatcodec.decode(payload, data.nbytes, threads=threads)) == data.tobytes()
@@ -327,7 +328,7 @@ def test_native_and_numpy_match_the_same_rows_and_read_each_other(native, monkey
     with_native = floatcodec.encode(data, 2)
     monkeypatch.setattr(floatcodec, "_native", None)
     with_numpy = floatcodec.encode(data, 2)
-    assert with_numpy[0] == floatcodec.VERSION
+    assert with_numpy[0] >= floatcodec.MATCH_VERSION
     assert bytes(floatcodec.decode(with_native, data.nbytes)) == data.tobytes()
     monkeypatch.setattr(floatcodec, "_native", native)
     assert bytes(floatcodec.decode(with_numpy, data.nbytes)) == data.tobytes()
@@ -356,7 +357,7 @@ def test_damaged_row_matches_are_refused(monkeypatch, kernels):
     data = _near_multiples(rows=1024)
     payload = floatcodec.encode(data, 2)
     head = floatcodec._HEAD.size + floatcodec._ROW.size
-    assert payload[0] == floatcodec.VERSION and payload[head] & floatcodec.MATCH
+    assert payload[0] >= floatcodec.MATCH_VERSION and payload[head] & floatcodec.MATCH
     if kernels == "numpy":
         monkeypatch.setattr(floatcodec, "_native", None)
     lengths_at = head + 3
@@ -387,7 +388,7 @@ def test_a_repository_stores_matched_rows(tmp_path):
         path = tmp_path / "r" / object_key(chunk.object)
         blob = path.read_bytes()
         _, _, header_size = unpack_header(blob[:OBJECT_HEADER_SIZE], str(path))
-        assert blob[header_size] == floatcodec.VERSION
+        assert blob[header_size] >= floatcodec.MATCH_VERSION
     assert repo.verify().ok
     repo.close()
 

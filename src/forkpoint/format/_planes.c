@@ -324,6 +324,27 @@ static void encode_block(BitWriter *w, const uint8_t *data, size_t n, const uint
     put_bits(w, codes[END_OF_BLOCK], lengths[END_OF_BLOCK]);
 }
 
+/* The bits encode_block writes for a block whose byte counts are `counts`: its header, codes
+ * and end of block (the same code, built the same way). */
+static uint64_t block_bits(const uint32_t *counts) {
+    uint32_t freq[LIT_SYMBOLS];
+    uint8_t lengths[LIT_SYMBOLS], header[1024];
+    uint16_t codes[LIT_SYMBOLS];
+    int distinct = 0;
+    for (int s = 0; s < 256; s++) {
+        freq[s] = counts[s];
+        distinct += counts[s] != 0;
+    }
+    freq[END_OF_BLOCK] = 1;
+    if (distinct == 0) freq[0] = 1;
+    build_code(freq, LIT_SYMBOLS, MAX_DATA_BITS, lengths, codes);
+    BitWriter w = {header, 0, 0};
+    write_header(&w, lengths, LIT_SYMBOLS, 0, 0);
+    uint64_t bits = (uint64_t)(w.out - header) * 8 + (uint64_t)w.count + lengths[END_OF_BLOCK];
+    for (int s = 0; s < 256; s++) bits += (uint64_t)counts[s] * lengths[s];
+    return bits;
+}
+
 /* log2(1 + i / LOG2_STEPS) for i = 0..LOG2_STEPS, for fast_log2. */
 #define LOG2_STEPS 1024
 static double LOG2_TABLE[LOG2_STEPS + 1];
@@ -369,10 +390,12 @@ static int joins_open_block(uint32_t *open, double *open_bits, const uint32_t *p
 
 /* Deflate blocks of literals over `data`, taken `step` bytes at a time: the next piece joins the
  * open block where joins_open_block says so (stationary planes: fewer codes to build, headers
- * and pair tables), else the open block is written and the piece opens the next. */
-static void encode_literals(BitWriter *w, const uint8_t *data, size_t n, size_t step, PairTable *pairs) {
+ * and pair tables), else the open block is written and the piece opens the next. Without a
+ * writer (`w` NULL), only the bits the blocks would take are counted and returned. */
+static uint64_t encode_literals(BitWriter *w, const uint8_t *data, size_t n, size_t step, PairTable *pairs) {
     uint32_t open[256], piece[256];
     size_t lo = 0, hi = 0;
+    uint64_t bits = 0;
     double open_bits = 0;
     memset(open, 0, sizeof open);
     while (hi < n) {
@@ -381,14 +404,17 @@ static void encode_literals(BitWriter *w, const uint8_t *data, size_t n, size_t 
         count_bytes(data + hi, len, piece);
         double piece_bits = entropy_bits(piece, 256);
         if (hi == lo || !joins_open_block(open, &open_bits, piece, piece_bits, 256)) {
-            if (hi > lo) encode_block(w, data + lo, hi - lo, open, 0, pairs);
+            if (hi > lo && w) encode_block(w, data + lo, hi - lo, open, 0, pairs);
+            else if (hi > lo) bits += block_bits(open);
             memcpy(open, piece, sizeof open);
             open_bits = piece_bits;
             lo = hi;
         }
         hi += len;
     }
-    encode_block(w, data + lo, hi - lo, open, 1, pairs);
+    if (w) encode_block(w, data + lo, hi - lo, open, 1, pairs);
+    else bits += block_bits(open);
+    return bits;
 }
 
 /* Deflate length codes: for each match length 3..258, its symbol, extra bits and their value. */
@@ -1033,36 +1059,20 @@ static PyObject *byte_counts(PyObject *self, PyObject *args) {
 ROUND_KERNEL(round32, uint32_t, float, 23, 0xFF)
 ROUND_KERNEL(round64, uint64_t, double, 52, 0x7FF)
 
-/* The bytes of the one-block literals-only deflate stream huffman_deflate would write for bytes
- * with these counts (its header, codes and end of block), without coding them. */
+/* The bytes of the literals-only stream huffman_deflate(data, block) writes, without writing it
+ * (the same blocks: its pieces counted and joined as encode_literals does). */
 static PyObject *huffman_bytes(PyObject *self, PyObject *args) {
     Py_buffer view;
-    if (!PyArg_ParseTuple(args, "y*", &view)) return NULL;
-    if (view.len != 256 * (Py_ssize_t)sizeof(uint64_t)) {
-        PyErr_Format(PyExc_ValueError, "counts buffer of %zd bytes, expected 256 x 8", view.len);
+    Py_ssize_t block = 32768;
+    if (!PyArg_ParseTuple(args, "y*|n", &view, &block)) return NULL;
+    if (block < 1024 || block > (1 << 24)) {
         PyBuffer_Release(&view);
-        return NULL;
+        return PyErr_Format(PyExc_ValueError, "block of %zd bytes: must be 1 KiB to 16 MiB", block);
     }
-    const uint64_t *counts = view.buf;
-    uint64_t largest = 0;
-    for (int s = 0; s < 256; s++) largest = counts[s] > largest ? counts[s] : largest;
-    int shift = 0;
-    while ((largest >> shift) >= (1ull << 31)) shift++;
-    uint32_t freq[LIT_SYMBOLS];
-    uint8_t lengths[LIT_SYMBOLS], header[1024];
-    uint16_t codes[LIT_SYMBOLS];
-    int distinct = 0;
-    for (int s = 0; s < 256; s++) {
-        freq[s] = counts[s] ? (uint32_t)((counts[s] >> shift) | 1) : 0;
-        distinct += counts[s] != 0;
-    }
-    freq[END_OF_BLOCK] = 1;
-    if (distinct == 0) freq[0] = 1;
-    build_code(freq, LIT_SYMBOLS, MAX_DATA_BITS, lengths, codes);
-    BitWriter w = {header, 0, 0};
-    write_header(&w, lengths, LIT_SYMBOLS, 0, 1);
-    uint64_t bits = (uint64_t)(w.out - header) * 8 + (uint64_t)w.count + lengths[END_OF_BLOCK];
-    for (int s = 0; s < 256; s++) bits += counts[s] * lengths[s];
+    uint64_t bits;
+    Py_BEGIN_ALLOW_THREADS
+    bits = encode_literals(NULL, view.buf, (size_t)view.len, (size_t)block, NULL);
+    Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
     return PyLong_FromUnsignedLongLong((bits + 7) / 8);
 }
@@ -1444,6 +1454,165 @@ static PyObject *unpack_seven(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* Sparse planes: a bitmap of the nonzero bytes (bit i of byte i / 8, least significant first)
+ * and the nonzero bytes in order. Eight bytes at a time, through a shuffle per bitmap byte
+ * (SSSE3, chosen at import) or branch-free scalar code. */
+static uint8_t GATHER[256][8], SCATTER[256][8];
+
+static void fill_sparse_tables(void) {
+    for (int m = 0; m < 256; m++) {
+        int k = 0;
+        memset(GATHER[m], 0x80, 8);
+        for (int j = 0; j < 8; j++) {
+            SCATTER[m][j] = (m >> j & 1) ? (uint8_t)k : 0x80;
+            if (m >> j & 1) GATHER[m][k++] = (uint8_t)j;
+        }
+    }
+}
+
+static inline uint8_t nonzero_bits(uint64_t v) {
+    uint64_t t = (v | v >> 4) & 0x0F0F0F0F0F0F0F0FULL;
+    t = (t | t >> 2) & 0x0303030303030303ULL;
+    t = (t | t >> 1) & 0x0101010101010101ULL;
+    return (uint8_t)((t * 0x0102040810204080ULL) >> 56);
+}
+
+/* Bitmap (n / 8 rounded up bytes) and nonzero bytes (room for n + 8) of `s`; returns how many. */
+static size_t split_sparse_portable(const uint8_t *s, size_t n, uint8_t *bitmap, uint8_t *nonzero) {
+    size_t i = 0, k = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t v;
+        memcpy(&v, s + i, 8);
+        bitmap[i / 8] = nonzero_bits(v);
+        for (int j = 0; j < 8; j++) {
+            uint8_t b = (uint8_t)(v >> (8 * j));
+            nonzero[k] = b;
+            k += b != 0;
+        }
+    }
+    if (i < n) {
+        uint8_t m = 0;
+        for (size_t j = 0; i + j < n; j++) {
+            m |= (uint8_t)((s[i + j] != 0) << j);
+            nonzero[k] = s[i + j];
+            k += s[i + j] != 0;
+        }
+        bitmap[i / 8] = m;
+    }
+    return k;
+}
+
+/* Inverse of split: `out` (n bytes) from the bitmap and the `count` nonzero bytes. */
+static void join_sparse_portable(const uint8_t *bitmap, const uint8_t *nonzero, size_t count, uint8_t *out, size_t n) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (i % 8 == 0 && i + 8 <= n && !bitmap[i / 8]) {
+            memset(out + i, 0, 8);
+            i += 7;
+            continue;
+        }
+        int bit = bitmap[i / 8] >> (i % 8) & 1;
+        uint8_t v = count ? nonzero[k < count ? k : count - 1] : 0;
+        out[i] = bit ? v : 0;
+        k += (size_t)bit;
+    }
+}
+
+#ifdef MATCH_AVX2
+__attribute__((target("ssse3")))
+static size_t split_sparse_ssse3(const uint8_t *s, size_t n, uint8_t *bitmap, uint8_t *nonzero) {
+    size_t i = 0, k = 0;
+    const __m128i zero = _mm_setzero_si128();
+    for (; i + 16 <= n; i += 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(s + i));
+        unsigned m = ~(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, zero)) & 0xffff;
+        bitmap[i / 8] = (uint8_t)m;
+        bitmap[i / 8 + 1] = (uint8_t)(m >> 8);
+        __m128i lo = _mm_shuffle_epi8(v, _mm_loadl_epi64((const __m128i *)GATHER[m & 255]));
+        _mm_storel_epi64((__m128i *)(nonzero + k), lo);
+        k += (size_t)__builtin_popcount(m & 255);
+        __m128i hi = _mm_shuffle_epi8(_mm_srli_si128(v, 8), _mm_loadl_epi64((const __m128i *)GATHER[m >> 8]));
+        _mm_storel_epi64((__m128i *)(nonzero + k), hi);
+        k += (size_t)__builtin_popcount(m >> 8);
+    }
+    return k + split_sparse_portable(s + i, n - i, bitmap + i / 8, nonzero + k);
+}
+
+__attribute__((target("ssse3")))
+static void join_sparse_ssse3(const uint8_t *bitmap, const uint8_t *nonzero, size_t count, uint8_t *out, size_t n) {
+    size_t i = 0, k = 0;
+    for (; i + 8 <= n && k + 8 <= count; i += 8) {
+        unsigned m = bitmap[i / 8];
+        __m128i v = _mm_loadl_epi64((const __m128i *)(nonzero + k));
+        _mm_storel_epi64((__m128i *)(out + i), _mm_shuffle_epi8(v, _mm_loadl_epi64((const __m128i *)SCATTER[m])));
+        k += (size_t)__builtin_popcount(m);
+    }
+    if (i < n) join_sparse_portable(bitmap + i / 8, nonzero + k, count - k, out + i, n - i);
+}
+#endif
+
+typedef size_t (*SparseSplit)(const uint8_t *, size_t, uint8_t *, uint8_t *);
+typedef void (*SparseJoin)(const uint8_t *, const uint8_t *, size_t, uint8_t *, size_t);
+static SparseSplit sparse_splitter = split_sparse_portable;
+static SparseJoin sparse_joiner = join_sparse_portable;
+
+static size_t popcount_bytes(const uint8_t *p, size_t n) {
+    size_t total = 0, i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t v;
+        memcpy(&v, p + i, 8);
+        total += (size_t)__builtin_popcountll(v);
+    }
+    for (; i < n; i++) total += (size_t)__builtin_popcount(p[i]);
+    return total;
+}
+
+static PyObject *split_sparse(PyObject *self, PyObject *args) {
+    Py_buffer src, bitmap, nonzero;
+    if (!PyArg_ParseTuple(args, "y*w*w*", &src, &bitmap, &nonzero)) return NULL;
+    size_t n = (size_t)src.len, count = 0;
+    PyObject *result = NULL;
+    if ((size_t)bitmap.len < (n + 7) / 8 || (size_t)nonzero.len < n + 8) {
+        PyErr_Format(PyExc_ValueError, "split_sparse of %zu bytes needs a bitmap of %zu bytes and room for %zu "
+                     "nonzero bytes; got %zd and %zd", n, (n + 7) / 8, n + 8, bitmap.len, nonzero.len);
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        count = sparse_splitter(src.buf, n, bitmap.buf, nonzero.buf);
+        Py_END_ALLOW_THREADS
+        result = PyLong_FromSize_t(count);
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&bitmap);
+    PyBuffer_Release(&nonzero);
+    return result;
+}
+
+static PyObject *join_sparse(PyObject *self, PyObject *args) {
+    Py_buffer bitmap, nonzero, dst;
+    if (!PyArg_ParseTuple(args, "y*y*w*", &bitmap, &nonzero, &dst)) return NULL;
+    size_t n = (size_t)dst.len, count = (size_t)nonzero.len;
+    const uint8_t *bits = bitmap.buf;
+    PyObject *result = NULL;
+    size_t set = (size_t)bitmap.len == (n + 7) / 8 ? popcount_bytes(bits, (size_t)bitmap.len) : 0;
+    if ((size_t)bitmap.len != (n + 7) / 8) {
+        PyErr_Format(PyExc_ValueError, "a sparse plane of %zu bytes needs a bitmap of %zu bytes, not %zd", n, (n + 7) / 8, bitmap.len);
+    } else if (n % 8 && bits[n / 8] >> (n % 8)) {
+        PyErr_Format(PyExc_ValueError, "a sparse plane of %zu bytes: its bitmap marks bytes past its end: damaged", n);
+    } else if (set != count) {
+        PyErr_Format(PyExc_ValueError, "a sparse plane's bitmap marks %zu nonzero bytes, it holds %zu: damaged", set, count);
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        sparse_joiner(bits, nonzero.buf, count, dst.buf, n);
+        Py_END_ALLOW_THREADS
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    PyBuffer_Release(&bitmap);
+    PyBuffer_Release(&nonzero);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"round_significand", round_significand, METH_VARARGS,
      "round_significand(data, itemsize, drop) -> float\n"
@@ -1452,8 +1621,8 @@ static PyMethodDef methods[] = {
      "byte_counts(data, counts)\n"
      "Write how often each byte value occurs in `data` into `counts` (256 x uint64)."},
     {"huffman_bytes", huffman_bytes, METH_VARARGS,
-     "huffman_bytes(counts) -> int\n"
-     "The bytes of huffman_deflate's stream, as one block of literals, for data with these byte counts (256 x uint64)."},
+     "huffman_bytes(data, block=32768) -> int\n"
+     "The bytes of huffman_deflate(data, block)'s stream, counted without coding it."},
     {"huffman_deflate", huffman_deflate, METH_VARARGS,
      "huffman_deflate(data, block=32768, runs=False) -> bytes\n"
      "A raw deflate stream of `data`, one dynamic Huffman block per `block` bytes: literals only, or with runs\n"
@@ -1461,6 +1630,14 @@ static PyMethodDef methods[] = {
     {"inflate_into", inflate_into, METH_VARARGS,
      "inflate_into(stream, out)\n"
      "Inflate a raw deflate stream into exactly the bytes of `out`; ValueError when it is damaged."},
+    {"split_sparse", split_sparse, METH_VARARGS,
+     "split_sparse(data, bitmap, nonzero) -> int\n"
+     "Write a bitmap of `data`'s nonzero bytes (bit i of byte i / 8, least significant first) into `bitmap` and\n"
+     "those bytes, in order, into `nonzero` (room for len(data) + 8); return how many there are."},
+    {"join_sparse", join_sparse, METH_VARARGS,
+     "join_sparse(bitmap, nonzero, out)\n"
+     "Inverse of split_sparse into `out` (its length says how many bytes); ValueError where the bitmap\n"
+     "does not match the nonzero bytes."},
     {"to_planes", to_planes, METH_VARARGS,
      "to_planes(src, dst, itemsize, rotated)\n"
      "Write the byte planes of `src`'s elements into `dst`, the top 16-bit word rotated left if asked."},
@@ -1496,11 +1673,16 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_planes", NULL, -1, 
 PyMODINIT_FUNC PyInit__planes(void) {
 #ifdef MATCH_AVX2
     const char *portable = getenv("FORKPOINT_PORTABLE_KERNELS");
+    int vector = !(portable && *portable && strcmp(portable, "0"));
     __builtin_cpu_init();
-    if (!(portable && *portable && strcmp(portable, "0")) && __builtin_cpu_supports("avx2")
-        && __builtin_cpu_supports("popcnt"))
+    if (vector && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt"))
         match_scorer = score_rows_avx2;
+    if (vector && __builtin_cpu_supports("ssse3")) {
+        sparse_splitter = split_sparse_ssse3;
+        sparse_joiner = join_sparse_ssse3;
+    }
 #endif
+    fill_sparse_tables();
     fill_reversed();
     fill_lengths();
     fill_log2();

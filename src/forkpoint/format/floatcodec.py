@@ -8,7 +8,10 @@ Elements are split into byte planes, the top two optionally rotated left by one 
 holds exactly its exponent), and each plane is stored raw, zstd (fast strategy; good where
 values repeat at long distances: Adam moments), deflate Huffman-only (near the order-0 entropy:
 weights' exponents), deflate with each run of a repeated byte as one match at distance 1 (the
-zero runs of deltas, at about Huffman's speed) or, where bit 0 of every byte is zero (a positive
+zero runs of deltas, at about Huffman's speed), sparse (where half the bytes or more are zero,
+scattered: a deflated bitmap of the nonzero bytes, then those bytes Huffman-coded; smaller than
+either deflate coder on the deltas of a step that rounds most updates away, and faster, since
+only the nonzero bytes are entropy-coded) or, where bit 0 of every byte is zero (a positive
 tensor's rotated sign), seven bits a byte. The layout and each plane's coder are chosen on
 a sample. Where the caller names the length of a row (a weight matrix's columns), the top plane
 may instead be coded as its residual under a grid model: byte = row shift + column shift +
@@ -22,16 +25,18 @@ with the layout and coders its own sample picks (a chunk that holds weights and 
 codes each part as suits it). Payload (little-endian):
 
     u8 version (2; 3 where a segment uses the grid or a plane seven bits; 4 where one matches
-    rows) | u8 itemsize | u16 0 | u64 elements | u32 segment elements
-    | (versions 3 and 4: u32 row elements, 0 for none)
+    rows; 5 where a plane is sparse) | u8 itemsize | u16 0 | u64 elements | u32 segment elements
+    | (versions 3 to 5: u32 row elements, 0 for none)
     | segments x (u8 form: bit 0 rotated, bit 1 grid, bit 2 matched; itemsize x u8 plane coder)
     | (segments x itemsize) x u32 coded length | coded bytes
 
 A grid segment's top plane is its row shifts (one byte per row), its column shifts (one byte
 per column of a row) and then the coded residual; its segment elements are whole rows. A
 matched segment's top plane is each MATCH_ROW row's distance back (0: none), then each row's
-constant, then the coded residual. Version
-1 payloads (one layout and coder list for all segments, right after the counts) still decode.
+constant, then the coded residual. A sparse plane is u32 coded bitmap bytes | u32 nonzero
+bytes | the bitmap (bit i of byte i / 8, least significant first; deflate with runs) | the
+nonzero bytes in order (deflate, literals only). Version 1 payloads (one layout and coder list
+for all segments, right after the counts) still decode.
 """
 
 import os
@@ -58,10 +63,12 @@ except ImportError:  # no C compiler at install time: numpy and zlib-ng do the s
 RAW, ZSTD, HUFFMAN = 0, 1, 2
 RUNS = 3  # a deflate stream like HUFFMAN's, with runs as matches: payloads name it HUFFMAN (2)
 SEVEN = 4  # bytes whose bit 0 is always zero, packed seven bits each (payload version 3)
-_PAYLOAD_CODER = {RAW: RAW, ZSTD: ZSTD, HUFFMAN: HUFFMAN, RUNS: HUFFMAN, SEVEN: SEVEN}
+SPARSE = 5  # a bitmap of the nonzero bytes (deflate with runs), then those bytes (Huffman; version 5)
+_PAYLOAD_CODER = {RAW: RAW, ZSTD: ZSTD, HUFFMAN: HUFFMAN, RUNS: HUFFMAN, SEVEN: SEVEN, SPARSE: SPARSE}
+_SPARSE_HEAD = struct.Struct("<II")
 _HEAD = struct.Struct("<BBBxQI")
 _ROW = struct.Struct("<I")
-PLAIN_VERSION, GRID_VERSION, VERSION = 2, 3, 4
+PLAIN_VERSION, GRID_VERSION, MATCH_VERSION, VERSION = 2, 3, 4, 5
 ROTATED, GRID, MATCH = 1, 2, 4
 _WORDS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 SEGMENT_BYTES = 4 << 20
@@ -73,6 +80,7 @@ RUNS_MIN_GAIN = 0.95
 RUNS_MIN_SHARE = 0.10
 SEVEN_MIN_GAIN = 0.95
 SEVEN_PRICE = 0.005
+SPARSE_MIN_ZEROS = 0.5
 GRID_DOWN, GRID_ACROSS = 128, 64
 GRID_MIN_GAIN = 0.97
 MATCH_ROW, MATCH_REACH, MATCH_LEAST, MATCH_SAMPLES = 256, 16, 8, 32
@@ -113,6 +121,8 @@ def _encode_plane(plane: np.ndarray, coder: int, block: int = 0) -> bytes | np.n
         return packer.compress(plane)
     if coder == SEVEN:
         return _pack_seven(plane)
+    if coder == SPARSE:
+        return _pack_sparse(plane)
     if coder in (HUFFMAN, RUNS):
         if _native is not None:
             return _native.huffman_deflate(plane, block or _huffman_block(plane), coder == RUNS)
@@ -169,9 +179,66 @@ def _unpack_seven(coded, out: np.ndarray) -> None:
         out[whole + k] = ((tail >> (7 * k)) & 0x7F) << 1
 
 
+def _split_sparse(plane: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(bitmap of `plane`'s nonzero bytes, bit i of byte i // 8 least significant first; those
+    bytes in order), views of the calling thread's scratch where the native kernels are built."""
+    if _native is None:
+        return np.packbits(plane != 0, bitorder="little"), plane[plane != 0]
+    bitmap, nonzero = _sparse_scratch(plane.size)
+    count = _native.split_sparse(plane, bitmap, nonzero)
+    return bitmap, nonzero[:count]
+
+
+def _sparse_scratch(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The calling thread's bitmap (n / 8 bytes) and nonzero-byte (n + 8) work arrays."""
+    held = getattr(_scratch, "sparse", None)
+    if held is None or held[1].size < n + 8:
+        held = _scratch.sparse = (np.empty(max(n, SEGMENT_BYTES) // 8 + 1, np.uint8), np.empty(max(n, SEGMENT_BYTES) + 8, np.uint8))
+    return held[0][:(n + 7) // 8], held[1][:n + 8]
+
+
+def _pack_sparse(plane: np.ndarray) -> bytes:
+    """`plane` as u32 coded bitmap bytes, u32 nonzero bytes, the bitmap deflated with runs (a
+    sparse plane's bitmap is mostly zero bytes), the nonzero bytes deflated Huffman-only."""
+    bitmap, nonzero = _split_sparse(plane)
+    coded_bitmap = _encode_plane(bitmap, RUNS)
+    return b"".join((_SPARSE_HEAD.pack(len(coded_bitmap), nonzero.size), coded_bitmap, _encode_plane(nonzero, HUFFMAN)))
+
+
+def _sparse_bytes(plane: np.ndarray) -> int:
+    """Coded bytes of `plane` as _pack_sparse codes it (its nonzero bytes counted, see _trial_bytes)."""
+    bitmap, nonzero = _split_sparse(plane)
+    coded = _SPARSE_HEAD.size + len(_encode_plane(bitmap, RUNS))
+    return coded + _trial_bytes(nonzero, HUFFMAN, _huffman_block(nonzero))
+
+
+def _unpack_sparse(coded, out: np.ndarray) -> None:
+    view = memoryview(coded).cast("B")
+    if len(view) < _SPARSE_HEAD.size:
+        raise ValueError(f"a sparse plane of {out.size} bytes: {len(view)} coded bytes cannot hold its head")
+    bitmap_bytes, count = _SPARSE_HEAD.unpack_from(view)
+    if count > out.size or _SPARSE_HEAD.size + bitmap_bytes > len(view):
+        raise ValueError(f"a sparse plane of {out.size} bytes names {count} nonzero bytes in a bitmap of "
+                         f"{bitmap_bytes} coded bytes; it holds {len(view)}: damaged")
+    bitmap, nonzero = (np.empty((out.size + 7) // 8, np.uint8), np.empty(count, np.uint8))
+    _decode_plane(view[_SPARSE_HEAD.size:_SPARSE_HEAD.size + bitmap_bytes], HUFFMAN, bitmap)
+    _decode_plane(view[_SPARSE_HEAD.size + bitmap_bytes:], HUFFMAN, nonzero)
+    if _native is not None:
+        _native.join_sparse(bitmap, nonzero, out)
+        return
+    marked = np.unpackbits(bitmap, bitorder="little").view(bool)
+    if marked[out.size:].any() or np.count_nonzero(marked) != count:
+        raise ValueError(f"a sparse plane's bitmap marks {np.count_nonzero(marked)} bytes of {out.size}, "
+                         f"it holds {count} nonzero bytes: damaged")
+    out[...] = 0
+    out[marked[:out.size]] = nonzero
+
+
 def _decode_plane(coded, coder: int, out: np.ndarray) -> None:
     if coder == SEVEN:
         _unpack_seven(coded, out)
+    elif coder == SPARSE:
+        _unpack_sparse(coded, out)
     elif coder == ZSTD:
         out[...] = np.frombuffer(zstandard.ZstdDecompressor().decompress(coded, max_output_size=out.nbytes), np.uint8)
     elif coder == HUFFMAN and _native is not None:
@@ -401,19 +468,21 @@ def _plane_coder(plane: np.ndarray) -> tuple[int, int]:
         return SEVEN, seven
     tried = (ZSTD, HUFFMAN, RUNS) if _run_share(plane) >= RUNS_MIN_SHARE else (ZSTD, HUFFMAN)
     block = _block_for(entropy, plane.nbytes) if plane.nbytes <= HUFFMAN_BLOCK_WIDE else _huffman_block(plane)
-    sizes = {coder: _trial_bytes(plane, coder, block, counts) for coder in tried}
+    sizes = {coder: _trial_bytes(plane, coder, block) for coder in tried}
     deflate = RUNS if sizes.get(RUNS, float("inf")) < RUNS_MIN_GAIN * sizes[HUFFMAN] else HUFFMAN
+    if counts[0] >= SPARSE_MIN_ZEROS * plane.size and (sparse := _sparse_bytes(plane)) <= sizes[deflate]:
+        deflate, sizes[SPARSE] = SPARSE, sparse
     coder = ZSTD if sizes[ZSTD] < ZSTD_MIN_GAIN * sizes[deflate] else deflate
     if seven is not None and sizes[coder] >= SEVEN_MIN_GAIN * seven:
         return SEVEN, seven
     return (coder, sizes[coder]) if sizes[coder] < MIN_GAIN * plane.nbytes else (RAW, plane.nbytes)
 
 
-def _trial_bytes(plane: np.ndarray, coder: int, block: int, counts: np.ndarray) -> int:
-    """Coded bytes of `plane` under `coder`; the native Huffman coder's are computed from the
-    plane's byte `counts` as one block (within a few bytes of coding it, at no pass over it)."""
+def _trial_bytes(plane: np.ndarray, coder: int, block: int) -> int:
+    """Coded bytes of `plane` under `coder` (with pieces of `block` bytes); the native Huffman
+    coder's are counted without coding (its blocks, headers and codes: the same bytes)."""
     if coder == HUFFMAN and _native is not None:
-        return _native.huffman_bytes(counts)
+        return _native.huffman_bytes(plane, block)
     return len(_encode_plane(plane, coder, block))
 
 
@@ -646,7 +715,8 @@ def encode_pieces(data, itemsize: int = 1, threads: int | None = None, out=None,
         layouts.update(itemsize, [(int(form), list(coders)) for (form, coders), _ in coded], sum(lengths),
                        reused=reuse is not None, row=row)
     grid = any(form & GRID for (form, _), _ in coded)
-    version = (VERSION if any(form & MATCH for (form, _), _ in coded) else
+    version = (VERSION if any(SPARSE in coders for (_, coders), _ in coded) else
+               MATCH_VERSION if any(form & MATCH for (form, _), _ in coded) else
                GRID_VERSION if grid or any(SEVEN in coders for (_, coders), _ in coded) else PLAIN_VERSION)
     head = _HEAD.pack(version, itemsize, 0, count, per)
     head += _ROW.pack(row if grid else 0) if version >= GRID_VERSION else b""
@@ -669,7 +739,7 @@ def decode(payload, decoded_length: int, threads: int | None = None, out=None) -
     if version > VERSION:
         raise FormatError(f"float codec payload version {version} is newer than this forkpoint reads "
                           f"({VERSION}); upgrade forkpoint to read it")
-    if version not in (1, 2, GRID_VERSION, VERSION) or count * itemsize != decoded_length or per < 1 or itemsize not in (1, *_WORDS):
+    if version not in (1, 2, GRID_VERSION, MATCH_VERSION, VERSION) or count * itemsize != decoded_length or per < 1 or itemsize not in (1, *_WORDS):
         raise ValueError(f"float codec payload v{version} of {count}x{itemsize} bytes, expected {decoded_length}")
     pos = _HEAD.size
     row = 0
@@ -686,12 +756,12 @@ def decode(payload, decoded_length: int, threads: int | None = None, out=None) -
         layouts = [(view[p], list(view[p + 1:p + 1 + itemsize]))
                    for p in range(pos, pos + len(starts) * (itemsize + 1), itemsize + 1)]
         pos += len(starts) * (itemsize + 1)
-    if any(c not in ((RAW, ZSTD, HUFFMAN, SEVEN) if version >= GRID_VERSION else (RAW, ZSTD, HUFFMAN))
-           for _, coders in layouts for c in coders):
-        raise ValueError("float codec payload names an unknown plane coder")
-    forms = (0, ROTATED, GRID, ROTATED | GRID) + ((MATCH, ROTATED | MATCH) if version == VERSION else ())
+    forms = (0, ROTATED, GRID, ROTATED | GRID) + ((MATCH, ROTATED | MATCH) if version >= MATCH_VERSION else ())
     if any(form not in forms or (form & GRID and not row) for form, _ in layouts):
         raise ValueError("float codec payload names an unknown segment form")
+    known = (RAW, ZSTD, HUFFMAN) + ((SEVEN,) if version >= GRID_VERSION else ()) + ((SPARSE,) if version >= VERSION else ())
+    if any(c not in known for _, coders in layouts for c in coders):
+        raise ValueError("float codec payload names an unknown plane coder")
     lengths = struct.unpack_from(f"<{len(starts) * itemsize}I", view, pos)
     pos += 4 * len(lengths)
     offsets = np.concatenate([[pos], pos + np.cumsum(lengths)]).tolist()
