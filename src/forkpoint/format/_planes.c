@@ -1519,7 +1519,7 @@ static void join_sparse_portable(const uint8_t *bitmap, const uint8_t *nonzero, 
 }
 
 #ifdef MATCH_AVX2
-__attribute__((target("ssse3")))
+__attribute__((target("ssse3,popcnt")))
 static size_t split_sparse_ssse3(const uint8_t *s, size_t n, uint8_t *bitmap, uint8_t *nonzero) {
     size_t i = 0, k = 0;
     const __m128i zero = _mm_setzero_si128();
@@ -1538,7 +1538,7 @@ static size_t split_sparse_ssse3(const uint8_t *s, size_t n, uint8_t *bitmap, ui
     return k + split_sparse_portable(s + i, n - i, bitmap + i / 8, nonzero + k);
 }
 
-__attribute__((target("ssse3")))
+__attribute__((target("ssse3,popcnt")))
 static void join_sparse_ssse3(const uint8_t *bitmap, const uint8_t *nonzero, size_t count, uint8_t *out, size_t n) {
     size_t i = 0, k = 0;
     for (; i + 8 <= n && k + 8 <= count; i += 8) {
@@ -1556,12 +1556,16 @@ typedef void (*SparseJoin)(const uint8_t *, const uint8_t *, size_t, uint8_t *, 
 static SparseSplit sparse_splitter = split_sparse_portable;
 static SparseJoin sparse_joiner = join_sparse_portable;
 
+/* Set bits in `n` bytes (eight at a time, without the popcnt instruction). */
 static size_t popcount_bytes(const uint8_t *p, size_t n) {
     size_t total = 0, i = 0;
     for (; i + 8 <= n; i += 8) {
         uint64_t v;
         memcpy(&v, p + i, 8);
-        total += (size_t)__builtin_popcountll(v);
+        v = v - ((v >> 1) & 0x5555555555555555ULL);
+        v = (v & 0x3333333333333333ULL) + ((v >> 2) & 0x3333333333333333ULL);
+        v = (v + (v >> 4)) & 0x0F0F0F0F0F0F0F0FULL;
+        total += (size_t)((v * 0x0101010101010101ULL) >> 56);
     }
     for (; i < n; i++) total += (size_t)__builtin_popcount(p[i]);
     return total;
@@ -1677,7 +1681,7 @@ PyMODINIT_FUNC PyInit__planes(void) {
     __builtin_cpu_init();
     if (vector && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt"))
         match_scorer = score_rows_avx2;
-    if (vector && __builtin_cpu_supports("ssse3")) {
+    if (vector && __builtin_cpu_supports("ssse3") && __builtin_cpu_supports("popcnt")) {
         sparse_splitter = split_sparse_ssse3;
         sparse_joiner = join_sparse_ssse3;
     }

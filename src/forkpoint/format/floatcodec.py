@@ -8,7 +8,7 @@ Elements are split into byte planes, the top two optionally rotated left by one 
 holds exactly its exponent), and each plane is stored raw, zstd (fast strategy; good where
 values repeat at long distances: Adam moments), deflate Huffman-only (near the order-0 entropy:
 weights' exponents), deflate with each run of a repeated byte as one match at distance 1 (the
-zero runs of deltas, at about Huffman's speed), sparse (where half the bytes or more are zero,
+zero runs of deltas, at about Huffman's speed), sparse (where 30% of the bytes or more are zero,
 scattered: a deflated bitmap of the nonzero bytes, then those bytes Huffman-coded; smaller than
 either deflate coder on the deltas of a step that rounds most updates away, and faster, since
 only the nonzero bytes are entropy-coded) or, where bit 0 of every byte is zero (a positive
@@ -80,7 +80,7 @@ RUNS_MIN_GAIN = 0.95
 RUNS_MIN_SHARE = 0.10
 SEVEN_MIN_GAIN = 0.95
 SEVEN_PRICE = 0.005
-SPARSE_MIN_ZEROS = 0.5
+SPARSE_MIN_ZEROS = 0.3
 GRID_DOWN, GRID_ACROSS = 128, 64
 GRID_MIN_GAIN = 0.97
 MATCH_ROW, MATCH_REACH, MATCH_LEAST, MATCH_SAMPLES = 256, 16, 8, 32
