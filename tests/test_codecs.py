@@ -513,6 +513,29 @@ def test_native_kernels_are_built_where_a_compiler_is():
     assert floatcodec._native is not None, "pip install should have built forkpoint.format._planes"
 
 
+def test_native_plane_stats_match_numpy(monkeypatch):
+    """plane_stats, which choose asks of every sample plane without holding the GIL, gives what
+    the numpy fallback computes: entropy, zero bytes, bit 0 seen, and the share of bytes equal to
+    the two before them (runs across the native kernel's 64-byte masks)."""
+    from forkpoint.format import floatcodec
+    native = floatcodec._native
+    if native is None:
+        pytest.skip("native kernels not built")
+    rng = np.random.default_rng(9)
+    cases = [np.empty(0, np.uint8), np.full(1, 3, np.uint8), np.full(3, 3, np.uint8)]
+    for n in (63, 64, 65, 127, 128, 129, 1000, 100_003):
+        cases += [(rng.geometric(0.3, n) % 256).astype(np.uint8), np.repeat(rng.integers(0, 256, n, dtype=np.uint8), 5)[:n],
+                  (rng.integers(0, 128, n, dtype=np.uint8) * 2)]
+    for plane in cases:
+        entropy, zeros, odd, share = native.plane_stats(plane, True)
+        monkeypatch.setattr(floatcodec, "_native", None)
+        want = floatcodec._plane_stats(plane, runs=True)
+        monkeypatch.setattr(floatcodec, "_native", native)
+        assert abs(entropy - want[0]) <= 1e-9 * max(1, plane.size) and (zeros, odd) == want[1:3]
+        assert share == pytest.approx(want[3], abs=1e-12)
+        assert native.plane_stats(plane)[3] == 0.0, "the run share is counted only where asked"
+
+
 def test_native_byte_counts_match_numpy():
     from forkpoint.format import floatcodec
     native = floatcodec._native

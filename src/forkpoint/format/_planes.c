@@ -1454,6 +1454,46 @@ static PyObject *unpack_seven(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* What choosing a plane's coder asks of it, in one pass and without the GIL: the order-0 entropy
+ * of its bytes in bytes, how many are zero, whether any has bit 0 set, and (where asked) the
+ * share of bytes equal to the two before them. */
+static PyObject *plane_stats(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    int runs = 0;
+    if (!PyArg_ParseTuple(args, "y*|p", &view, &runs)) return NULL;
+    const uint8_t *data = view.buf;
+    size_t n = (size_t)view.len, repeats = 0;
+    double entropy = 0;
+    uint64_t zeros, odd = 0;
+    Py_BEGIN_ALLOW_THREADS
+    uint64_t counts[256] = {0};
+    for (size_t lo = 0; lo < n; lo += (size_t)1 << 30) {
+        size_t len = n - lo < ((size_t)1 << 30) ? n - lo : (size_t)1 << 30;
+        uint32_t part[256] = {0};
+        count_bytes(data + lo, len, part);
+        for (int k = 0; k < 256; k++) counts[k] += part[k];
+    }
+    double sum = 0;
+    for (int k = 0; k < 256; k++) {
+        if (counts[k]) sum += (double)counts[k] * log2((double)counts[k]);
+        if (k & 1) odd |= counts[k];
+    }
+    entropy = n ? ((double)n * log2((double)n) - sum) / 8 : 0;
+    zeros = counts[0];
+    if (runs) {
+        uint64_t carry = 0;
+        for (size_t base = 0; base < n; base += 64) {
+            uint64_t mask = same_mask(data, n, base);
+            repeats += (size_t)__builtin_popcountll(mask & (mask << 1 | carry >> 63));
+            carry = mask;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    return Py_BuildValue("dKOd", entropy, (unsigned long long)zeros, odd ? Py_True : Py_False,
+                         n ? (double)repeats / (double)n : 0.0);
+}
+
 /* Sparse planes: a bitmap of the nonzero bytes (bit i of byte i / 8, least significant first)
  * and the nonzero bytes in order. Eight bytes at a time, through a shuffle per bitmap byte
  * (SSSE3, chosen at import) or branch-free scalar code. */
@@ -1634,6 +1674,10 @@ static PyMethodDef methods[] = {
     {"inflate_into", inflate_into, METH_VARARGS,
      "inflate_into(stream, out)\n"
      "Inflate a raw deflate stream into exactly the bytes of `out`; ValueError when it is damaged."},
+    {"plane_stats", plane_stats, METH_VARARGS,
+     "plane_stats(data, runs=False) -> (entropy, zeros, odd, run_share)\n"
+     "The order-0 entropy of `data`'s bytes in bytes, how many are zero, whether any has bit 0 set and, where\n"
+     "`runs`, the share of bytes equal to the two before them (else 0)."},
     {"split_sparse", split_sparse, METH_VARARGS,
      "split_sparse(data, bitmap, nonzero) -> int\n"
      "Write a bitmap of `data`'s nonzero bytes (bit i of byte i / 8, least significant first) into `bitmap` and\n"

@@ -136,7 +136,7 @@ def _huffman_block(plane: np.ndarray) -> int:
     small pieces adapt to skewed planes, large ones spare planes that use most byte values the
     cost of judging each piece (decided on the first 64 KiB)."""
     head = plane[:HUFFMAN_BLOCK_WIDE]
-    return _block_for(_entropy_bytes(_byte_counts(head)), head.nbytes)
+    return _block_for(_plane_stats(head)[0], head.nbytes)
 
 
 def _block_for(entropy: float, nbytes: int) -> int:
@@ -429,25 +429,21 @@ def _sample(data: np.ndarray, itemsize: int, row: int = 1) -> np.ndarray:
     return np.concatenate([data[i * step * width:(i * step + run) * width] for i in range(SAMPLE_PIECES)])
 
 
-def _byte_counts(plane: np.ndarray) -> np.ndarray:
-    if _native is None:
-        return np.bincount(plane, minlength=256)
-    counts = np.empty(256, np.uint64)
-    _native.byte_counts(plane, counts)
-    return counts
-
-
-def _entropy_bytes(counts: np.ndarray) -> float:
-    """The order-0 entropy of bytes with these counts, in bytes (a lower bound of Huffman's size)."""
+def _plane_stats(plane: np.ndarray, runs: bool = False) -> tuple[float, int, bool, float]:
+    """(order-0 entropy of `plane`'s bytes in bytes, a lower bound of Huffman's size; how many
+    bytes are zero; whether any has bit 0 set; where `runs`, the share of bytes equal to the two
+    before them, else 0), natively in one pass without the GIL (choosing is done by the codec's
+    threads side by side)."""
+    if _native is not None:
+        return _native.plane_stats(plane, runs)
+    counts = np.bincount(plane, minlength=256)
     seen = counts[counts > 0].astype(np.float64)
-    return float(-(seen * np.log2(seen / seen.sum())).sum() / 8)
-
-
-def _run_share(plane: np.ndarray) -> float:
-    """The share of bytes equal to the two before them: below RUNS_MIN_SHARE, runs gained
-    under 1% on every sample plane measured (weights, moments, deltas), so they are not tried."""
-    same = plane[1:] == plane[:-1]
-    return np.count_nonzero(same[1:] & same[:-1]) / max(1, plane.size)
+    entropy = float(-(seen * np.log2(seen / seen.sum())).sum() / 8)
+    share = 0.0
+    if runs:
+        same = plane[1:] == plane[:-1]
+        share = np.count_nonzero(same[1:] & same[:-1]) / max(1, plane.size)
+    return entropy, int(counts[0]), bool(counts[1::2].any()), share
 
 
 def _plane_coder(plane: np.ndarray) -> tuple[int, int]:
@@ -459,18 +455,17 @@ def _plane_coder(plane: np.ndarray) -> tuple[int, int]:
     rotated sign under 7 random mantissa bits) is packed seven bits a byte unless an entropy
     coder does 5% better (packing runs several times faster than Huffman and saves as much on
     such planes)."""
-    counts = _byte_counts(plane)
-    entropy = _entropy_bytes(counts)
+    entropy, zeros, odd, run_share = _plane_stats(plane, runs=True)
     if entropy >= MIN_GAIN * plane.nbytes:
         return RAW, plane.nbytes
-    seven = _seven_bytes(plane.nbytes) if plane.nbytes and not counts[1::2].any() else None
+    seven = _seven_bytes(plane.nbytes) if plane.nbytes and not odd else None
     if seven is not None and entropy >= SEVEN_MIN_GAIN * seven:
         return SEVEN, seven
-    tried = (ZSTD, HUFFMAN, RUNS) if _run_share(plane) >= RUNS_MIN_SHARE else (ZSTD, HUFFMAN)
+    tried = (ZSTD, HUFFMAN, RUNS) if run_share >= RUNS_MIN_SHARE else (ZSTD, HUFFMAN)
     block = _block_for(entropy, plane.nbytes) if plane.nbytes <= HUFFMAN_BLOCK_WIDE else _huffman_block(plane)
     sizes = {coder: _trial_bytes(plane, coder, block) for coder in tried}
     deflate = RUNS if sizes.get(RUNS, float("inf")) < RUNS_MIN_GAIN * sizes[HUFFMAN] else HUFFMAN
-    if counts[0] >= SPARSE_MIN_ZEROS * plane.size and (sparse := _sparse_bytes(plane)) <= sizes[deflate]:
+    if zeros >= SPARSE_MIN_ZEROS * plane.size and (sparse := _sparse_bytes(plane)) <= sizes[deflate]:
         deflate, sizes[SPARSE] = SPARSE, sparse
     coder = ZSTD if sizes[ZSTD] < ZSTD_MIN_GAIN * sizes[deflate] else deflate
     if seven is not None and sizes[coder] >= SEVEN_MIN_GAIN * seven:
@@ -511,7 +506,7 @@ def choose(data: np.ndarray, itemsize: int, row: int = 0) -> tuple[int, list[int
         segment = min(data.nbytes // itemsize, _segment_elements(itemsize, row))
         shift_bytes = round(planes.shape[1] * (1 / row + row / segment))
         _apply_grid(planes[-1], planes[-1], _fit_grid(planes[-1], row), row, add=False)
-        if _entropy_bytes(_byte_counts(planes[-1])) + shift_bytes < GRID_MIN_GAIN * turned[-1][1]:
+        if _plane_stats(planes[-1])[0] + shift_bytes < GRID_MIN_GAIN * turned[-1][1]:
             coder, coded = _plane_coder(planes[-1])
             options.append((ROTATED | GRID, turned[:-1] + [(coder, coded + shift_bytes)]))
     def price(option):
