@@ -16,7 +16,8 @@ with their row length where a codec takes one (deltas without), smaller tensors 
 encode spreading its 4 MiB segments over two threads, two encodes at a time (as a save does);
 layouts per encode. --mlp does the same on the state of
 benchmarks/codecs.py (24 Linear(1024, 1024) layers + AdamW, 20 steps): every weight a chunk.
---huffman times only the native deflate coders, --match-rows only the native row matching.
+--huffman times only the native deflate coders, --match-rows only the native row matching,
+--decode only decoding (each checkout's own payload).
 """
 
 import argparse
@@ -64,6 +65,8 @@ def main() -> None:
     ap.add_argument("--mlp", action="store_true", help="instead: benchmarks/codecs.py's MLP + AdamW state, as a save splits it")
     ap.add_argument("--huffman", action="store_true",
                     help="time only the native deflate coders, one thread, on the planes this codec gives them")
+    ap.add_argument("--decode", action="store_true",
+                    help="time only decoding, one thread, each checkout its own payload of each buffer")
     ap.add_argument("--match-rows", action="store_true",
                     help="time only the native row matching, one thread, on each full part's rotated top plane")
     args = ap.parse_args()
@@ -73,6 +76,8 @@ def main() -> None:
         return huffman_only(codecs, args)
     if args.match_rows:
         return match_rows_only(codecs, args)
+    if args.decode:
+        return decode_only(codecs, args)
     print("| dtype | data | ratio other / this | MB/s other / this | this / other "
           "| layouts reused: ratio other / this | MB/s other / this | this / other |")
     print("|---|---|---|---|---|---|---|---|")
@@ -216,6 +221,26 @@ def each_buffer(args):
         for part, kind, buf, _ in buffers(load_or_train(Path(args.dir), dtype, args.steps, args.batch),
                                           itemsize, args.steps):
             yield dtype, itemsize, part, kind, buf
+
+
+def decode_only(codecs: dict, args) -> None:
+    """One-thread decode MB/s of each checkout's payload of each buffer (into a reused array),
+    alternating; asserts both decode to the buffer."""
+    print("| dtype | data | ratio other / this | decode MB/s other / this | this / other |")
+    print("|---|---|---|---|---|")
+    for dtype, itemsize, part, kind, buf in each_buffer(args):
+        payloads = {key: codec.encode(buf, itemsize) for key, codec in codecs.items()}
+        out = np.empty(buf.nbytes, np.uint8)
+        seconds: dict = {}
+        for _ in range(args.repeats):
+            for key, codec in codecs.items():
+                start = time.perf_counter()
+                codec.decode(payloads[key], buf.nbytes, 1, out=out)
+                seconds.setdefault(key, []).append(time.perf_counter() - start)
+                assert np.array_equal(out, buf)
+        speed = {k: buf.nbytes / 1e6 / statistics.median(v) for k, v in seconds.items()}
+        print(f"| {dtype} | {part} {kind} | {buf.nbytes / len(payloads['other']):.3f} / {buf.nbytes / len(payloads['this']):.3f} "
+              f"| {speed['other']:.0f} / {speed['this']:.0f} | {speed['this'] / speed['other']:.2f} |", flush=True)
 
 
 def huffman_only(codecs: dict, args) -> None:
