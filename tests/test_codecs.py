@@ -536,21 +536,6 @@ def test_native_plane_stats_match_numpy(monkeypatch):
         assert native.plane_stats(plane)[3] == 0.0, "the run share is counted only where asked"
 
 
-def test_native_byte_counts_match_numpy():
-    from forkpoint.format import floatcodec
-    native = floatcodec._native
-    if native is None:
-        pytest.skip("native kernels not built")
-    rng = np.random.default_rng(5)
-    for data in (rng.integers(0, 256, 100_003, dtype=np.uint8), np.full(7, 200, np.uint8), np.empty(0, np.uint8),
-                 rng.geometric(0.3, 65_536).clip(0, 255).astype(np.uint8)):
-        counts = np.full(256, 99, np.uint64)
-        native.byte_counts(data, counts)
-        assert np.array_equal(counts, np.bincount(data, minlength=256))
-    with pytest.raises(ValueError, match="256 x 8"):
-        native.byte_counts(b"abc", np.zeros(255, np.uint64))
-
-
 @pytest.mark.parametrize("itemsize", [2, 4, 8])
 def test_native_planes_match_numpy_and_payloads_cross_read(itemsize, monkeypatch):
     from forkpoint.format import floatcodec

@@ -6,9 +6,12 @@
  * this extension is not built. Also the significand rounding of the lossy modes
  * (format/lossy.py, numpy fallback), the grid model of exponent planes (a row shift plus a
  * column shift per byte, fitted by medians) and the seven-bit packing of planes whose bit 0 is
- * always zero, row matching and a deflate decoder. Every function releases the GIL. Row matching
- * scores its candidates with AVX2 where the processor has it (chosen at import, the same rows
- * either way); FORKPOINT_PORTABLE_KERNELS=1 in the environment keeps the portable path. */
+ * always zero, row matching, the split and join of sparse planes (a bitmap of the nonzero bytes
+ * and those bytes), the statistics and Huffman sizes that choosing a plane's coder asks for,
+ * and a deflate decoder. Every function releases the GIL. Row matching scores its candidates
+ * with AVX2, and the sparse split and join shuffle with SSSE3, where the processor has them
+ * (chosen at import, the same output either way); FORKPOINT_PORTABLE_KERNELS=1 in the
+ * environment keeps the portable paths. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
@@ -647,6 +650,24 @@ static PyObject *huffman_deflate(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* The bytes of the literals-only stream huffman_deflate(data, block) writes, without writing it
+ * (the same blocks: its pieces counted and joined as encode_literals does). */
+static PyObject *huffman_bytes(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t block = 32768;
+    if (!PyArg_ParseTuple(args, "y*|n", &view, &block)) return NULL;
+    if (block < 1024 || block > (1 << 24)) {
+        PyBuffer_Release(&view);
+        return PyErr_Format(PyExc_ValueError, "block of %zd bytes: must be 1 KiB to 16 MiB", block);
+    }
+    uint64_t bits;
+    Py_BEGIN_ALLOW_THREADS
+    bits = encode_literals(NULL, view.buf, (size_t)view.len, (size_t)block, NULL);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLongLong((bits + 7) / 8);
+}
+
 /* Inflate: a raw deflate stream (RFC 1951: stored, fixed and dynamic blocks) into exactly the
  * bytes of `out`. Codes of up to FAST_BITS bits decode with one table lookup (up to three
  * literals at once where they fit), longer ones canonically, a bit at a time. Return 0; INFLATES_PAST when
@@ -1003,38 +1024,6 @@ static PyObject *to_planes(PyObject *self, PyObject *args) { return run_planes(a
 
 static PyObject *from_planes(PyObject *self, PyObject *args) { return run_planes(args, join); }
 
-static PyObject *byte_counts(PyObject *self, PyObject *args) {
-    Py_buffer view, out;
-    if (!PyArg_ParseTuple(args, "y*w*", &view, &out)) return NULL;
-    if (out.len != 256 * (Py_ssize_t)sizeof(uint64_t)) {
-        PyErr_Format(PyExc_ValueError, "counts buffer of %zd bytes, expected 256 x 8", out.len);
-        PyBuffer_Release(&view);
-        PyBuffer_Release(&out);
-        return NULL;
-    }
-    const uint8_t *data = view.buf;
-    size_t n = (size_t)view.len;
-    uint64_t *counts = out.buf;
-    Py_BEGIN_ALLOW_THREADS
-    memset(counts, 0, 256 * sizeof(uint64_t));
-    for (size_t lo = 0; lo < n; lo += (size_t)1 << 30) {
-        size_t hi = n - lo < ((size_t)1 << 30) ? n : lo + ((size_t)1 << 30), i = lo;
-        uint32_t part[4][256] = {{0}};
-        for (; i + 4 <= hi; i += 4) {
-            part[0][data[i]]++;
-            part[1][data[i + 1]]++;
-            part[2][data[i + 2]]++;
-            part[3][data[i + 3]]++;
-        }
-        for (; i < hi; i++) part[0][data[i]]++;
-        for (int k = 0; k < 256; k++) counts[k] += (uint64_t)part[0][k] + part[1][k] + part[2][k] + part[3][k];
-    }
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&view);
-    PyBuffer_Release(&out);
-    Py_RETURN_NONE;
-}
-
 /* Round each finite, nonzero, normal element to `drop` fewer significand bits (to nearest,
  * ties to even), keeping those whose rounding would overflow to infinity; return the largest
  * relative error made. */
@@ -1058,24 +1047,6 @@ static PyObject *byte_counts(PyObject *self, PyObject *args) {
 
 ROUND_KERNEL(round32, uint32_t, float, 23, 0xFF)
 ROUND_KERNEL(round64, uint64_t, double, 52, 0x7FF)
-
-/* The bytes of the literals-only stream huffman_deflate(data, block) writes, without writing it
- * (the same blocks: its pieces counted and joined as encode_literals does). */
-static PyObject *huffman_bytes(PyObject *self, PyObject *args) {
-    Py_buffer view;
-    Py_ssize_t block = 32768;
-    if (!PyArg_ParseTuple(args, "y*|n", &view, &block)) return NULL;
-    if (block < 1024 || block > (1 << 24)) {
-        PyBuffer_Release(&view);
-        return PyErr_Format(PyExc_ValueError, "block of %zd bytes: must be 1 KiB to 16 MiB", block);
-    }
-    uint64_t bits;
-    Py_BEGIN_ALLOW_THREADS
-    bits = encode_literals(NULL, view.buf, (size_t)view.len, (size_t)block, NULL);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&view);
-    return PyLong_FromUnsignedLongLong((bits + 7) / 8);
-}
 
 static PyObject *round_significand(PyObject *self, PyObject *args) {
     Py_buffer view;
@@ -1661,9 +1632,6 @@ static PyMethodDef methods[] = {
     {"round_significand", round_significand, METH_VARARGS,
      "round_significand(data, itemsize, drop) -> float\n"
      "Round the floats in `data` (changed in place) to `drop` fewer significand bits; return the largest relative error."},
-    {"byte_counts", byte_counts, METH_VARARGS,
-     "byte_counts(data, counts)\n"
-     "Write how often each byte value occurs in `data` into `counts` (256 x uint64)."},
     {"huffman_bytes", huffman_bytes, METH_VARARGS,
      "huffman_bytes(data, block=32768) -> int\n"
      "The bytes of huffman_deflate(data, block)'s stream, counted without coding it."},

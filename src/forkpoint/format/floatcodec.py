@@ -77,7 +77,7 @@ SAMPLE_PIECES, SAMPLE_ELEMENTS = 8, 4 << 10
 MIN_GAIN = 0.98
 ZSTD_MIN_GAIN = 0.95
 RUNS_MIN_GAIN = 0.95
-RUNS_MIN_SHARE = 0.10
+RUNS_MIN_SHARE = 0.10  # runs are tried where this share of bytes equals the two before (below it they gained under 1%)
 SEVEN_MIN_GAIN = 0.95
 SEVEN_PRICE = 0.005
 SPARSE_MIN_ZEROS = 0.3
@@ -193,7 +193,8 @@ def _sparse_scratch(n: int) -> tuple[np.ndarray, np.ndarray]:
     """The calling thread's bitmap (n / 8 bytes) and nonzero-byte (n + 8) work arrays."""
     held = getattr(_scratch, "sparse", None)
     if held is None or held[1].size < n + 8:
-        held = _scratch.sparse = (np.empty(max(n, SEGMENT_BYTES) // 8 + 1, np.uint8), np.empty(max(n, SEGMENT_BYTES) + 8, np.uint8))
+        size = max(n, SEGMENT_BYTES)
+        held = _scratch.sparse = (np.empty(size // 8 + 1, np.uint8), np.empty(size + 8, np.uint8))
     return held[0][:(n + 7) // 8], held[1][:n + 8]
 
 
@@ -213,6 +214,8 @@ def _sparse_bytes(plane: np.ndarray) -> int:
 
 
 def _unpack_sparse(coded, out: np.ndarray) -> None:
+    """Decode a plane of _pack_sparse into `out`; ValueError where its counts, bitmap or bytes
+    do not agree (damaged)."""
     view = memoryview(coded).cast("B")
     if len(view) < _SPARSE_HEAD.size:
         raise ValueError(f"a sparse plane of {out.size} bytes: {len(view)} coded bytes cannot hold its head")
