@@ -294,20 +294,27 @@ static void count_bytes(const uint8_t *data, size_t n, uint32_t *freq) {
  * coded two at a time through `pairs` (or not, when NULL). Pairs of more than PAIR_MAX_DISTINCT
  * values make a table too large for the cache: wide planes coded 10-25% faster one at a time. */
 #define PAIR_MAX_DISTINCT 128
-static void encode_block(BitWriter *w, const uint8_t *data, size_t n, const uint32_t *counts, int final,
-                         PairTable *pairs) {
+/* The code of a literals block whose byte counts are `counts` (and one end of block); returns
+ * how many byte values occur. */
+static int literal_code(const uint32_t *counts, uint8_t *lengths, uint16_t *codes) {
     uint32_t freq[LIT_SYMBOLS];
-    uint8_t lengths[LIT_SYMBOLS];
-    uint16_t codes[LIT_SYMBOLS];
-    size_t i;
     int distinct = 0;
-    for (i = 0; i < 256; i++) {
-        freq[i] = counts[i];
-        distinct += freq[i] != 0;
+    for (int s = 0; s < 256; s++) {
+        freq[s] = counts[s];
+        distinct += freq[s] != 0;
     }
     freq[END_OF_BLOCK] = 1;
     if (distinct == 0) freq[0] = 1; /* two codes at least: a complete code */
     build_code(freq, LIT_SYMBOLS, MAX_DATA_BITS, lengths, codes);
+    return distinct;
+}
+
+static void encode_block(BitWriter *w, const uint8_t *data, size_t n, const uint32_t *counts, int final,
+                         PairTable *pairs) {
+    uint8_t lengths[LIT_SYMBOLS];
+    uint16_t codes[LIT_SYMBOLS];
+    size_t i;
+    int distinct = literal_code(counts, lengths, codes);
 
     write_header(w, lengths, LIT_SYMBOLS, 0, final);
     flush_whole_bytes(w);
@@ -330,17 +337,9 @@ static void encode_block(BitWriter *w, const uint8_t *data, size_t n, const uint
 /* The bits encode_block writes for a block whose byte counts are `counts`: its header, codes
  * and end of block (the same code, built the same way). */
 static uint64_t block_bits(const uint32_t *counts) {
-    uint32_t freq[LIT_SYMBOLS];
     uint8_t lengths[LIT_SYMBOLS], header[1024];
     uint16_t codes[LIT_SYMBOLS];
-    int distinct = 0;
-    for (int s = 0; s < 256; s++) {
-        freq[s] = counts[s];
-        distinct += counts[s] != 0;
-    }
-    freq[END_OF_BLOCK] = 1;
-    if (distinct == 0) freq[0] = 1;
-    build_code(freq, LIT_SYMBOLS, MAX_DATA_BITS, lengths, codes);
+    literal_code(counts, lengths, codes);
     BitWriter w = {header, 0, 0};
     write_header(&w, lengths, LIT_SYMBOLS, 0, 0);
     uint64_t bits = (uint64_t)(w.out - header) * 8 + (uint64_t)w.count + lengths[END_OF_BLOCK];
@@ -614,14 +613,20 @@ static void encode_runs(BitWriter *w, const uint8_t *data, size_t n, size_t step
     encode_runs_block(w, tokens, open_nt, open, 1);
 }
 
+/* Whether the deflate coders' piece size is 1 KiB to 16 MiB; ValueError set where not. */
+static int block_in_range(Py_ssize_t block) {
+    if (block >= 1024 && block <= (1 << 24)) return 1;
+    PyErr_Format(PyExc_ValueError, "block of %zd bytes: must be 1 KiB to 16 MiB", block);
+    return 0;
+}
+
 static PyObject *huffman_deflate(PyObject *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t block = 32768;
     int runs = 0;
     if (!PyArg_ParseTuple(args, "y*|np", &view, &block, &runs)) return NULL;
-    if (block < 1024 || block > (1 << 24)) {
+    if (!block_in_range(block)) {
         PyBuffer_Release(&view);
-        PyErr_Format(PyExc_ValueError, "block of %zd bytes: must be 1 KiB to 16 MiB", block);
         return NULL;
     }
     size_t n = (size_t)view.len, blocks = n ? (n + (size_t)block - 1) / (size_t)block : 1;
@@ -656,9 +661,9 @@ static PyObject *huffman_bytes(PyObject *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t block = 32768;
     if (!PyArg_ParseTuple(args, "y*|n", &view, &block)) return NULL;
-    if (block < 1024 || block > (1 << 24)) {
+    if (!block_in_range(block)) {
         PyBuffer_Release(&view);
-        return PyErr_Format(PyExc_ValueError, "block of %zd bytes: must be 1 KiB to 16 MiB", block);
+        return NULL;
     }
     uint64_t bits;
     Py_BEGIN_ALLOW_THREADS
