@@ -384,6 +384,28 @@ def test_native_huffman_size_is_counted_exactly_without_coding(kind):
         native.huffman_bytes(b"abc", 10)
 
 
+def test_an_encode_samples_a_sixteenth_of_a_small_chunk_and_estimates_keep_the_full_sample(monkeypatch):
+    """Choosing a 1 MiB float32 chunk's layout for an encode looks at 1/SAMPLE_SHARE of it (half
+    the fixed sample: its choice costs half as much); `estimate` still codes the fixed sample,
+    and estimate(sample(data)) == estimate(data) holds."""
+    from forkpoint.format import floatcodec
+    weights = (np.random.default_rng(2).standard_normal(1 << 18) * 0.02).astype(np.float32)
+    data = weights.view(np.uint8)
+    seen = []
+    real = floatcodec._to_planes
+    monkeypatch.setattr(floatcodec, "_to_planes", lambda e, i, r, p: seen.append(p.shape[1]) or real(e, i, r, p))
+    floatcodec.encode_pieces(data, 4)
+    assert seen[0] == (1 << 18) // floatcodec.SAMPLE_SHARE
+    seen.clear()
+    estimated = floatcodec.estimate(data, 4)
+    assert seen[0] == floatcodec.SAMPLE_PIECES * floatcodec.SAMPLE_ELEMENTS
+    assert floatcodec.estimate(floatcodec.sample(data, 4), 4) == estimated
+    big = np.tile(weights, 8).view(np.uint8)
+    seen.clear()
+    floatcodec.encode_pieces(big[:floatcodec.SEGMENT_BYTES], 4)
+    assert seen[0] == floatcodec.SAMPLE_PIECES * floatcodec.SAMPLE_ELEMENTS, "a full segment keeps the fixed sample"
+
+
 def _sparse_bytes_cases(rng):
     for n in [*range(70), 1000, 4097, 100_003]:
         for zeros in (0.0, 0.5, 0.9, 1.0):

@@ -74,6 +74,7 @@ _WORDS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 SEGMENT_BYTES = 4 << 20
 HUFFMAN_BLOCK, HUFFMAN_BLOCK_WIDE, WIDE_ENTROPY_BITS = 16 << 10, 64 << 10, 5.0
 SAMPLE_PIECES, SAMPLE_ELEMENTS = 8, 4 << 10
+SAMPLE_SHARE, SAMPLE_MIN_ELEMENTS = 16, 1 << 10  # an encode samples at most 1/16 of a small chunk
 MIN_GAIN = 0.98
 ZSTD_MIN_GAIN = 0.95
 RUNS_MIN_GAIN = 0.95
@@ -419,13 +420,15 @@ def _match_side_bytes(nbytes: int) -> int:
     return 2 * -(-nbytes // MATCH_ROW)
 
 
-def _sample(data: np.ndarray, itemsize: int, row: int = 1) -> np.ndarray:
+def _sample(data: np.ndarray, itemsize: int, row: int = 1, share: int = 1) -> np.ndarray:
     """SAMPLE_PIECES evenly spaced runs of SAMPLE_ELEMENTS' worth of whole rows of `row`
-    elements (one row at least) from `data`, or all of it where that is no more. Data without
+    elements (one row at least) from `data`, or all of it where that is no more; with `share`
+    above 1, runs of at most 1/share of the data (SAMPLE_MIN_ELEMENTS at least). Data without
     rows is sampled in MATCH_ROW's (row matching then sees rows where a segment's would be)."""
     width = row * itemsize
     rows = data.nbytes // width
-    run = max(1, SAMPLE_ELEMENTS // row)
+    piece = max(SAMPLE_MIN_ELEMENTS, min(SAMPLE_ELEMENTS, data.nbytes // itemsize // (share * SAMPLE_PIECES)))
+    run = max(1, piece // row)
     if rows <= SAMPLE_PIECES * run:
         return data
     step = (rows - run) // (SAMPLE_PIECES - 1)
@@ -484,7 +487,7 @@ def _trial_bytes(plane: np.ndarray, coder: int, block: int) -> int:
     return len(_encode_plane(plane, coder, block))
 
 
-def choose(data: np.ndarray, itemsize: int, row: int = 0) -> tuple[int, list[int], int]:
+def choose(data: np.ndarray, itemsize: int, row: int = 0, share: int = 1) -> tuple[int, list[int], int]:
     """(form, coder per plane, coded bytes of the sample) for `data`: the layout whose coded
     bytes plus the price of each pass it makes over a plane (_pass_price) are fewer (a bf16
     weight's low byte codes 0.7% smaller at Huffman's speed: coding it cost the weights ~30% of
@@ -493,9 +496,11 @@ def choose(data: np.ndarray, itemsize: int, row: int = 0) -> tuple[int, list[int
     rows, and the grid is tried only where its residual's order-0 entropy is 3% below the
     rotated top plane's coded size (weights' exponents have no such structure: their residuals
     code no smaller). A layout whose top plane zstd codes is also tried with that plane's rows
-    matched (| MATCH, see _matched_option)."""
+    matched (| MATCH, see _matched_option). `share` bounds the sample to that fraction of the
+    data (see _sample): an encode passes SAMPLE_SHARE, so that a 1 MiB float32 chunk's choice
+    costs half as much; `estimate` keeps the full sample, whose delta decisions it steadies."""
     grid = itemsize in _WORDS and grid_fits(data.nbytes // itemsize, row)
-    sample = _sample(data, itemsize, row if grid else MATCH_ROW)
+    sample = _sample(data, itemsize, row if grid else MATCH_ROW, share)
     planes = np.empty((itemsize, sample.nbytes // itemsize), np.uint8)
     _to_planes(sample, itemsize, False, planes)
     plain = [_plane_coder(plane) for plane in planes]
@@ -684,7 +689,7 @@ def encode_pieces(data, itemsize: int = 1, threads: int | None = None, out=None,
     def segment(j: int) -> tuple[tuple, list]:
         lo = starts[j]
         part = data[lo * itemsize:min(count, lo + per) * itemsize]
-        form, coders = reuse[j] if reuse is not None else choose(part, itemsize, row)[:2]
+        form, coders = reuse[j] if reuse is not None else choose(part, itemsize, row, SAMPLE_SHARE)[:2]
         planes = kept[lo * itemsize:lo * itemsize + part.nbytes].reshape(itemsize, -1)
         _to_planes(part, itemsize, bool(form & ROTATED), planes)
         shifts = None
