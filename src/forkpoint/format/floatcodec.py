@@ -427,7 +427,8 @@ def _sample(data: np.ndarray, itemsize: int, row: int = 1, share: int = 1) -> np
     rows is sampled in MATCH_ROW's (row matching then sees rows where a segment's would be)."""
     width = row * itemsize
     rows = data.nbytes // width
-    piece = max(SAMPLE_MIN_ELEMENTS, min(SAMPLE_ELEMENTS, data.nbytes // itemsize // (share * SAMPLE_PIECES)))
+    piece = SAMPLE_ELEMENTS if share == 1 else \
+        max(SAMPLE_MIN_ELEMENTS, min(SAMPLE_ELEMENTS, data.nbytes // itemsize // (share * SAMPLE_PIECES)))
     run = max(1, piece // row)
     if rows <= SAMPLE_PIECES * run:
         return data
