@@ -453,7 +453,7 @@ def _plane_stats(plane: np.ndarray, runs: bool = False) -> tuple[float, int, boo
     return entropy, int(counts[0]), bool(counts[1::2].any()), share
 
 
-def _plane_coder(plane: np.ndarray) -> tuple[int, int]:
+def _plane_coder(plane: np.ndarray, zstd: bool = True) -> tuple[int, int]:
     """(coder, coded bytes) for a sample plane: deflate with runs where it beats Huffman-only
     deflate by 5% (it is slower on planes with few runs), zstd where it beats that deflate by
     5% (deflate is about 3x faster, and a sample misjudges zstd's matches by up to that much),
@@ -461,20 +461,20 @@ def _plane_coder(plane: np.ndarray) -> tuple[int, int]:
     bytes) are left raw without trying. A plane whose bit 0 is always zero (a positive tensor's
     rotated sign under 7 random mantissa bits) is packed seven bits a byte unless an entropy
     coder does 5% better (packing runs several times faster than Huffman and saves as much on
-    such planes)."""
+    such planes). Without `zstd`, zstd is not tried (a matched residual, which it never won)."""
     entropy, zeros, odd, run_share = _plane_stats(plane, runs=True)
     if entropy >= MIN_GAIN * plane.nbytes:
         return RAW, plane.nbytes
     seven = _seven_bytes(plane.nbytes) if plane.nbytes and not odd else None
     if seven is not None and entropy >= SEVEN_MIN_GAIN * seven:
         return SEVEN, seven
-    tried = (ZSTD, HUFFMAN, RUNS) if run_share >= RUNS_MIN_SHARE else (ZSTD, HUFFMAN)
+    tried = ((HUFFMAN, RUNS) if run_share >= RUNS_MIN_SHARE else (HUFFMAN,)) + ((ZSTD,) if zstd else ())
     block = _block_for(entropy, plane.nbytes) if plane.nbytes <= HUFFMAN_BLOCK_WIDE else _huffman_block(plane)
     sizes = {coder: _trial_bytes(plane, coder, block) for coder in tried}
     deflate = RUNS if sizes.get(RUNS, float("inf")) < RUNS_MIN_GAIN * sizes[HUFFMAN] else HUFFMAN
     if zeros >= SPARSE_MIN_ZEROS * plane.size and (sparse := _sparse_bytes(plane)) <= sizes[deflate]:
         deflate, sizes[SPARSE] = SPARSE, sparse
-    coder = ZSTD if sizes[ZSTD] < ZSTD_MIN_GAIN * sizes[deflate] else deflate
+    coder = ZSTD if sizes.get(ZSTD, float("inf")) < ZSTD_MIN_GAIN * sizes[deflate] else deflate
     if seven is not None and sizes[coder] >= SEVEN_MIN_GAIN * seven:
         return SEVEN, seven
     return (coder, sizes[coder]) if sizes[coder] < MIN_GAIN * plane.nbytes else (RAW, plane.nbytes)
@@ -537,12 +537,13 @@ def _matched_option(form: int, option: list, top: np.ndarray) -> list:
     plane, which `option` codes with zstd (repeats far apart: rows that are near multiples of
     earlier rows, which matching codes smaller, and Huffman then several times faster than zstd
     codes `top`); else []. Not tried where zstd codes the plane to under a bit a byte (zero
-    runs: a residual cannot code smaller than that)."""
+    runs: a residual cannot code smaller than that). zstd is not tried on the residual: on 279
+    residuals of benchmarks/compression.py's and codecs.py's states it never won."""
     if option[-1][0] != ZSTD or top.size < 2 * MATCH_ROW or option[-1][1] * 8 < top.size:
         return []
     residual = top.copy()
     side = _match_rows(residual)
-    coder, coded = _plane_coder(residual)
+    coder, coded = _plane_coder(residual, zstd=False)
     return [(form | MATCH, option[:-1] + [(coder, coded + side.size)])]
 
 
