@@ -439,6 +439,34 @@ def test_sparse_planes_split_join_and_read_back_across_builds(monkeypatch):
         assert np.array_equal(out, plane)
 
 
+def test_native_sparse_kernels_refuse_wrong_buffers():
+    """split_sparse refuses a bitmap or nonzero room too small for the data; join_sparse refuses
+    a bitmap of the wrong length, one that marks bytes past the plane's end, and one that marks
+    more or fewer bytes than it is given; none writes out of bounds."""
+    from forkpoint.format import floatcodec
+    native = floatcodec._native
+    if native is None:
+        pytest.skip("native kernels not built")
+    data = np.array([0, 5, 0, 7, 9, 0, 0, 0, 0, 3], np.uint8)
+    with pytest.raises(ValueError, match="bitmap of 2 bytes"):
+        native.split_sparse(data, np.empty(1, np.uint8), np.empty(18, np.uint8))
+    with pytest.raises(ValueError, match="room for 18"):
+        native.split_sparse(data, np.empty(2, np.uint8), np.empty(10, np.uint8))
+    bitmap, nonzero = np.empty(2, np.uint8), np.empty(18, np.uint8)
+    count = native.split_sparse(data, bitmap, nonzero)
+    out = np.empty(10, np.uint8)
+    with pytest.raises(ValueError, match="bitmap of 2 bytes, not 3"):
+        native.join_sparse(np.zeros(3, np.uint8), nonzero[:count].copy(), out)
+    past = bitmap.copy()
+    past[1] |= 1 << 5
+    with pytest.raises(ValueError, match="past its end"):
+        native.join_sparse(past, nonzero[:count].copy(), out)
+    with pytest.raises(ValueError, match="marks 4 nonzero bytes, it holds 3"):
+        native.join_sparse(bitmap, nonzero[:count - 1].copy(), out)
+    native.join_sparse(bitmap, nonzero[:count].copy(), out)
+    assert np.array_equal(out, data)
+
+
 def test_portable_and_vector_sparse_kernels_agree(tmp_path):
     """FORKPOINT_PORTABLE_KERNELS=1 keeps the sparse split and join off their SSSE3 path: a
     process so started writes the same bitmap and bytes and joins them back."""
