@@ -1192,8 +1192,9 @@ static PyObject *apply_grid(PyObject *self, PyObject *args) {
  * columns: for each earlier row j and each shift t among the differences at four of those columns,
  * the count of sampled columns where row i - row j == t; the best count (first found on a tie,
  * nearer rows first) wins if it reaches `least`. side[i] = i - j (0: no reference), side[rows + i] = t;
- * residual = row i - row j - t (mod 256), or row i itself. Rows are coded last to first, so the
- * residual may overwrite the plane (res == p). Decoding adds them back, first row to last. */
+ * residual = row i - row j - t (mod 256), or row i itself. The residual may overwrite the plane
+ * (res == p): the encoder keeps the last reach + 1 rows as they were. Decoding adds them back,
+ * first row to last. */
 #define MATCH_SAMPLES 32
 
 /* The best reference of whole row r among the `reach` before it, judged on their samples (see
@@ -1236,40 +1237,52 @@ __attribute__((target("avx2,popcnt")))
 static void score_rows_avx2(const uint8_t *samples, size_t r, int reach, int *best, int *best_o, uint8_t *best_t) {
     const uint8_t *mine = samples + r * MATCH_SAMPLES;
     __m256i m = _mm256_loadu_si256((const __m256i *)mine);
-    int top = *best, top_o = *best_o;
-    uint8_t top_t = *best_t;
-    for (int o = 1; o <= reach && (size_t)o <= r; o++) {
-        const uint8_t *theirs = samples + (r - o) * MATCH_SAMPLES;
+    /* each candidate's score, then 255 less its place in the search: the greatest key is the
+     * best score, found first (no branch to mispredict on every candidate) */
+    const int start = *best << 8 | 255;
+    int top = start, last = reach < (int)r ? reach : (int)r;
+    for (int o = 1; o <= last; o++) {
+        const uint8_t *theirs = samples + (r - (size_t)o) * MATCH_SAMPLES;
         __m256i d = _mm256_sub_epi8(m, _mm256_loadu_si256((const __m256i *)theirs));
         for (int c = 0; c < 4; c++) {
             uint8_t t = (uint8_t)(mine[c * (MATCH_SAMPLES / 4)] - theirs[c * (MATCH_SAMPLES / 4)]);
             int score = __builtin_popcount((unsigned)_mm256_movemask_epi8(_mm256_cmpeq_epi8(d, _mm256_set1_epi8((char)t))));
-            if (score > top) { top = score; top_o = o; top_t = t; }
+            int key = score << 8 | (255 - ((o - 1) * 4 + c));
+            top = key > top ? key : top;
         }
     }
-    *best = top, *best_o = top_o, *best_t = top_t;
+    if (top == start) return;
+    int place = 255 - (top & 255), o = place / 4 + 1, c = place % 4;
+    *best = top >> 8;
+    *best_o = o;
+    *best_t = (uint8_t)(mine[c * (MATCH_SAMPLES / 4)] - samples[(r - (size_t)o) * MATCH_SAMPLES + c * (MATCH_SAMPLES / 4)]);
 }
 #endif
 
 static MatchScorer match_scorer = score_rows;
 
+/* One pass, first row to last: each row's samples are taken and the row kept in `ring` (the
+ * last reach + 1 rows as they were) before its residual overwrites it where res == p. */
 static void match_rows_kernel(const uint8_t *p, uint8_t *res, uint8_t *side, size_t n, size_t width,
-                              int reach, int least, uint8_t *samples) {
-    size_t rows = (n + width - 1) / width, whole = n / width, step = width / MATCH_SAMPLES;
-    for (size_t r = 0; r < whole; r++)
-        for (int k = 0; k < MATCH_SAMPLES; k++) samples[r * MATCH_SAMPLES + k] = p[r * width + k * step];
-    for (size_t r = rows; r-- > 0;) {
+                              int reach, int least, uint8_t *samples, uint8_t *ring) {
+    size_t rows = (n + width - 1) / width, whole = n / width, step = width / MATCH_SAMPLES, slots = (size_t)reach + 1;
+    for (size_t r = 0; r < rows; r++) {
         const uint8_t *row = p + r * width;
         uint8_t *out = res + r * width;
         size_t len = r < whole ? width : n - r * width;
         int best = least - 1, best_o = 0;
         uint8_t best_t = 0;
-        if (r < whole) match_scorer(samples, r, reach, &best, &best_o, &best_t);
+        if (r < whole) {
+            for (int k = 0; k < MATCH_SAMPLES; k++) samples[r * MATCH_SAMPLES + k] = row[k * step];
+            match_scorer(samples, r, reach, &best, &best_o, &best_t);
+        }
         side[r] = (uint8_t)best_o;
         side[rows + r] = best_t;
+        uint8_t *kept = ring + (r % slots) * width;
+        memcpy(kept, row, len);
         if (best_o) {
-            const uint8_t *ref = row - (size_t)best_o * width;
-            for (size_t c = 0; c < len; c++) out[c] = (uint8_t)(row[c] - ref[c] - best_t);
+            const uint8_t *ref = ring + ((r - (size_t)best_o) % slots) * width;
+            for (size_t c = 0; c < len; c++) out[c] = (uint8_t)(kept[c] - ref[c] - best_t);
         } else if (out != row) {
             memcpy(out, row, len);
         }
@@ -1306,16 +1319,18 @@ static PyObject *match_rows(PyObject *self, PyObject *args) {
                      src.len, dst.len, width, side.len);
     } else {
         uint8_t *samples = malloc((size_t)(src.len / width) * MATCH_SAMPLES + 1);
-        if (samples == NULL) {
+        uint8_t *ring = malloc(((size_t)reach + 1) * (size_t)width);
+        if (samples == NULL || ring == NULL) {
             PyErr_NoMemory();
         } else {
             Py_BEGIN_ALLOW_THREADS
-            match_rows_kernel(src.buf, dst.buf, side.buf, (size_t)src.len, (size_t)width, reach, least, samples);
+            match_rows_kernel(src.buf, dst.buf, side.buf, (size_t)src.len, (size_t)width, reach, least, samples, ring);
             Py_END_ALLOW_THREADS
             result = Py_None;
             Py_INCREF(result);
         }
         free(samples);
+        free(ring);
     }
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);
