@@ -72,6 +72,31 @@ def test_failed_dependency_fails_dependents_and_returns_leases():
     assert sched.stats()["resources"]["staging"]["used"] == 0
 
 
+def test_a_dependent_starts_when_its_dependency_settles_not_at_the_next_event():
+    """The workers are woken after a task's future is set: woken before, an idle worker found
+    the dependent not ready and slept until some later event (here, up to 0.5 s)."""
+    sched = Scheduler(Budget(cpu_workers=2), threads=2)
+    gate = threading.Event()
+    first = sched.submit("first", gate.wait, priority=0)
+    settled = {}
+    set_result = first.future.set_result
+
+    def slow_set_result(result):
+        time.sleep(0.05)
+        settled["at"] = time.perf_counter()
+        set_result(result)
+
+    first.future.set_result = slow_set_result
+    long = sched.submit("long", lambda: time.sleep(1.5), priority=1, deps=[first])
+    dependent = sched.submit("dependent", time.perf_counter, priority=2, deps=[first])
+    time.sleep(0.1)
+    gate.set()
+    started = dependent.result(5)
+    assert started - settled["at"] < 0.25
+    long.result(5)
+    sched.shutdown()
+
+
 def test_oversized_task_runs_alone():
     sched = Scheduler(Budget(staging_bytes=10), threads=2)
     t = sched.submit("capture", lambda: "big", priority=0, needs={"staging": 50})

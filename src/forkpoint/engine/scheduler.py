@@ -66,7 +66,7 @@ class Task:
     """A unit of work in the DAG; `future` holds its result."""
 
     __slots__ = ("stage", "priority", "fn", "needs", "frees", "deps", "after", "nbytes", "tier", "seq",
-                 "future", "ready", "failed", "background")
+                 "future", "ready", "failed", "background", "finished")
 
     def __init__(self, stage, priority, fn, needs, frees, deps, after, nbytes, tier, seq, background=False):
         self.stage, self.priority, self.fn = stage, priority, fn
@@ -76,9 +76,12 @@ class Task:
         self.future: Future = Future()
         self.ready = False
         self.failed: Task | None = None
+        self.finished = False
 
     def done(self) -> bool:
-        return self.future.done()
+        """True once the future holds the result (a flag: the scheduler asks it of every
+        waiting task's dependencies at each pick, where the future's lock cost the GIL)."""
+        return self.finished
 
     def forget(self) -> None:
         """Drop what a finished task no longer needs (its function and the tasks it waited
@@ -239,9 +242,8 @@ class Scheduler:
                         if extra > 0:
                             self.used[r] = self.used.get(r, 0) - extra
                     st.failed += 1
-                    self.cond.notify_all()
-                task.future.set_exception(failed.future.exception())
                 task.forget()
+                self._finish(task, None, failed.future.exception())
                 continue
             start = time.perf_counter()
             try:
@@ -265,12 +267,19 @@ class Scheduler:
                     tier["bytes_in_flight"] -= task.nbytes
                     if error is None:
                         tier["bytes_done"] += task.nbytes
-                self.cond.notify_all()
             task.forget()
-            if error is None:
-                task.future.set_result(result)
-            else:
-                task.future.set_exception(error)
+            self._finish(task, result, error)
+
+    def _finish(self, task: Task, result, error) -> None:
+        """Settle `task`'s future, then wake the workers (a dependent is ready only once its
+        dependencies' futures are set: waking them before left it to the next event)."""
+        if error is None:
+            task.future.set_result(result)
+        else:
+            task.future.set_exception(error)
+        task.finished = True
+        with self.cond:
+            self.cond.notify_all()
 
     def stats(self) -> dict:
         """Return queue depths, bytes in flight and time per stage and per tier, and resource use."""

@@ -8,6 +8,8 @@ import time
 import uuid
 from typing import Callable, Iterable, Sequence
 
+import numpy as np
+
 from ..errors import StorageFullError
 from .base import Store
 
@@ -40,6 +42,13 @@ def _bounce() -> memoryview:
     if buf is None:
         buf = _BOUNCE.buf = memoryview(mmap.mmap(-1, DIRECT_BOUNCE))
     return buf
+
+
+def _copy(dst: memoryview, src: memoryview) -> None:
+    """dst[:] = src, by numpy, which lets go of the GIL for the copy (a slice assignment of
+    memoryviews holds it: the encoded objects of a save all pass through the bounce buffer,
+    and the codec's threads waited for the GIL meanwhile)."""
+    np.copyto(np.frombuffer(dst, np.uint8), np.frombuffer(src, np.uint8))
 
 
 _INFLIGHT: set[str] = set()
@@ -150,7 +159,7 @@ class LocalStore(Store):
                         put(view[:whole], pos)
                     else:
                         whole = min(view.nbytes, bounce.nbytes - fill, aligned_end - pos)
-                        bounce[fill:fill + whole] = view[:whole]
+                        _copy(bounce[fill:fill + whole], view[:whole])
                         fill += whole
                         if fill == bounce.nbytes or pos + whole == aligned_end:
                             put(bounce[:fill], pos + whole - fill)
