@@ -453,7 +453,7 @@ def _plane_stats(plane: np.ndarray, runs: bool = False) -> tuple[float, int, boo
     return entropy, int(counts[0]), bool(counts[1::2].any()), share
 
 
-def _plane_coder(plane: np.ndarray, zstd: bool = True) -> tuple[int, int]:
+def _plane_coder(plane: np.ndarray, residual: bool = False) -> tuple[int, int]:
     """(coder, coded bytes) for a sample plane: deflate with runs where it beats Huffman-only
     deflate by 5% (it is slower on planes with few runs), zstd where it beats that deflate by
     5% (deflate is about 3x faster, and a sample misjudges zstd's matches by up to that much),
@@ -461,14 +461,16 @@ def _plane_coder(plane: np.ndarray, zstd: bool = True) -> tuple[int, int]:
     bytes) are left raw without trying. A plane whose bit 0 is always zero (a positive tensor's
     rotated sign under 7 random mantissa bits) is packed seven bits a byte unless an entropy
     coder does 5% better (packing runs several times faster than Huffman and saves as much on
-    such planes). Without `zstd`, zstd is not tried (a matched residual, which it never won)."""
-    entropy, zeros, odd, run_share = _plane_stats(plane, runs=True)
+    such planes). For a matched `residual`, neither zstd nor runs are tried (on the 225 residuals
+    of benchmarks/compression.py's and codecs.py's states as saves split them, runs never came
+    within 5% of Huffman-only nor under the sparse coder; zstd never won on 279)."""
+    entropy, zeros, odd, run_share = _plane_stats(plane, runs=not residual)
     if entropy >= MIN_GAIN * plane.nbytes:
         return RAW, plane.nbytes
     seven = _seven_bytes(plane.nbytes) if plane.nbytes and not odd else None
     if seven is not None and entropy >= SEVEN_MIN_GAIN * seven:
         return SEVEN, seven
-    tried = ((HUFFMAN, RUNS) if run_share >= RUNS_MIN_SHARE else (HUFFMAN,)) + ((ZSTD,) if zstd else ())
+    tried = ((HUFFMAN, RUNS) if run_share >= RUNS_MIN_SHARE else (HUFFMAN,)) + (() if residual else (ZSTD,))
     block = _block_for(entropy, plane.nbytes) if plane.nbytes <= HUFFMAN_BLOCK_WIDE else _huffman_block(plane)
     sizes = {coder: _trial_bytes(plane, coder, block) for coder in tried}
     deflate = RUNS if sizes.get(RUNS, float("inf")) < RUNS_MIN_GAIN * sizes[HUFFMAN] else HUFFMAN
@@ -537,13 +539,13 @@ def _matched_option(form: int, option: list, top: np.ndarray) -> list:
     plane, which `option` codes with zstd (repeats far apart: rows that are near multiples of
     earlier rows, which matching codes smaller, and Huffman then several times faster than zstd
     codes `top`); else []. Not tried where zstd codes the plane to under a bit a byte (zero
-    runs: a residual cannot code smaller than that). zstd is not tried on the residual: on 279
-    residuals of benchmarks/compression.py's and codecs.py's states it never won."""
+    runs: a residual cannot code smaller than that). The residual is coded as _plane_coder codes
+    a residual: neither zstd nor runs are tried."""
     if option[-1][0] != ZSTD or top.size < 2 * MATCH_ROW or option[-1][1] * 8 < top.size:
         return []
     residual = top.copy()
     side = _match_rows(residual)
-    coder, coded = _plane_coder(residual, zstd=False)
+    coder, coded = _plane_coder(residual, residual=True)
     return [(form | MATCH, option[:-1] + [(coder, coded + side.size)])]
 
 
