@@ -169,7 +169,13 @@ def test_float_codec_chooses_layout_and_coder_per_plane(monkeypatch):
     assert coders[-1] == floatcodec.RUNS, "runs of a nonzero byte are coded by deflate with runs as matches"
     repeats = _long_repeats(400_000)
     _, coders, _ = floatcodec.choose(repeats.view(np.uint8), 4)
-    assert coders[-1] == floatcodec.ZSTD, "values repeating at long distances are coded by zstd"
+    assert coders == [floatcodec.ZSTD] * 4, "values repeating at long distances: every plane by zstd"
+    tried.clear()
+    monkeypatch.setattr(floatcodec, "_encode_plane", lambda plane, coder, block=0: tried.append(coder) or real(plane, coder, block))
+    floatcodec.choose(moments.view(np.uint8), 4)
+    monkeypatch.setattr(floatcodec, "_encode_plane", real)
+    assert tried.count(floatcodec.ZSTD) == 2, \
+        "zstd is tried below the top plane only where the top took it (here sparse, in both rotations)"
     import zstandard
     for data in (weights, moments, repeats):
         raw = data.view(np.uint8)

@@ -453,7 +453,7 @@ def _plane_stats(plane: np.ndarray, runs: bool = False) -> tuple[float, int, boo
     return entropy, int(counts[0]), bool(counts[1::2].any()), share
 
 
-def _plane_coder(plane: np.ndarray, residual: bool = False) -> tuple[int, int]:
+def _plane_coder(plane: np.ndarray, zstd: bool = True, runs: bool = True) -> tuple[int, int]:
     """(coder, coded bytes) for a sample plane: deflate with runs where it beats Huffman-only
     deflate by 5% (it is slower on planes with few runs), zstd where it beats that deflate by
     5% (deflate is about 3x faster, and a sample misjudges zstd's matches by up to that much),
@@ -461,16 +461,15 @@ def _plane_coder(plane: np.ndarray, residual: bool = False) -> tuple[int, int]:
     bytes) are left raw without trying. A plane whose bit 0 is always zero (a positive tensor's
     rotated sign under 7 random mantissa bits) is packed seven bits a byte unless an entropy
     coder does 5% better (packing runs several times faster than Huffman and saves as much on
-    such planes). For a matched `residual`, neither zstd nor runs are tried (on the 225 residuals
-    of benchmarks/compression.py's and codecs.py's states as saves split them, runs never came
-    within 5% of Huffman-only nor under the sparse coder; zstd never won on 279)."""
-    entropy, zeros, odd, run_share = _plane_stats(plane, runs=not residual)
+    such planes). zstd is tried only with `zstd`, runs only with `runs` (see _layout_coders and
+    _matched_option)."""
+    entropy, zeros, odd, run_share = _plane_stats(plane, runs=runs)
     if entropy >= MIN_GAIN * plane.nbytes:
         return RAW, plane.nbytes
     seven = _seven_bytes(plane.nbytes) if plane.nbytes and not odd else None
     if seven is not None and entropy >= SEVEN_MIN_GAIN * seven:
         return SEVEN, seven
-    tried = ((HUFFMAN, RUNS) if run_share >= RUNS_MIN_SHARE else (HUFFMAN,)) + (() if residual else (ZSTD,))
+    tried = ((HUFFMAN, RUNS) if run_share >= RUNS_MIN_SHARE else (HUFFMAN,)) + ((ZSTD,) if zstd else ())
     block = _block_for(entropy, plane.nbytes) if plane.nbytes <= HUFFMAN_BLOCK_WIDE else _huffman_block(plane)
     sizes = {coder: _trial_bytes(plane, coder, block) for coder in tried}
     deflate = RUNS if sizes.get(RUNS, float("inf")) < RUNS_MIN_GAIN * sizes[HUFFMAN] else HUFFMAN
@@ -480,6 +479,16 @@ def _plane_coder(plane: np.ndarray, residual: bool = False) -> tuple[int, int]:
     if seven is not None and sizes[coder] >= SEVEN_MIN_GAIN * seven:
         return SEVEN, seven
     return (coder, sizes[coder]) if sizes[coder] < MIN_GAIN * plane.nbytes else (RAW, plane.nbytes)
+
+
+def _layout_coders(planes: np.ndarray) -> list[tuple[int, int]]:
+    """_plane_coder of each of a sample's planes, the top one first: a plane below it tries zstd
+    only where the top plane took zstd. zstd wins on repeats far apart, which rows that repeat
+    put in every plane but which a plane below the top never showed alone: across the sample
+    planes of benchmarks/compression.py's and codecs.py's states as saves split them, zstd won
+    0 of 707 trials below the top (and 240 of 1324 on it)."""
+    top = _plane_coder(planes[-1])
+    return [_plane_coder(plane, zstd=top[0] == ZSTD) for plane in planes[:-1]] + [top]
 
 
 def _trial_bytes(plane: np.ndarray, coder: int, block: int) -> int:
@@ -506,12 +515,12 @@ def choose(data: np.ndarray, itemsize: int, row: int = 0, share: int = 1) -> tup
     sample = _sample(data, itemsize, row if grid else MATCH_ROW, share)
     planes = np.empty((itemsize, sample.nbytes // itemsize), np.uint8)
     _to_planes(sample, itemsize, False, planes)
-    plain = [_plane_coder(plane) for plane in planes]
+    plain = _layout_coders(planes)
     if itemsize not in _WORDS:
         return 0, [c for c, _ in plain], sum(n for _, n in plain)
     matched = _matched_option(0, plain, planes[-1])
     _to_planes(sample, itemsize, True, planes)
-    turned = plain[:-2] + [_plane_coder(planes[-2]), _plane_coder(planes[-1])]
+    turned = plain[:-2] + _layout_coders(planes[-2:])
     options = [(0, plain), (ROTATED, turned)] + matched + _matched_option(ROTATED, turned, planes[-1])
     if grid:
         segment = min(data.nbytes // itemsize, _segment_elements(itemsize, row))
@@ -539,13 +548,15 @@ def _matched_option(form: int, option: list, top: np.ndarray) -> list:
     plane, which `option` codes with zstd (repeats far apart: rows that are near multiples of
     earlier rows, which matching codes smaller, and Huffman then several times faster than zstd
     codes `top`); else []. Not tried where zstd codes the plane to under a bit a byte (zero
-    runs: a residual cannot code smaller than that). The residual is coded as _plane_coder codes
-    a residual: neither zstd nor runs are tried."""
+    runs: a residual cannot code smaller than that). Neither zstd nor runs are tried on the
+    residual: across the 225 residuals of benchmarks/compression.py's and codecs.py's states as
+    saves split them, runs never came within 5% of Huffman-only nor under the sparse coder, and
+    zstd never won on 279."""
     if option[-1][0] != ZSTD or top.size < 2 * MATCH_ROW or option[-1][1] * 8 < top.size:
         return []
     residual = top.copy()
     side = _match_rows(residual)
-    coder, coded = _plane_coder(residual, residual=True)
+    coder, coded = _plane_coder(residual, zstd=False, runs=False)
     return [(form | MATCH, option[:-1] + [(coder, coded + side.size)])]
 
 
