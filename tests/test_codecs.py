@@ -445,6 +445,26 @@ def test_sparse_planes_split_join_and_read_back_across_builds(monkeypatch):
         assert np.array_equal(out, plane)
 
 
+def test_a_sparse_planes_bitmap_codes_runs_only_where_it_has_them():
+    """Scattered nonzero bytes give a bitmap without runs, coded Huffman-only (as small, and
+    faster); rows that are all zero give stretches of zero bitmap bytes, coded with runs. The
+    trial size (_sparse_bytes) is the packed size either way, and both read back."""
+    from forkpoint.format import floatcodec
+    rng = np.random.default_rng(5)
+    scattered = rng.integers(1, 256, 1 << 18, dtype=np.uint8)
+    scattered[rng.random(scattered.size) < 0.6] = 0
+    stretches = scattered.copy()
+    stretches.reshape(-1, 256)[::2] = 0
+    for plane, coder in ((scattered, floatcodec.HUFFMAN), (stretches, floatcodec.RUNS)):
+        bitmap, _ = floatcodec._split_sparse(plane)
+        assert floatcodec._bitmap_coder(bitmap)[0] == coder
+        packed = floatcodec._pack_sparse(plane)
+        assert floatcodec._sparse_bytes(plane) == len(packed)
+        out = np.empty(plane.size, np.uint8)
+        floatcodec._unpack_sparse(packed, out)
+        assert np.array_equal(out, plane)
+
+
 def test_native_sparse_kernels_refuse_wrong_buffers():
     """split_sparse refuses a bitmap or nonzero room too small for the data; join_sparse refuses
     a bitmap of the wrong length, one that marks bytes past the plane's end, and one that marks
