@@ -309,6 +309,22 @@ def test_rows_near_multiples_of_rows_shortly_before_are_matched(monkeypatch):
     assert not any(form & floatcodec.MATCH for form in _segment_forms(weights, 2)), "weights: nothing to match"
 
 
+def test_native_and_numpy_agree_at_the_farthest_reach(native, monkeypatch):
+    """The native scorer ranks candidates by keys of their score and place in the search; at
+    the farthest reach the API takes (255 rows back, 1020 candidates) it still picks the rows
+    numpy picks."""
+    monkeypatch.setattr(floatcodec, "MATCH_REACH", 255)
+    rows = np.random.default_rng(7).integers(0, 256, (600, floatcodec.MATCH_ROW), dtype=np.uint8)
+    rows[250:500] = rows[:250] + np.uint8(3)
+    plane = rows.reshape(-1)
+    by_native = plane.copy()
+    side = floatcodec._match_rows(by_native)
+    assert (side[250:500] == 250).all() and (side[600 + 250:600 + 500] == 3).all()
+    monkeypatch.setattr(floatcodec, "_native", None)
+    by_numpy = plane.copy()
+    assert np.array_equal(floatcodec._match_rows(by_numpy), side) and np.array_equal(by_numpy, by_native)
+
+
 @pytest.mark.parametrize("size", [0, 1, 255, 256, 257, 511, 4096 * 256 + 77])
 def test_native_and_numpy_match_the_same_rows_and_read_each_other(native, monkeypatch, size):
     rng = np.random.default_rng(size)

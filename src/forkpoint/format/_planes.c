@@ -1237,9 +1237,9 @@ __attribute__((target("avx2,popcnt")))
 static void score_rows_avx2(const uint8_t *samples, size_t r, int reach, int *best, int *best_o, uint8_t *best_t) {
     const uint8_t *mine = samples + r * MATCH_SAMPLES;
     __m256i m = _mm256_loadu_si256((const __m256i *)mine);
-    /* each candidate's score, then 255 less its place in the search: the greatest key is the
-     * best score, found first (no branch to mispredict on every candidate) */
-    const int start = *best << 8 | 255;
+    /* each candidate's score, then 1023 less its place in the search (under 4 * 256): the
+     * greatest key is the best score, found first (no branch to mispredict on every candidate) */
+    const int start = *best * 1024 + 1023;
     int top = start, last = reach < (int)r ? reach : (int)r;
     for (int o = 1; o <= last; o++) {
         const uint8_t *theirs = samples + (r - (size_t)o) * MATCH_SAMPLES;
@@ -1247,13 +1247,13 @@ static void score_rows_avx2(const uint8_t *samples, size_t r, int reach, int *be
         for (int c = 0; c < 4; c++) {
             uint8_t t = (uint8_t)(mine[c * (MATCH_SAMPLES / 4)] - theirs[c * (MATCH_SAMPLES / 4)]);
             int score = __builtin_popcount((unsigned)_mm256_movemask_epi8(_mm256_cmpeq_epi8(d, _mm256_set1_epi8((char)t))));
-            int key = score << 8 | (255 - ((o - 1) * 4 + c));
+            int key = score * 1024 + 1023 - ((o - 1) * 4 + c);
             top = key > top ? key : top;
         }
     }
     if (top == start) return;
-    int place = 255 - (top & 255), o = place / 4 + 1, c = place % 4;
-    *best = top >> 8;
+    int place = 1023 - (top & 1023), o = place / 4 + 1, c = place % 4;
+    *best = top / 1024;
     *best_o = o;
     *best_t = (uint8_t)(mine[c * (MATCH_SAMPLES / 4)] - samples[(r - (size_t)o) * MATCH_SAMPLES + c * (MATCH_SAMPLES / 4)]);
 }
