@@ -66,7 +66,7 @@ class Task:
     """A unit of work in the DAG; `future` holds its result."""
 
     __slots__ = ("stage", "priority", "fn", "needs", "frees", "deps", "after", "nbytes", "tier", "seq",
-                 "future", "ready", "failed", "background", "finished")
+                 "future", "ready", "failed", "background", "finished", "pending", "dependents", "kind")
 
     def __init__(self, stage, priority, fn, needs, frees, deps, after, nbytes, tier, seq, background=False):
         self.stage, self.priority, self.fn = stage, priority, fn
@@ -77,10 +77,12 @@ class Task:
         self.ready = False
         self.failed: Task | None = None
         self.finished = False
+        self.pending = 0
+        self.dependents: list[Task] = []
+        self.kind: tuple = ()
 
     def done(self) -> bool:
-        """True once the future holds the result (a flag: the scheduler asks it of every
-        waiting task's dependencies at each pick, where the future's lock cost the GIL)."""
+        """True once the future holds the result (a flag, read without the future's lock)."""
         return self.finished
 
     def forget(self) -> None:
@@ -92,10 +94,45 @@ class Task:
         return self.future.result(timeout)
 
 
+def _order(task: Task) -> tuple[int, int]:
+    return task.priority, task.seq
+
+
+class _Lane:
+    """The ready tasks of one lane (ordinary or background) and the condition its workers sleep
+    on. Tasks are kept by the resources they need (`Task.kind`), each kind in priority order,
+    so that a pick skips at once every task of a kind whose resource is used up."""
+
+    def __init__(self, lock: threading.Lock):
+        self.kinds: dict[tuple, list[Task]] = {}
+        self.count = 0
+        self.wakeup = threading.Condition(lock)
+
+    def add(self, task: Task) -> None:
+        bisect.insort(self.kinds.setdefault(task.kind, []), task, key=_order)
+        self.count += 1
+
+    def remove(self, task: Task) -> None:
+        tasks = self.kinds[task.kind]
+        del tasks[bisect.bisect_left(tasks, _order(task), key=_order)]
+        if not tasks:
+            del self.kinds[task.kind]
+        self.count -= 1
+
+    def holds(self, task: Task) -> bool:
+        tasks = self.kinds.get(task.kind, ())
+        i = bisect.bisect_left(tasks, _order(task), key=_order)
+        return i < len(tasks) and tasks[i] is task
+
+
 class Scheduler:
     """Runs tasks on a fixed set of threads under a Budget. Tasks submitted as `background`
     run only on the background lane, `background_threads` threads of their own, so that such
-    work (encoding after a commit) never takes more cores than that, nor a thread a save needs."""
+    work (encoding after a commit) never takes more cores than that, nor a thread a save needs.
+
+    A task waits off the queues until its dependencies finish (each finish releases its own
+    dependents), so a pick scans only ready tasks. An event wakes one worker of a lane, and a
+    worker that takes a task while more are ready wakes the next (not every worker per event)."""
 
     def __init__(self, budget: Budget | None = None, threads: int = 8, name: str = "forkpoint",
                  background_threads: int = 1):
@@ -103,10 +140,14 @@ class Scheduler:
         self.capacity = self.budget.capacity()
         self.used: dict[str, int] = {}
         self.peak: dict[str, int] = {}
-        self.queue: list[Task] = []
         self.stages: dict[str, StageStats] = {}
         self.tiers: dict[str, dict[str, int]] = {}
-        self.cond = threading.Condition()
+        self.lock = threading.Lock()
+        self.lanes = {False: _Lane(self.lock), True: _Lane(self.lock)}
+        self.resources_freed = threading.Condition(self.lock)
+        self.idle = threading.Condition(self.lock)
+        self.queued = 0
+        self.active = 0
         self.seq = 0
         self.batching = 0
         self.closed = False
@@ -135,33 +176,51 @@ class Scheduler:
         needs = dict(needs or {})
         for resource in set(needs) | set(frees or {}):
             self._cap(resource)
-        with self.cond:
+        with self.lock:
             if self.closed:
                 raise RuntimeError("scheduler is shut down")
             self.seq += 1
             task = Task(stage, int(priority), fn, needs, needs if frees is None else dict(frees),
                         [d for d in deps if d is not None], [a for a in after if a is not None],
                         nbytes, tier, self.seq, background)
-            bisect.insort(self.queue, task, key=lambda t: (t.priority, t.seq))
-            st = self.stages.setdefault(stage, StageStats())
-            st.queued += 1
-            if not self.batching:
-                self.cond.notify_all()
+            for waited in (*task.deps, *task.after):
+                if not waited.finished:
+                    waited.dependents.append(task)
+                    task.pending += 1
+            self.queued += 1
+            self.stages.setdefault(stage, StageStats()).queued += 1
+            if not task.pending:
+                self._make_ready(task)
         return task
+
+    def _make_ready(self, task: Task) -> None:
+        """Queue `task`, whose dependencies have all finished, on its lane (under the lock)."""
+        task.ready = True
+        task.failed = next((d for d in task.deps if d.future.exception() is not None), None)
+        task.kind = () if task.failed else tuple(sorted((r, n > 0) for r, n in task.needs.items()))
+        lane = self.lanes[task.background]
+        lane.add(task)
+        if not self.batching:
+            lane.wakeup.notify()
 
     @contextmanager
     def batch(self):
-        """Submit several tasks and wake the workers once, when the batch ends (submitting many
-        tasks one wake-up at a time makes every worker contend for the queue lock)."""
-        with self.cond:
+        """Submit several tasks and wake the workers once, when the batch ends."""
+        with self.lock:
             self.batching += 1
         try:
             yield self
         finally:
-            with self.cond:
+            with self.lock:
                 self.batching -= 1
                 if not self.batching:
-                    self.cond.notify_all()
+                    self._wake_lanes()
+
+    def _wake_lanes(self) -> None:
+        """Wake one worker of each lane that has ready tasks (under the lock)."""
+        for lane in self.lanes.values():
+            if lane.count:
+                lane.wakeup.notify()
 
     @contextmanager
     def hold(self, resource: str, n: int = 1):
@@ -169,9 +228,9 @@ class Scheduler:
         (a part of a task that needs a resource the rest does not, such as encoding inside
         a write)."""
         self._cap(resource)
-        with self.cond:
+        with self.lock:
             while not self._fits({resource: n}):
-                self.cond.wait(0.5)
+                self.resources_freed.wait(0.5)
             self.used[resource] = self.used.get(resource, 0) + n
             self.peak[resource] = max(self.peak.get(resource, 0), self.used[resource])
         try:
@@ -181,17 +240,28 @@ class Scheduler:
 
     def promote(self, tasks) -> None:
         """Move queued background `tasks` to the ordinary lane (something urgent waits for them)."""
-        with self.cond:
+        with self.lock:
             for task in tasks:
+                if not task.background:
+                    continue
+                if task.ready and self.lanes[True].holds(task):
+                    self.lanes[True].remove(task)
+                    self.lanes[False].add(task)
                 task.background = False
-            self.cond.notify_all()
+            self._wake_lanes()
 
     def release(self, resources: dict) -> None:
         """Give back resources held beyond a task (e.g. staging after a failed write)."""
-        with self.cond:
-            for r, n in resources.items():
-                self.used[r] = self.used.get(r, 0) - n
-            self.cond.notify_all()
+        with self.lock:
+            self._give_back(resources)
+
+    def _give_back(self, resources: dict) -> None:
+        """Return `resources` to the budget and wake those that may now fit (under the lock)."""
+        for r, n in resources.items():
+            self.used[r] = self.used.get(r, 0) - n
+        if resources:
+            self.resources_freed.notify_all()
+            self._wake_lanes()
 
     def _fits(self, needs: dict) -> bool:
         for r, n in needs.items():
@@ -200,29 +270,38 @@ class Scheduler:
                 return False
         return True
 
-    def _pick(self, background: bool = False) -> Task | None:
-        for i, task in enumerate(self.queue):
-            if task.background != background:
+    def _pick(self, lane: _Lane) -> Task | None:
+        """Take the first ready task, in priority order, that failed or whose needs fit."""
+        used_up = {r for r, n in self.used.items() if n > 0 and n >= self._cap(r)}
+        best = None
+        for kind, tasks in lane.kinds.items():
+            if any(positive and r in used_up for r, positive in kind):
                 continue
-            if not task.ready:
-                if any(not d.done() for d in task.deps) or any(not a.done() for a in task.after):
-                    continue
-                task.ready = True
-                task.failed = next((d for d in task.deps if d.future.exception() is not None), None)
-            if task.failed is not None or self._fits(task.needs):
-                return self.queue.pop(i)
-        return None
+            for task in tasks:
+                if best is not None and _order(task) > _order(best):
+                    break
+                if task.failed is not None or self._fits(task.needs):
+                    best = task
+                    break
+        if best is not None:
+            lane.remove(best)
+        return best
 
     def _work(self, background: bool = False) -> None:
+        lane = self.lanes[background]
         while True:
-            with self.cond:
+            with self.lock:
                 task = None
                 while task is None:
-                    if self.closed and not self.queue:
+                    if self.closed and not self.queued:
                         return
-                    task = self._pick(background)
+                    task = self._pick(lane)
                     if task is None:
-                        self.cond.wait(0.5)
+                        lane.wakeup.wait(0.5)
+                if lane.count:
+                    lane.wakeup.notify()
+                self.queued -= 1
+                self.active += 1
                 failed = task.failed
                 st = self.stages[task.stage]
                 st.queued -= 1
@@ -236,11 +315,9 @@ class Scheduler:
                         tier = self.tiers.setdefault(task.tier, {"bytes_in_flight": 0, "bytes_done": 0})
                         tier["bytes_in_flight"] += task.nbytes
             if failed is not None:
-                with self.cond:
-                    for r, n in task.frees.items():
-                        extra = n - task.needs.get(r, 0)
-                        if extra > 0:
-                            self.used[r] = self.used.get(r, 0) - extra
+                with self.lock:
+                    extra = {r: n - task.needs.get(r, 0) for r, n in task.frees.items()}
+                    self._give_back({r: n for r, n in extra.items() if n > 0})
                     st.failed += 1
                 task.forget()
                 self._finish(task, None, failed.future.exception())
@@ -251,9 +328,8 @@ class Scheduler:
             except BaseException as e:  # delivered through the future
                 result, error = None, e
             elapsed = time.perf_counter() - start
-            with self.cond:
-                for r, n in task.frees.items():
-                    self.used[r] = self.used.get(r, 0) - n
+            with self.lock:
+                self._give_back(task.frees)
                 st.running -= 1
                 st.bytes_in_flight -= task.nbytes
                 st.seconds += elapsed
@@ -271,41 +347,53 @@ class Scheduler:
             self._finish(task, result, error)
 
     def _finish(self, task: Task, result, error) -> None:
-        """Settle `task`'s future, then wake the workers (a dependent is ready only once its
-        dependencies' futures are set: waking them before left it to the next event)."""
+        """Settle `task`'s future, then release the dependents it held back (a dependent is
+        ready only once its dependencies' futures are set)."""
         if error is None:
             task.future.set_result(result)
         else:
             task.future.set_exception(error)
-        task.finished = True
-        with self.cond:
-            self.cond.notify_all()
+        with self.lock:
+            task.finished = True
+            for dependent in task.dependents:
+                dependent.pending -= 1
+                if not dependent.pending:
+                    self._make_ready(dependent)
+            task.dependents = []
+            self.active -= 1
+            if not self.queued and not self.active:
+                self.idle.notify_all()
+                if self.closed:
+                    for lane in self.lanes.values():
+                        lane.wakeup.notify_all()
 
     def stats(self) -> dict:
         """Return queue depths, bytes in flight and time per stage and per tier, and resource use."""
-        with self.cond:
+        with self.lock:
             return {
                 "stages": {name: vars(st).copy() for name, st in self.stages.items()},
                 "tiers": {name: dict(t) for name, t in self.tiers.items()},
                 "resources": {r: {"used": self.used.get(r, 0), "peak": self.peak.get(r, 0),
                                   "capacity": self._cap(r)}
                               for r in set(self.capacity) | set(self.used)},
-                "queued": len(self.queue),
+                "queued": self.queued,
             }
 
     def drain(self) -> None:
         """Block until no task is queued or running (tasks may queue more while it waits)."""
-        with self.cond:
-            while self.queue or any(st.running for st in self.stages.values()):
-                self.cond.wait(0.5)
+        with self.lock:
+            while self.queued or self.active:
+                self.idle.wait(0.5)
 
     def shutdown(self, wait: bool = True) -> None:
         """Finish queued tasks (and those they queue), then stop the threads."""
         if wait:
             self.drain()
-        with self.cond:
+        with self.lock:
             self.closed = True
-            self.cond.notify_all()
+            for lane in self.lanes.values():
+                lane.wakeup.notify_all()
+            self.resources_freed.notify_all()
         if wait:
             for t in self.threads:
                 t.join()
