@@ -7,7 +7,8 @@ are the scheduler's. `save`: saves of benchmarks/codecs.py's fp32 MLP state (24
 Linear(1024, 1024) + AdamW, 302 MB) to local disk, codec "none" and "lossless", each followed
 by `drain()`; process CPU seconds and wall seconds per save. `many`: the same for a state of
 4000 tensors of 64 KiB saved as 4000 chunks (`SaveOptions(small_leaf_bytes=32 KiB)`, codec
-"none", 256 MB): about 8000 tasks a save. With `--other SRC`, each
+"none", 256 MB): about 8000 tasks a save; then restores of it into the state (from the page
+cache). With `--other SRC`, each
 measurement runs in a fresh process for this checkout and for SRC (`PYTHONPATH`), alternating,
 `--repeats` times; medians.
 
@@ -97,9 +98,16 @@ def many_chunks(directory: str, repeats: int) -> dict:
         repo.drain()
         cpu.append(time.process_time() - c)
         wall.append(time.perf_counter() - w)
+    restore_cpu, restore_wall = [], []
+    for _ in range(repeats):
+        c, w = time.process_time(), time.perf_counter()
+        repo.restore(state)
+        restore_cpu.append(time.process_time() - c)
+        restore_wall.append(time.perf_counter() - w)
     repo.close()
     shutil.rmtree(path)
-    return {"cpu": statistics.median(cpu), "wall": statistics.median(wall)}
+    return {"cpu": statistics.median(cpu), "wall": statistics.median(wall),
+            "restore cpu": statistics.median(restore_cpu), "restore wall": statistics.median(restore_wall)}
 
 
 def child(args) -> None:
@@ -147,9 +155,10 @@ def main() -> None:
         for key in ("wall", "cpu"):
             row = [statistics.median(r[codec][key] for r in runs[name]["save"]) for name in sources]
             print(f"| save, codec {codec}: {key} s | " + " | ".join(f"{v:.3f}" for v in row) + " |")
-    for key in ("wall", "cpu"):
+    for key in ("wall", "cpu", "restore wall", "restore cpu"):
         row = [statistics.median(r[key] for r in runs[name]["many"]) for name in sources]
-        print(f"| save of 4000 chunks: {key} s | " + " | ".join(f"{v:.3f}" for v in row) + " |")
+        what = "restore" if key.startswith("restore") else "save"
+        print(f"| {what} of 4000 chunks: {key.split()[-1]} s | " + " | ".join(f"{v:.3f}" for v in row) + " |")
 
 
 if __name__ == "__main__":
