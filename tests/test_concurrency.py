@@ -87,3 +87,34 @@ def test_ref_records_stay_bounded_and_a_stale_writer_never_publishes_over_droppe
         repo.tag("moving", "main~1" if i % 2 else "main", force=True)
     assert len(os.listdir(tmp_path / "r" / "refs" / "tags" / "moving")) <= 2 * REF_RECORDS_KEPT
     assert repo.version("moving").id == repo.version("main~1").id
+
+
+def test_temporary_names_differ_in_a_forked_child_and_across_threads():
+    """Temporary object files are named by run id, process id and a counter: a forked child
+    (which shares the parent's run id and counter) and threads never draw the same name."""
+    import threading
+
+    from forkpoint.storage.local import _temp_name
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write, "\n".join(_temp_name() for _ in range(100)).encode())
+        os._exit(0)
+    os.close(write)
+    assert os.waitpid(pid, 0)[1] == 0
+    with os.fdopen(read) as f:
+        child = set(f.read().split("\n"))
+    names, lock = [], threading.Lock()
+
+    def draw():
+        mine = [_temp_name() for _ in range(1000)]
+        with lock:
+            names.extend(mine)
+
+    threads = [threading.Thread(target=draw) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(child) == 100 and len(set(names)) == 4000 and not child & set(names)

@@ -1,6 +1,7 @@
 """Local POSIX store: temp file + fsync + rename, directory fsync as the durability barrier."""
 
 import errno
+import itertools
 import mmap
 import os
 import threading
@@ -49,6 +50,17 @@ def _copy(dst: memoryview, src: memoryview) -> None:
     memoryviews holds it: the encoded objects of a save all pass through the bounce buffer,
     and the codec's threads waited for the GIL meanwhile)."""
     np.copyto(np.frombuffer(dst, np.uint8), np.frombuffer(src, np.uint8))
+
+
+_TEMP_RUN = uuid.uuid4().hex[:16]
+_TEMP_COUNT = itertools.count()
+
+
+def _temp_name() -> str:
+    """A temporary file name unique across processes and hosts: this import's random run id,
+    the process id (forked children share the run id) and a counter (no syscall for
+    randomness per object)."""
+    return f"{_TEMP_RUN}-{os.getpid():x}-{next(_TEMP_COUNT):x}"
 
 
 _INFLIGHT: set[str] = set()
@@ -198,7 +210,7 @@ class LocalStore(Store):
         return self._in_dir(tmp_dir, lambda: self._write_temp_in(tmp_dir, parts, durable))
 
     def _write_temp_in(self, tmp_dir: str, parts: Sequence, durable: bool) -> str:
-        tmp = os.path.join(tmp_dir, uuid.uuid4().hex)
+        tmp = os.path.join(tmp_dir, _temp_name())
         with _INFLIGHT_LOCK:
             _INFLIGHT.add(tmp)
         try:
