@@ -178,6 +178,30 @@ def test_a_pick_does_not_walk_waiting_or_blocked_tasks(monkeypatch):
     sched.shutdown()
 
 
+def test_a_task_may_wait_for_tasks_of_another_scheduler():
+    """A dependency owned by another scheduler (another repository in the process) holds the
+    task back until it finishes; the task then runs on its own scheduler's threads, and a
+    failure there fails it."""
+    first, second = Scheduler(threads=2, name="first"), Scheduler(threads=2, name="second")
+    gate = threading.Event()
+    upstream = first.submit("up", lambda: gate.wait(10) and "up", priority=0)
+    failing = first.submit("bad", lambda: gate.wait(10) and 1 / 0, priority=0)
+    down = second.submit("down", lambda: threading.current_thread().name, priority=0, deps=[upstream])
+    doomed = second.submit("doomed", int, priority=0, deps=[failing])
+    late = second.submit("late", lambda: "late", priority=0, after=[failing])
+    time.sleep(0.2)
+    assert not (down.done() or doomed.done() or late.done())
+    gate.set()
+    assert down.result(5).startswith("second")
+    with pytest.raises(ZeroDivisionError):
+        doomed.result(5)
+    assert late.result(5) == "late"
+    settled = second.submit("settled", lambda: "ran", priority=0, deps=[upstream])
+    assert settled.result(5) == "ran"
+    first.shutdown()
+    second.shutdown()
+
+
 def test_random_dags_keep_dependencies_budgets_and_failures():
     """Random DAGs with random needs, failures and `after` edges: each task starts only after
     its dependencies, no budget is exceeded (tasks count their own use), a failure reaches

@@ -66,7 +66,7 @@ class Task:
     """A unit of work in the DAG; `future` holds its result."""
 
     __slots__ = ("stage", "priority", "fn", "needs", "frees", "deps", "after", "nbytes", "tier", "seq",
-                 "future", "ready", "failed", "background", "finished", "pending", "dependents", "kind")
+                 "future", "ready", "failed", "background", "finished", "pending", "dependents", "kind", "owner")
 
     def __init__(self, stage, priority, fn, needs, frees, deps, after, nbytes, tier, seq, background=False):
         self.stage, self.priority, self.fn = stage, priority, fn
@@ -80,6 +80,7 @@ class Task:
         self.pending = 0
         self.dependents: list[Task] = []
         self.kind: tuple = ()
+        self.owner = None
 
     def done(self) -> bool:
         """True once the future holds the result (a flag, read without the future's lock)."""
@@ -183,15 +184,30 @@ class Scheduler:
             task = Task(stage, int(priority), fn, needs, needs if frees is None else dict(frees),
                         [d for d in deps if d is not None], [a for a in after if a is not None],
                         nbytes, tier, self.seq, background)
+            task.owner = self
+            foreign = []
             for waited in (*task.deps, *task.after):
-                if not waited.finished:
+                if waited.finished:
+                    continue
+                task.pending += 1
+                if waited.owner is self:
                     waited.dependents.append(task)
-                    task.pending += 1
+                else:
+                    foreign.append(waited)
             self.queued += 1
             self.stages.setdefault(stage, StageStats()).queued += 1
             if not task.pending:
                 self._make_ready(task)
+        for waited in foreign:
+            waited.future.add_done_callback(lambda _, task=task: self._settled_elsewhere(task))
         return task
+
+    def _settled_elsewhere(self, task: Task) -> None:
+        """One of `task`'s dependencies, a task of another scheduler, finished."""
+        with self.lock:
+            task.pending -= 1
+            if not task.pending:
+                self._make_ready(task)
 
     def _make_ready(self, task: Task) -> None:
         """Queue `task`, whose dependencies have all finished, on its lane (under the lock)."""
