@@ -120,6 +120,10 @@ class _Lane:
             del self.kinds[task.kind]
         self.count -= 1
 
+    def may_run(self, used_up: set) -> bool:
+        """True when some ready task needs none of the `used_up` resources (one may fit)."""
+        return any(not any(positive and r in used_up for r, positive in kind) for kind in self.kinds)
+
     def holds(self, task: Task) -> bool:
         tasks = self.kinds.get(task.kind, ())
         i = bisect.bisect_left(tasks, _order(task), key=_order)
@@ -145,7 +149,7 @@ class Scheduler:
         self.tiers: dict[str, dict[str, int]] = {}
         self.lock = threading.Lock()
         self.lanes = {False: _Lane(self.lock), True: _Lane(self.lock)}
-        self.resources_freed = threading.Condition(self.lock)
+        self.holders: dict[str, threading.Condition] = {}
         self.idle = threading.Condition(self.lock)
         self.queued = 0
         self.active = 0
@@ -217,7 +221,9 @@ class Scheduler:
         lane = self.lanes[task.background]
         lane.add(task)
         if not self.batching:
-            lane.wakeup.notify()
+            used_up = self._used_up()
+            if not any(positive and r in used_up for r, positive in task.kind):
+                lane.wakeup.notify()
 
     @contextmanager
     def batch(self):
@@ -233,10 +239,15 @@ class Scheduler:
                     self._wake_lanes()
 
     def _wake_lanes(self) -> None:
-        """Wake one worker of each lane that has ready tasks (under the lock)."""
+        """Wake one worker of each lane where a ready task may fit (under the lock)."""
+        used_up = self._used_up()
         for lane in self.lanes.values():
-            if lane.count:
+            if lane.count and lane.may_run(used_up):
                 lane.wakeup.notify()
+
+    def _used_up(self) -> set:
+        """The resources of which nothing is left (a task needing any of one cannot start)."""
+        return {r for r, n in self.used.items() if n > 0 and n >= self._cap(r)}
 
     @contextmanager
     def hold(self, resource: str, n: int = 1):
@@ -245,8 +256,9 @@ class Scheduler:
         a write)."""
         self._cap(resource)
         with self.lock:
+            freed = self.holders.setdefault(resource, threading.Condition(self.lock))
             while not self._fits({resource: n}):
-                self.resources_freed.wait(0.5)
+                freed.wait(0.5)
             self.used[resource] = self.used.get(resource, 0) + n
             self.peak[resource] = max(self.peak.get(resource, 0), self.used[resource])
         try:
@@ -275,8 +287,10 @@ class Scheduler:
         """Return `resources` to the budget and wake those that may now fit (under the lock)."""
         for r, n in resources.items():
             self.used[r] = self.used.get(r, 0) - n
+        for r in resources:
+            if r in self.holders:
+                self.holders[r].notify_all()
         if resources:
-            self.resources_freed.notify_all()
             self._wake_lanes()
 
     def _fits(self, needs: dict) -> bool:
@@ -288,7 +302,7 @@ class Scheduler:
 
     def _pick(self, lane: _Lane) -> Task | None:
         """Take the first ready task, in priority order, that failed or whose needs fit."""
-        used_up = {r for r, n in self.used.items() if n > 0 and n >= self._cap(r)}
+        used_up = self._used_up()
         best = None
         for kind, tasks in lane.kinds.items():
             if any(positive and r in used_up for r, positive in kind):
@@ -314,8 +328,6 @@ class Scheduler:
                     task = self._pick(lane)
                     if task is None:
                         lane.wakeup.wait(0.5)
-                if lane.count:
-                    lane.wakeup.notify()
                 self.queued -= 1
                 self.active += 1
                 failed = task.failed
@@ -330,6 +342,8 @@ class Scheduler:
                     if task.tier:
                         tier = self.tiers.setdefault(task.tier, {"bytes_in_flight": 0, "bytes_done": 0})
                         tier["bytes_in_flight"] += task.nbytes
+                if lane.count and lane.may_run(self._used_up()):
+                    lane.wakeup.notify()
             if failed is not None:
                 with self.lock:
                     extra = {r: n - task.needs.get(r, 0) for r, n in task.frees.items()}
@@ -409,7 +423,8 @@ class Scheduler:
             self.closed = True
             for lane in self.lanes.values():
                 lane.wakeup.notify_all()
-            self.resources_freed.notify_all()
+            for freed in self.holders.values():
+                freed.notify_all()
         if wait:
             for t in self.threads:
                 t.join()
