@@ -136,8 +136,9 @@ class Scheduler:
     work (encoding after a commit) never takes more cores than that, nor a thread a save needs.
 
     A task waits off the queues until its dependencies finish (each finish releases its own
-    dependents), so a pick scans only ready tasks. An event wakes one worker of a lane, and a
-    worker that takes a task while more are ready wakes the next (not every worker per event)."""
+    dependents), so a pick scans only ready tasks. An event wakes one worker of a lane where a
+    ready task may fit, and a worker that takes a task while more may fit wakes the next (not
+    every worker per event)."""
 
     def __init__(self, budget: Budget | None = None, threads: int = 8, name: str = "forkpoint",
                  background_threads: int = 1):
