@@ -7,10 +7,9 @@ are the scheduler's. `save`: saves of benchmarks/codecs.py's fp32 MLP state (24
 Linear(1024, 1024) + AdamW, 302 MB) to local disk, codec "none" and "lossless", each followed
 by `drain()`; process CPU seconds and wall seconds per save. `many`: the same for a state of
 4000 tensors of 64 KiB saved as 4000 chunks (`SaveOptions(small_leaf_bytes=32 KiB)`, codec
-"none", 256 MB): about 8000 tasks a save; then restores of it into the state (from the page
-cache). With `--other SRC`, each
-measurement runs in a fresh process for this checkout and for SRC (`PYTHONPATH`), alternating,
-`--repeats` times; medians.
+"none", 256 MB), about 8000 tasks a save, then restores of it into the state (from the page
+cache). With `--other SRC`, each measurement runs in a fresh process for this checkout and for
+SRC (`PYTHONPATH`), alternating, `--repeats` times; medians.
 
     .venv/bin/python benchmarks/scheduler.py --other /tmp/base/src --repeats 5 --dir /work
 """
