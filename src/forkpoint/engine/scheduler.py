@@ -66,7 +66,7 @@ class Task:
     """A unit of work in the DAG; `future` holds its result."""
 
     __slots__ = ("stage", "priority", "fn", "needs", "frees", "deps", "after", "nbytes", "tier", "seq",
-                 "future", "ready", "failed", "background", "finished", "pending", "dependents", "kind", "owner")
+                 "future", "failed", "background", "finished", "pending", "dependents", "kind", "owner")
 
     def __init__(self, stage, priority, fn, needs, frees, deps, after, nbytes, tier, seq, background=False):
         self.stage, self.priority, self.fn = stage, priority, fn
@@ -74,7 +74,6 @@ class Task:
         self.needs, self.frees, self.deps, self.after = needs, frees, deps, after
         self.nbytes, self.tier, self.seq = nbytes, tier, seq
         self.future: Future = Future()
-        self.ready = False
         self.failed: Task | None = None
         self.finished = False
         self.pending = 0
@@ -97,6 +96,11 @@ class Task:
 
 def _order(task: Task) -> tuple[int, int]:
     return task.priority, task.seq
+
+
+def _blocked(kind: tuple, used_up: set) -> bool:
+    """True when tasks of `kind` need one of the `used_up` resources (none of them can start)."""
+    return any(positive and r in used_up for r, positive in kind)
 
 
 class _Lane:
@@ -122,7 +126,7 @@ class _Lane:
 
     def may_run(self, used_up: set) -> bool:
         """True when some ready task needs none of the `used_up` resources (one may fit)."""
-        return any(not any(positive and r in used_up for r, positive in kind) for kind in self.kinds)
+        return any(not _blocked(kind, used_up) for kind in self.kinds)
 
     def holds(self, task: Task) -> bool:
         tasks = self.kinds.get(task.kind, ())
@@ -216,15 +220,12 @@ class Scheduler:
 
     def _make_ready(self, task: Task) -> None:
         """Queue `task`, whose dependencies have all finished, on its lane (under the lock)."""
-        task.ready = True
         task.failed = next((d for d in task.deps if d.future.exception() is not None), None)
         task.kind = () if task.failed else tuple(sorted((r, n > 0) for r, n in task.needs.items()))
         lane = self.lanes[task.background]
         lane.add(task)
-        if not self.batching:
-            used_up = self._used_up()
-            if not any(positive and r in used_up for r, positive in task.kind):
-                lane.wakeup.notify()
+        if not self.batching and not _blocked(task.kind, self._used_up()):
+            lane.wakeup.notify()
 
     @contextmanager
     def batch(self):
@@ -273,7 +274,7 @@ class Scheduler:
             for task in tasks:
                 if not task.background:
                     continue
-                if task.ready and self.lanes[True].holds(task):
+                if self.lanes[True].holds(task):
                     self.lanes[True].remove(task)
                     self.lanes[False].add(task)
                 task.background = False
@@ -306,7 +307,7 @@ class Scheduler:
         used_up = self._used_up()
         best = None
         for kind, tasks in lane.kinds.items():
-            if any(positive and r in used_up for r, positive in kind):
+            if _blocked(kind, used_up):
                 continue
             for task in tasks:
                 if best is not None and _order(task) > _order(best):
