@@ -49,6 +49,19 @@ def dag(n: int) -> dict:
     return out
 
 
+def timed(action, repeats: int, before=lambda: None) -> dict:
+    """Median process CPU and wall seconds of `action()` over `repeats` calls, each after
+    `before()` (untimed)."""
+    cpu, wall = [], []
+    for _ in range(repeats):
+        before()
+        c, w = time.process_time(), time.perf_counter()
+        action()
+        cpu.append(time.process_time() - c)
+        wall.append(time.perf_counter() - w)
+    return {"cpu": statistics.median(cpu), "wall": statistics.median(wall)}
+
+
 def saves(directory: str, repeats: int) -> dict:
     import importlib.util
     sys.path.append(str(HERE))
@@ -65,17 +78,10 @@ def saves(directory: str, repeats: int) -> dict:
         repo = fp.Repo(path, create=True, codec=codec)
         repo.save(state)
         repo.drain()
-        cpu, wall = [], []
-        for _ in range(repeats):
-            bench.train_step(state, torch.float32)
-            c, w = time.process_time(), time.perf_counter()
-            repo.save(state)
-            repo.drain()
-            cpu.append(time.process_time() - c)
-            wall.append(time.perf_counter() - w)
+        out[codec] = timed(lambda: (repo.save(state), repo.drain()), repeats,
+                           before=lambda: bench.train_step(state, torch.float32))
         repo.close()
         shutil.rmtree(path)
-        out[codec] = {"cpu": statistics.median(cpu), "wall": statistics.median(wall)}
     return out
 
 
@@ -88,25 +94,12 @@ def many_chunks(directory: str, repeats: int) -> dict:
     state = {f"t{i}": torch.randn(16384) for i in range(4000)}
     path = tempfile.mkdtemp(dir=directory, prefix="sched-bench-")
     repo = fp.Repo(path, create=True, codec="none", options=SaveOptions(small_leaf_bytes=32 << 10))
-    cpu, wall = [], []
-    for _ in range(repeats):
-        for t in state.values():
-            t.add_(1e-3)
-        c, w = time.process_time(), time.perf_counter()
-        repo.save(state)
-        repo.drain()
-        cpu.append(time.process_time() - c)
-        wall.append(time.perf_counter() - w)
-    restore_cpu, restore_wall = [], []
-    for _ in range(repeats):
-        c, w = time.process_time(), time.perf_counter()
-        repo.restore(state)
-        restore_cpu.append(time.process_time() - c)
-        restore_wall.append(time.perf_counter() - w)
+    out = timed(lambda: (repo.save(state), repo.drain()), repeats,
+                before=lambda: [t.add_(1e-3) for t in state.values()])
+    out.update({f"restore {key}": v for key, v in timed(lambda: repo.restore(state), repeats).items()})
     repo.close()
     shutil.rmtree(path)
-    return {"cpu": statistics.median(cpu), "wall": statistics.median(wall),
-            "restore cpu": statistics.median(restore_cpu), "restore wall": statistics.median(restore_wall)}
+    return out
 
 
 def child(args) -> None:
