@@ -519,6 +519,61 @@ def test_portable_and_vector_sparse_kernels_agree(tmp_path):
         assert np.array_equal(portable[f"arr_{i}"], np.concatenate(floatcodec._split_sparse(plane)))
 
 
+def _kernel_cases() -> list[tuple[np.ndarray, int]]:
+    """Buffers that take every vector path: trained-like bf16, fp32 and fp64 of odd lengths (the
+    plane split's tails), wide byte planes (Huffman blocks too varied for pair tables), rows
+    that match earlier rows, a scattered delta (sparse planes)."""
+    rng = np.random.default_rng(23)
+    weights, moments = _weights_and_moments(n=200_000)
+    cases = [(np.concatenate([weights, moments[:-3]]).view(np.uint8), 4),
+             (torch.from_numpy(weights[:-5]).to(torch.bfloat16).view(torch.uint8).numpy(), 2),
+             (rng.standard_normal(30_001).view(np.uint8), 8),
+             (_skewed_bytes("geometric", 300_000, rng) * 3 + rng.integers(0, 3, 300_000, dtype=np.uint8), 2),
+             (_scattered_delta(n=1 << 18), 2)]
+    rows = np.exp(rng.normal(0, 2, (4, 256)))[rng.integers(0, 4, 2000)] * np.exp2(2 * rng.integers(-10, -5, 2000))[:, None]
+    cases.append((torch.from_numpy(rows).to(torch.bfloat16).view(torch.uint8).numpy().reshape(-1), 2))
+    return cases
+
+
+@pytest.mark.parametrize("portable", ["avx512", "1"])
+def test_vector_kernels_write_and_read_the_payloads_of_the_portable_ones(tmp_path, portable):
+    """A process started with FORKPOINT_PORTABLE_KERNELS ("avx512": no AVX-512 path; "1": no
+    vector path) writes the same payloads as this one, byte for byte, and each process decodes
+    the other's."""
+    import os
+    import subprocess
+    import sys
+
+    from forkpoint.format import floatcodec
+    if floatcodec._native is None:
+        pytest.skip("native kernels not built")
+    cases = _kernel_cases()
+    here = floatcodec._native.kernels()
+    if portable == "avx512" and "avx512" not in here.values():
+        pytest.skip(f"this processor takes no AVX-512 path ({here})")
+    np.savez(tmp_path / "cases.npz", *[data for data, _ in cases])
+    mine = [floatcodec.encode(data, itemsize) for data, itemsize in cases]
+    for i, payload in enumerate(mine):
+        (tmp_path / f"mine{i}").write_bytes(payload)
+    script = ("import sys, json, numpy as np; from pathlib import Path; from forkpoint.format import floatcodec as f\n"
+              "d = np.load(sys.argv[1]); sizes = json.loads(sys.argv[2]); at = Path(sys.argv[3])\n"
+              "for i, k in enumerate(d.files):\n"
+              "    (at / f'theirs{i}').write_bytes(f.encode(d[k], sizes[i]))\n"
+              "    mine = f.decode((at / f'mine{i}').read_bytes(), d[k].nbytes)\n"
+              "    assert mine.tobytes() == d[k].tobytes(), i\n"
+              "print(json.dumps(f._native.kernels()))")
+    env = {**os.environ, "FORKPOINT_PORTABLE_KERNELS": portable}
+    import json
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "cases.npz"),
+                           json.dumps([itemsize for _, itemsize in cases]), str(tmp_path)],
+                          env=env, check=True, capture_output=True, text=True)
+    theirs = json.loads(done.stdout)
+    assert "avx512" not in theirs.values() and (portable == "avx512" or set(theirs.values()) == {"portable"})
+    for i, (data, _) in enumerate(cases):
+        assert (tmp_path / f"theirs{i}").read_bytes() == mine[i], i
+        assert bytes(floatcodec.decode(mine[i], data.nbytes)) == data.tobytes()
+
+
 def _scattered_delta(n=1 << 20, unchanged=0.85, seed=0):
     """The XOR of two bf16 tensors of which `unchanged` of the elements are equal, scattered
     (an optimizer step that rounds most updates away): zero bytes with no long runs."""

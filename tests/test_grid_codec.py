@@ -350,22 +350,27 @@ def test_native_and_numpy_match_the_same_rows_and_read_each_other(native, monkey
     assert bytes(floatcodec.decode(with_numpy, data.nbytes)) == data.tobytes()
 
 
-def test_portable_and_vector_match_scoring_pick_the_same_rows(native, tmp_path):
-    """FORKPOINT_PORTABLE_KERNELS=1 keeps the native kernels off their run-time-chosen vector
-    paths (AVX2 scoring of row matches): a process so started picks the same rows."""
+@pytest.mark.parametrize("portable", ["avx512", "1"])
+def test_portable_and_vector_match_scoring_pick_the_same_rows(native, tmp_path, portable):
+    """FORKPOINT_PORTABLE_KERNELS keeps the native kernels off their run-time-chosen vector
+    paths ("avx512": off AVX-512 scoring of row matches, onto AVX2; "1": off all): a process so
+    started picks the same rows, at the longest reach too."""
     rng = np.random.default_rng(5)
     structured = np.frombuffer(_near_multiples(rows=600)[1::2].tobytes(), np.uint8)
     plane = np.concatenate([structured, rng.integers(0, 256, 3 * 256 + 17, dtype=np.uint8)])
     np.save(tmp_path / "plane.npy", plane)
     script = ("import sys, numpy as np; from forkpoint.format import floatcodec as f; "
-              "p = np.load(sys.argv[1]); s = f._match_rows(p); np.save(sys.argv[2], np.concatenate([s, p]))")
-    env = {**os.environ, "FORKPOINT_PORTABLE_KERNELS": "1"}
+              "p = np.load(sys.argv[1]); far = p.copy(); s = f._match_rows(p); t = np.zeros_like(s)\n"
+              "f._native.match_rows(far, far, t, f.MATCH_ROW, 255, f.MATCH_LEAST)\n"
+              "np.save(sys.argv[2], np.concatenate([s, p, t, far]))")
+    env = {**os.environ, "FORKPOINT_PORTABLE_KERNELS": portable}
     subprocess.run([sys.executable, "-c", script, str(tmp_path / "plane.npy"), str(tmp_path / "portable.npy")],
                    env=env, check=True)
-    here = plane.copy()
-    side = floatcodec._match_rows(here)
-    assert side[:side.size // 2].any()
-    assert np.array_equal(np.load(tmp_path / "portable.npy"), np.concatenate([side, here]))
+    here, far = plane.copy(), plane.copy()
+    side, far_side = floatcodec._match_rows(here), np.zeros(floatcodec._match_side_bytes(plane.size), np.uint8)
+    native.match_rows(far, far, far_side, floatcodec.MATCH_ROW, 255, floatcodec.MATCH_LEAST)
+    assert side[:side.size // 2].any() and (far_side[:far_side.size // 2] > floatcodec.MATCH_REACH).any()
+    assert np.array_equal(np.load(tmp_path / "portable.npy"), np.concatenate([side, here, far_side, far]))
 
 
 @pytest.mark.parametrize("kernels", ["native", "numpy"])
