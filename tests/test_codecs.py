@@ -540,6 +540,7 @@ def test_vector_kernels_write_and_read_the_payloads_of_the_portable_ones(tmp_pat
     """A process started with FORKPOINT_PORTABLE_KERNELS ("avx512": no AVX-512 path; "1": no
     vector path) writes the same payloads as this one, byte for byte, and each process decodes
     the other's."""
+    import json
     import os
     import subprocess
     import sys
@@ -563,7 +564,6 @@ def test_vector_kernels_write_and_read_the_payloads_of_the_portable_ones(tmp_pat
               "    assert mine.tobytes() == d[k].tobytes(), i\n"
               "print(json.dumps(f._native.kernels()))")
     env = {**os.environ, "FORKPOINT_PORTABLE_KERNELS": portable}
-    import json
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "cases.npz"),
                            json.dumps([itemsize for _, itemsize in cases]), str(tmp_path)],
                           env=env, check=True, capture_output=True, text=True)
@@ -572,6 +572,33 @@ def test_vector_kernels_write_and_read_the_payloads_of_the_portable_ones(tmp_pat
     for i, (data, _) in enumerate(cases):
         assert (tmp_path / f"theirs{i}").read_bytes() == mine[i], i
         assert bytes(floatcodec.decode(mine[i], data.nbytes)) == data.tobytes()
+
+
+def test_kernels_report_takes_no_argument_and_unknown_settings_mean_portable():
+    """kernels() refuses arguments; a FORKPOINT_PORTABLE_KERNELS value other than "0", "" or
+    "avx512" keeps every kernel portable."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from forkpoint.format import floatcodec
+    if floatcodec._native is None:
+        pytest.skip("native kernels not built")
+    with pytest.raises(TypeError):
+        floatcodec._native.kernels(1)
+
+    def chosen(value):
+        env = {k: v for k, v in os.environ.items() if k != "FORKPOINT_PORTABLE_KERNELS"}
+        if value is not None:
+            env["FORKPOINT_PORTABLE_KERNELS"] = value
+        done = subprocess.run([sys.executable, "-c", "import json; from forkpoint.format import _planes; "
+                               "print(json.dumps(_planes.kernels()))"], env=env, check=True, capture_output=True, text=True)
+        return json.loads(done.stdout)
+    default = chosen(None)
+    assert set(default) == {"match_rows", "planes", "literals", "sparse"}
+    assert set(chosen("yes").values()) == {"portable"}
+    assert chosen("0") == chosen("") == default
 
 
 def _scattered_delta(n=1 << 20, unchanged=0.85, seed=0):
