@@ -187,3 +187,59 @@ def test_restore_pruned_version_is_clear(repo):
     repo.gc(keep=fp.Keep(last=1), grace=0)
     with pytest.raises(PrunedVersionError, match="was pruned .by retention"):
         repo.restore({"w": torch.zeros(2)}, "main~1")
+
+
+def test_memory_copies_go_to_whichever_task_is_free():
+    """A restore's plain memory copies run as a few tasks that each take the next copy when
+    done with the last: a task held up on one copy leaves the rest to the others, and every
+    copy runs once."""
+    import threading
+    import time
+
+    from forkpoint.engine.restore import _pooled
+
+    ran, lock = [], threading.Lock()
+    slow_started = threading.Event()
+
+    def job(i):
+        def run():
+            if i == 0:
+                slow_started.set()
+                time.sleep(0.5)
+            else:
+                slow_started.wait(5)
+            with lock:
+                ran.append((i, threading.get_ident()))
+        return run
+
+    tasks = _pooled([(100 if i == 0 else 10, job(i)) for i in range(12)], 2)
+    assert len(tasks) == 2 and all(size == -(-210 // 2) for size, _ in tasks)
+    threads = [threading.Thread(target=fn) for _, fn in tasks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(i for i, _ in ran) == list(range(12))
+    slow_thread = next(tid for i, tid in ran if i == 0)
+    assert [i for i, tid in ran if tid == slow_thread] == [0], "the other task took every copy while one slept"
+    assert len(_pooled([(5, job(1))], 8)) == 1, "never more tasks than copies"
+
+
+def test_a_memory_tier_restore_of_many_chunks_is_exact_and_names_a_missing_object():
+    from forkpoint.engine import SaveOptions
+    from forkpoint.format.objects import object_key
+
+    rng = np.random.default_rng(0)
+    state = {f"t{i}": torch.from_numpy(rng.standard_normal((64, 1024)).astype(np.float32)) for i in range(24)}
+    repo = fp.Repo("mem://restore-many-chunks", create=True,
+                   options=SaveOptions(chunk_bytes=64 << 10, small_leaf_bytes=16 << 10))
+    v = repo.save(state)
+    target = {k: torch.zeros_like(t) for k, t in state.items()}
+    repo.restore(target, v.id)
+    assert all(torch.equal(target[k], state[k]) for k in state)
+    leaf = next(l for l in repo.manifest(v.id).leaves if l.path == "t7")
+    assert len(leaf.chunks) > 1
+    repo.store.delete(object_key(leaf.chunks[1].object))
+    with pytest.raises(fp.errors.MissingObjectError, match="t7"):
+        repo.restore({k: torch.zeros_like(t) for k, t in state.items()}, v.id)
+    repo.close()

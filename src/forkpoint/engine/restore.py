@@ -8,6 +8,7 @@ once, decoded, verified and sliced. Objects of a trusted store (this process's m
 which only admits verified bytes) are copied without re-hashing unless the caller asks.
 """
 
+import collections
 import contextlib
 import os
 from dataclasses import dataclass
@@ -270,7 +271,7 @@ def read_leaves(store: Store, requests: list[ReadRequest], version_id: str,
     jobs += [(sum(c.size for _, c, _ in items), _bind(fill_from, obj, items)) for obj, items in shared.items()]
     jobs.sort(key=lambda job: -job[0])
     if not reader.rehash and len(jobs) > MEMORY_COPY_TASKS:
-        jobs = _binned(jobs, MEMORY_COPY_TASKS)
+        jobs = _pooled(jobs, MEMORY_COPY_TASKS)
     with (batch or contextlib.nullcontext)():
         futures = [submit(fn, size) for size, fn in jobs]
     errors = []
@@ -288,20 +289,22 @@ def chunk_value(store: Store, leaf: Leaf, chunk: Chunk, version_id: str) -> np.n
     return _Reader(store, version_id).chunk_bytes(leaf, chunk)
 
 
-def _binned(jobs: list[tuple[int, Callable]], count: int) -> list[tuple[int, Callable]]:
-    """`count` jobs that each run a share of `jobs` (largest first to the least loaded): plain
-    memory copies are cheaper to run as a few long tasks than as many short ones."""
-    bins: list[list] = [[0, []] for _ in range(count)]
-    for size, fn in jobs:
-        low = min(bins, key=lambda b: b[0])
-        low[0] += size
-        low[1].append(fn)
-    return [(size, _bind(_run_all, fns)) for size, fns in bins if fns]
+def _pooled(jobs: list[tuple[int, Callable]], count: int) -> list[tuple[int, Callable]]:
+    """At most `count` jobs that each run the next of `jobs` (in order) until none is left:
+    plain memory copies are cheaper to run as a few long tasks than as many short ones, and a
+    task whose core runs slower (another process on it, a busier memory channel) runs fewer."""
+    queue = collections.deque(fn for _, fn in jobs)
 
+    def run_next() -> None:
+        while True:
+            try:
+                fn = queue.popleft()
+            except IndexError:
+                return
+            fn()
 
-def _run_all(fns: list[Callable]) -> None:
-    for fn in fns:
-        fn()
+    share = -(-sum(size for size, _ in jobs) // count)
+    return [(share, run_next) for _ in range(min(count, len(jobs)))]
 
 
 def _bind(fn, *args):
