@@ -20,6 +20,7 @@ from ..format.objects import (BLOCK_BYTES, DIGEST_BYTES, OBJECT_HEADER_SIZE, blo
                               pack_header, table_header_size, unpack_header)
 from ..state.flatten import FlatLeaf
 from ..storage.base import Store
+from ..storage.streamcopy import stream_copy
 from .autocodec import BusyMeter, choice_for
 from .chunkmemory import ChunkMemory
 from .reencode import MIN_GAIN, LaterEncode
@@ -569,7 +570,7 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
             info = {"mode": lossy.describe(), "keep_bits": keep, "max_rel_error": error}
             return [buf, data, owned is not None, *hash_with_table(data), info]
         if staging == "staging":
-            np.copyto(data, piece)
+            stream_copy(data, piece)
             return [buf, data, owned is not None, None, None, None]
         return [buf, data, owned is not None, *_copy_and_hash(piece, data), None]
 

@@ -9,6 +9,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from .base import Store
+from .streamcopy import stream_copy
 
 
 LARGE_BYTES = 1 << 20
@@ -96,7 +97,7 @@ class MemoryStore(Store):
 
     def read_into(self, key: str, offset: int, buf: memoryview) -> int:
         data = np.frombuffer(self._get(key), np.uint8)[offset:offset + buf.nbytes]
-        np.copyto(np.frombuffer(buf, np.uint8)[:data.nbytes], data)
+        stream_copy(np.frombuffer(buf, np.uint8)[:data.nbytes], data)
         return data.nbytes
 
     def size(self, key: str) -> int:
@@ -111,7 +112,7 @@ class MemoryStore(Store):
         blob = self._recycled(total)
         pos = 0
         for v in views:
-            np.copyto(blob[pos:pos + v.nbytes], np.frombuffer(v, np.uint8))
+            stream_copy(blob[pos:pos + v.nbytes], np.frombuffer(v, np.uint8))
             pos += v.nbytes
         self._put(key, blob)
 
