@@ -7,6 +7,8 @@
 3. Flush of a version from a /dev/shm tier to local disk, against dd oflag=direct.
 4. A training loop that checkpoints every step into a memory tier (keep=2), flushing every
    10th version to disk, against the same loop without checkpoints.
+5. The capture of an asynchronous save to local disk (from `save(sync=False)` until the live
+   tensors may change): copies with streaming stores against numpy's copy, alternating.
 
     python benchmarks/tiers_restore.py --repeats 3
 """
@@ -133,6 +135,46 @@ def rss_section(model, opt, nbytes, scratch, budget_mb):
     print(f"state {nbytes / 1e9:.2f} GB, staging budget B = {budget_mb} MiB: peak extra RSS "
           f"{extra / 2**20:.0f} MiB = B + {(extra - budget) / nbytes * 100:.1f}% of the state "
           f"(target: at most B + 5%)")
+
+
+def capture_section(model, opt, nbytes, scratch, repeats):
+    """Median seconds from `save(sync=False)` to `wait_capture()` of the state, and to the save's
+    end, with the captures copying through storage.streamcopy and through np.copyto, alternating
+    by round (each save writes new bytes: a step of `add_` before it)."""
+    import numpy as np
+
+    from forkpoint.engine import save as save_module
+    from forkpoint.storage import streamcopy
+
+    ways = {"streaming stores": streamcopy.stream_copy, "np.copyto": np.copyto}
+    repos = {w: fp.Repo(os.path.join(scratch, f"capture-{i}"), create=True) for i, w in enumerate(ways)}
+    captures, saves = {w: [] for w in ways}, {w: [] for w in ways}
+    try:
+        for r in range(repeats + 1):
+            for way in (list(ways) if r % 2 else list(ways)[::-1]):
+                save_module.stream_copy = ways[way]
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.add_(1e-3)
+                t0 = time.perf_counter()
+                pending = repos[way].save({"model": model, "optim": opt}, sync=False)
+                pending.wait_capture()
+                captured = time.perf_counter() - t0
+                pending.wait()
+                if r:
+                    captures[way].append(captured)
+                    saves[way].append(time.perf_counter() - t0)
+    finally:
+        save_module.stream_copy = streamcopy.stream_copy
+        for repo in repos.values():
+            repo.close()
+    kernel = streamcopy._stream.kernel() if streamcopy._stream is not None else "not built"
+    print(f"\n### Capture of an asynchronous save to local disk ({nbytes / 1e9:.2f} GB, medians of {repeats}; "
+          f"streaming kernel: {kernel})\n")
+    print("| capture copies | capture (s) | whole save (s) |")
+    print("|---|---|---|")
+    for way in ways:
+        print(f"| {way} | {statistics.median(captures[way]):.3f} | {statistics.median(saves[way]):.3f} |")
 
 
 def every_step_section(scratch, steps, params_m, device="cpu", batch_rows=16):
@@ -283,12 +325,12 @@ def main():
     ap.add_argument("--device", default="cpu", help="every-step section: cpu, or cuda to train on the GPU")
     ap.add_argument("--batch", type=int, default=16, help="every-step section: rows per batch")
     ap.add_argument("--sections", default="restore,rss,flush,every-step",
-                    help="comma-separated subset of: restore, rss, flush, every-step")
+                    help="comma-separated subset of: restore, rss, flush, every-step, capture")
     args = ap.parse_args()
     sections = set(args.sections.split(","))
     scratch = tempfile.mkdtemp(prefix="fp-tiers-", dir=args.dir)
     try:
-        if sections & {"restore", "rss", "flush"}:
+        if sections & {"restore", "rss", "flush", "capture"}:
             model, opt, nbytes = make_state(args.params_m)
             if "restore" in sections:
                 restore_section(model, opt, nbytes, scratch, args.repeats)
@@ -296,6 +338,8 @@ def main():
                 rss_section(model, opt, nbytes, scratch, args.budget_mb)
             if "flush" in sections:
                 flush_section(model, opt, nbytes, scratch, args.repeats)
+            if "capture" in sections:
+                capture_section(model, opt, nbytes, scratch, args.repeats)
             del model, opt
         if "every-step" in sections:
             every_step_section(scratch, args.steps, args.params_m, args.device, args.batch)
