@@ -3,7 +3,9 @@ without them."""
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("forkpoint.format._planes", ["src/forkpoint/format/_planes.c"],
+SHARED = ["src/forkpoint/kernel_choice.h"]
+
+setup(ext_modules=[Extension("forkpoint.format._planes", ["src/forkpoint/format/_planes.c"], depends=SHARED,
                              extra_compile_args=["-O3"], optional=True),
-                   Extension("forkpoint.storage._stream", ["src/forkpoint/storage/_stream.c"],
+                   Extension("forkpoint.storage._stream", ["src/forkpoint/storage/_stream.c"], depends=SHARED,
                              extra_compile_args=["-O3"], optional=True)])

@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "../kernel_choice.h"
 #ifdef __SSE2__
 #include <emmintrin.h>
 #endif
@@ -1942,12 +1943,12 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_planes", NULL, -1, methods};
 
 /* FORKPOINT_PORTABLE_KERNELS in the environment keeps kernels off their vector paths: "avx512"
- * off the AVX-512 ones only, any other value but "0" off all of them. */
+ * off the AVX-512 ones only, any other value but "0" off all of them (kernel_choice.h). */
 PyMODINIT_FUNC PyInit__planes(void) {
 #ifdef X86_VECTOR
-    const char *portable = getenv("FORKPOINT_PORTABLE_KERNELS");
-    int all = !(portable && *portable && strcmp(portable, "0"));
-    int older = all || (portable && !strcmp(portable, "avx512")); /* AVX2 and SSSE3 */
+    int level = portable_kernels();
+    int all = level == 0;
+    int older = level < 2; /* AVX2 and SSSE3 */
     __builtin_cpu_init();
     int avx512 = all && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
                  && __builtin_cpu_supports("avx512vbmi");

@@ -7,8 +7,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
+#include "../kernel_choice.h"
 #if defined(__x86_64__) && defined(__SSE2__)
 #include <emmintrin.h>
 #define STREAMING 1
@@ -76,8 +76,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_stream", NULL, -1, 
 
 PyMODINIT_FUNC PyInit__stream(void) {
 #ifdef STREAMING
-    const char *portable = getenv("FORKPOINT_PORTABLE_KERNELS");
-    streaming = !(portable && *portable && strcmp(portable, "0") && strcmp(portable, "avx512"));
+    streaming = portable_kernels() < 2;
 #endif
     return PyModule_Create(&module);
 }
