@@ -574,13 +574,10 @@ def test_vector_kernels_write_and_read_the_payloads_of_the_portable_ones(tmp_pat
         assert bytes(floatcodec.decode(mine[i], data.nbytes)) == data.tobytes()
 
 
-def test_kernels_report_takes_no_argument_and_unknown_settings_mean_portable():
+def test_kernels_report_takes_no_argument_and_unknown_settings_mean_portable(kernels_setting):
     """kernels() refuses arguments; a FORKPOINT_PORTABLE_KERNELS value other than "0", "" or
     "avx512" keeps every kernel portable."""
     import json
-    import os
-    import subprocess
-    import sys
 
     from forkpoint.format import floatcodec
     if floatcodec._native is None:
@@ -589,12 +586,8 @@ def test_kernels_report_takes_no_argument_and_unknown_settings_mean_portable():
         floatcodec._native.kernels(1)
 
     def chosen(value):
-        env = {k: v for k, v in os.environ.items() if k != "FORKPOINT_PORTABLE_KERNELS"}
-        if value is not None:
-            env["FORKPOINT_PORTABLE_KERNELS"] = value
-        done = subprocess.run([sys.executable, "-c", "import json; from forkpoint.format import _planes; "
-                               "print(json.dumps(_planes.kernels()))"], env=env, check=True, capture_output=True, text=True)
-        return json.loads(done.stdout)
+        return json.loads(kernels_setting(value, "import json; from forkpoint.format import _planes; "
+                                                 "print(json.dumps(_planes.kernels()))"))
     default = chosen(None)
     assert set(default) == {"match_rows", "planes", "literals", "sparse"}
     assert set(chosen("yes").values()) == {"portable"}

@@ -1,10 +1,7 @@
 """Streaming copies (storage/_stream.c): exact at every size and alignment, refusing bad
 buffers, chosen by FORKPOINT_PORTABLE_KERNELS like the codec's kernels."""
 
-import os
 import platform
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -62,14 +59,10 @@ def test_the_kernel_refuses_unequal_lengths_and_read_only_targets():
 
 @native
 @pytest.mark.parametrize("setting, expected", [(None, "sse2"), ("0", "sse2"), ("avx512", "sse2"), ("1", "portable")])
-def test_portable_kernels_setting_keeps_plain_copies(setting, expected):
+def test_portable_kernels_setting_keeps_plain_copies(kernels_setting, setting, expected):
     if platform.machine() not in ("x86_64", "AMD64"):
         expected = "portable"
-    env = {k: v for k, v in os.environ.items() if k != "FORKPOINT_PORTABLE_KERNELS"}
-    if setting is not None:
-        env["FORKPOINT_PORTABLE_KERNELS"] = setting
     code = ("import numpy as np; from forkpoint.storage import streamcopy as s; "
             "a = np.arange(3 << 20, dtype=np.uint8); b = np.zeros_like(a); s.stream_copy(b, a); "
             "assert np.array_equal(a, b); print(s._stream.kernel())")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == expected
+    assert kernels_setting(setting, code).strip() == expected
