@@ -177,43 +177,58 @@ def capture_section(model, opt, nbytes, scratch, repeats):
         print(f"| {way} | {statistics.median(captures[way]):.3f} | {statistics.median(saves[way]):.3f} |")
 
 
+EVERY_STEP = "every step to memory, every 10th flushed to disk"
+
+
+def every_step_loop(scratch, steps, params_m, device, batch, checkpointing: bool) -> dict:
+    """One run of the loop, `steps` training steps, checkpointing every step into a memory tier
+    (keep=2, every 10th version flushed to local disk) when `checkpointing`. Returns wall (with
+    closing and draining), loop (the steps alone), median step, per-step durations, process CPU,
+    the Checkpointer's build time and the bytes of objects flushed to disk."""
+    model, opt = build(params_m, device)
+    train_step(model, opt, batch)
+    ck, repo, setup, disk = None, None, 0.0, os.path.join(scratch, f"every-{uuid.uuid4().hex}")
+    if checkpointing:
+        repo = fp.Repo(tiers=[fp.tier(f"mem://{uuid.uuid4().hex}", keep=2, flush_every=10), disk], create=True)
+        built = time.perf_counter()
+        ck = fp.Checkpointer(repo, {"model": model, "optim": opt}, every=1)
+        setup = time.perf_counter() - built
+    t0, c0 = time.perf_counter(), os.times()
+    durations = []
+    for step in range(steps):
+        s0 = time.perf_counter()
+        train_step(model, opt, batch)
+        if ck:
+            ck.step(step)
+        durations.append(time.perf_counter() - s0)
+    loop = time.perf_counter() - t0
+    flushed = 0
+    if ck:
+        ck.close()
+        repo.drain()
+        repo.close()
+    wall, c1 = time.perf_counter() - t0, os.times()
+    if ck:
+        flushed = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(os.path.join(disk, "objects"))
+                      for f in files)
+        shutil.rmtree(disk, ignore_errors=True)
+    return {"wall": wall, "loop": loop, "median": statistics.median(durations), "durations": durations,
+            "cpu": (c1.user - c0.user) + (c1.system - c0.system), "setup": setup, "flushed": flushed,
+            "floor": copy_and_hash_seconds(model, opt) if not checkpointing else None}
+
+
 def every_step_section(scratch, steps, params_m, device="cpu", batch_rows=16):
     if device == "cpu":
         torch.set_num_threads(2)
     batch = torch.randn(batch_rows, WIDTH, generator=torch.Generator().manual_seed(1)).to(device)
-    walls, loops, medians, cpu, floor, setup, per_step = {}, {}, {}, {}, None, 0.0, {}
-    for mode in ("no checkpoint", "every step to memory, every 10th flushed to disk"):
-        model, opt = build(params_m, device)
-        train_step(model, opt, batch)
-        ck = None
-        if mode != "no checkpoint":
-            repo = fp.Repo(tiers=[fp.tier(f"mem://{uuid.uuid4().hex}", keep=2, flush_every=10),
-                                  os.path.join(scratch, f"every-{uuid.uuid4().hex}")], create=True)
-            built = time.perf_counter()
-            ck = fp.Checkpointer(repo, {"model": model, "optim": opt}, every=1)
-            setup = time.perf_counter() - built
-        if floor is None:
-            floor = copy_and_hash_seconds(model, opt)
-        t0 = time.perf_counter()
-        c0 = os.times()
-        durations = []
-        for step in range(steps):
-            s0 = time.perf_counter()
-            train_step(model, opt, batch)
-            if ck:
-                ck.step(step)
-            durations.append(time.perf_counter() - s0)
-        medians[mode] = statistics.median(durations)
-        per_step[mode] = durations
-        loops[mode] = time.perf_counter() - t0
-        if ck:
-            ck.close()
-            repo.drain()
-            repo.close()
-        walls[mode] = time.perf_counter() - t0
-        c1 = os.times()
-        cpu[mode] = (c1.user - c0.user) + (c1.system - c0.system)
-        del model, opt
+    runs = {"no checkpoint": every_step_loop(scratch, steps, params_m, device, batch, False),
+            EVERY_STEP: every_step_loop(scratch, steps, params_m, device, batch, True)}
+    walls = {k: r["wall"] for k, r in runs.items()}
+    loops = {k: r["loop"] for k, r in runs.items()}
+    medians = {k: r["median"] for k, r in runs.items()}
+    cpu = {k: r["cpu"] for k, r in runs.items()}
+    per_step = {k: r["durations"] for k, r in runs.items()}
+    floor, setup = runs["no checkpoint"]["floor"], runs[EVERY_STEP]["setup"]
     base = walls["no checkpoint"]
     print(f"\n### Checkpoint every step into the memory tier ({params_m}M params, {steps} steps, "
           f"{device}, batch {batch_rows})\n")
@@ -230,6 +245,8 @@ def every_step_section(scratch, steps, params_m, device="cpu", batch_rows=16):
     extra = (cpu["every step to memory, every 10th flushed to disk"] - cpu["no checkpoint"]) / steps
     print(f"\nProcess CPU time: {cpu['no checkpoint'] / steps:.2f} core-s per step without checkpoints, "
           f"{extra:.2f} core-s more per step with them ({os.cpu_count()} cores)")
+    print(f"\nObjects on disk afterwards (every 10th version flushed, and the last at close): "
+          f"{runs[EVERY_STEP]['flushed'] / 1e9:.2f} GB")
     print(f"\nBuilding the Checkpointer (it faults in the memory tier's buffers for keep + 1 "
           f"versions, outside the timed loop): {setup:.2f} s")
     print(f"\nFloor: one copy of the state into host staging memory plus blake3 of it (2 threads), "

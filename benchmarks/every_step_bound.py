@@ -1,0 +1,98 @@
+"""How much of the every-step memory-tier loop's cost is the content hash: a bound.
+
+Runs the loop of `tiers_restore.py --sections every-step` (the 125M-parameter MLP + AdamW,
+a checkpoint every step into a memory tier, every 10th version flushed to local disk) in
+rounds, each round three loops in a rotating order:
+- no checkpoint;
+- forkpoint as it is;
+- forkpoint with the content hash left out: each chunk is named by a counter instead of the
+  blake3 of its bytes, so it is still copied, committed, evicted and flushed, never hashed.
+The third is not a mode of the library (its repositories are thrown away): it measures what
+removing or deferring the hash could at most gain, since no checkpoint of this state does less
+than copy it out of the live tensors each step.
+
+    python benchmarks/every_step_bound.py --rounds 3 --dir /work
+"""
+
+import argparse
+import contextlib
+import itertools
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from tiers_restore import WIDTH, every_step_loop  # noqa: E402
+
+import forkpoint.engine.save as save_pipeline  # noqa: E402
+from forkpoint.format.objects import BLOCK_BYTES, DIGEST_BYTES  # noqa: E402
+
+
+@contextlib.contextmanager
+def unhashed():
+    """Within the block, the save pipeline names each chunk by a counter (a block table of
+    zeros of the right length) instead of hashing it."""
+    counter = itertools.count(1)
+
+    def name(data):
+        n = int(data.nbytes)
+        blocks = -(-n // BLOCK_BYTES) if n > BLOCK_BYTES else 0
+        return f"{next(counter):064x}", bytes(DIGEST_BYTES * blocks)
+
+    def copy_and_name(src, dst):
+        save_pipeline.np.copyto(dst[:src.nbytes], src)
+        return name(dst[:src.nbytes])
+
+    saved = save_pipeline.hash_with_table, save_pipeline._copy_and_hash
+    save_pipeline.hash_with_table, save_pipeline._copy_and_hash = name, copy_and_name
+    try:
+        yield
+    finally:
+        save_pipeline.hash_with_table, save_pipeline._copy_and_hash = saved
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--params-m", type=int, default=125)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--dir", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    batch = torch.randn(args.batch, WIDTH, generator=torch.Generator().manual_seed(1))
+    scratch = tempfile.mkdtemp(prefix="fp-bound-", dir=args.dir)
+    modes = ["no checkpoint", "forkpoint", "forkpoint, hash left out"]
+    runs = {m: [] for m in modes}
+    print(f"| round | loop | wall (s) | slowdown | median step (s) | median slowdown | extra CPU per step (core-s) | flushed to disk (GB) |")
+    print("|---|---|---|---|---|---|---|---|")
+    try:
+        for r in range(args.rounds):
+            order = modes[r % 3:] + modes[:r % 3]
+            done = {}
+            for m in order:
+                with unhashed() if m.endswith("left out") else contextlib.nullcontext():
+                    done[m] = every_step_loop(scratch, args.steps, args.params_m, "cpu", batch, m != "no checkpoint")
+                runs[m].append(done[m])
+            base = done["no checkpoint"]
+            for m in modes:
+                d = done[m]
+                print(f"| {r + 1} | {m} | {d['wall']:.2f} | {(d['wall'] / base['wall'] - 1) * 100:.0f}% | "
+                      f"{d['median']:.2f} | {(d['median'] / base['median'] - 1) * 100:.0f}% | "
+                      f"{(d['cpu'] - base['cpu']) / args.steps:.2f} | {d['flushed'] / 1e9:.2f} |",
+                      flush=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    print("\nMedians over rounds of each round's slowdown against its own no-checkpoint loop:")
+    for m in modes[1:]:
+        wall = statistics.median(d["wall"] / b["wall"] - 1 for d, b in zip(runs[m], runs[modes[0]]))
+        med = statistics.median(d["median"] / b["median"] - 1 for d, b in zip(runs[m], runs[modes[0]]))
+        print(f"- {m}: wall {wall * 100:.0f}%, median step {med * 100:.0f}%")
+
+
+if __name__ == "__main__":
+    main()
