@@ -6,10 +6,13 @@ rounds, each round three loops in a rotating order:
 - no checkpoint;
 - forkpoint as it is;
 - forkpoint with the content hash left out: each chunk is named by a counter instead of the
-  blake3 of its bytes, so it is still copied, committed, evicted and flushed, never hashed.
+  blake3 of its bytes, so it is still copied, committed, evicted and flushed, never hashed;
+- no checkpoint, but a plain `copy_` of every tensor of the state into buffers allocated
+  beforehand, in the loop after each step (no library at all).
 The third is not a mode of the library (its repositories are thrown away): it measures what
-removing or deferring the hash could at most gain, since no checkpoint of this state does less
-than copy it out of the live tensors each step.
+removing or deferring the hash could at most gain. The fourth is what any checkpoint of this
+state must at least do each step: copy it out of the live tensors, which the next optimizer
+step overwrites.
 
     python benchmarks/every_step_bound.py --rounds 3 --dir /work
 """
@@ -22,11 +25,13 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from tiers_restore import WIDTH, every_step_loop  # noqa: E402
+from train_overhead import build, train_step  # noqa: E402
 
 import forkpoint.engine.save as save_pipeline  # noqa: E402
 from forkpoint.format.objects import BLOCK_BYTES, DIGEST_BYTES  # noqa: E402
@@ -55,6 +60,29 @@ def unhashed():
         save_pipeline.hash_with_table, save_pipeline._copy_and_hash = saved
 
 
+def copy_loop(steps, params_m, batch) -> dict:
+    """The loop without checkpoints, each step followed by a `copy_` of every tensor of the
+    state into buffers faulted in beforehand."""
+    model, opt = build(params_m, "cpu")
+    train_step(model, opt, batch)
+    tensors = list(model.state_dict().values()) + [
+        v for s in opt.state_dict()["state"].values() for v in s.values() if v.numel() > 1]
+    copies = [torch.empty_like(t) for t in tensors]
+    for c, t in zip(copies, tensors):
+        c.copy_(t)
+    t0, c0 = time.perf_counter(), os.times()
+    durations = []
+    for _ in range(steps):
+        s0 = time.perf_counter()
+        train_step(model, opt, batch)
+        for c, t in zip(copies, tensors):
+            c.copy_(t)
+        durations.append(time.perf_counter() - s0)
+    wall, c1 = time.perf_counter() - t0, os.times()
+    return {"wall": wall, "loop": wall, "median": statistics.median(durations), "durations": durations,
+            "cpu": (c1.user - c0.user) + (c1.system - c0.system), "setup": 0.0, "flushed": 0}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
@@ -66,17 +94,20 @@ def main():
     torch.set_num_threads(2)
     batch = torch.randn(args.batch, WIDTH, generator=torch.Generator().manual_seed(1))
     scratch = tempfile.mkdtemp(prefix="fp-bound-", dir=args.dir)
-    modes = ["no checkpoint", "forkpoint", "forkpoint, hash left out"]
+    modes = ["no checkpoint", "forkpoint", "forkpoint, hash left out", "a plain copy_ of the state each step"]
     runs = {m: [] for m in modes}
     print(f"| round | loop | wall (s) | slowdown | median step (s) | median slowdown | extra CPU per step (core-s) | flushed to disk (GB) |")
     print("|---|---|---|---|---|---|---|---|")
     try:
         for r in range(args.rounds):
-            order = modes[r % 3:] + modes[:r % 3]
+            order = modes[r % len(modes):] + modes[:r % len(modes)]
             done = {}
             for m in order:
-                with unhashed() if m.endswith("left out") else contextlib.nullcontext():
-                    done[m] = every_step_loop(scratch, args.steps, args.params_m, "cpu", batch, m != "no checkpoint")
+                if m == modes[3]:
+                    done[m] = copy_loop(args.steps, args.params_m, batch)
+                else:
+                    with unhashed() if m == modes[2] else contextlib.nullcontext():
+                        done[m] = every_step_loop(scratch, args.steps, args.params_m, "cpu", batch, m != modes[0])
                 runs[m].append(done[m])
             base = done["no checkpoint"]
             for m in modes:

@@ -28,6 +28,7 @@ import torch
 
 import forkpoint as fp
 from forkpoint.engine import SaveOptions
+from forkpoint.storage.memory import MemoryStore
 
 sys.path.insert(0, os.path.dirname(__file__))
 from persist_throughput import dd  # noqa: E402
@@ -188,8 +189,9 @@ def every_step_loop(scratch, steps, params_m, device, batch, checkpointing: bool
     model, opt = build(params_m, device)
     train_step(model, opt, batch)
     ck, repo, setup, disk = None, None, 0.0, os.path.join(scratch, f"every-{uuid.uuid4().hex}")
+    memory = uuid.uuid4().hex
     if checkpointing:
-        repo = fp.Repo(tiers=[fp.tier(f"mem://{uuid.uuid4().hex}", keep=2, flush_every=10), disk], create=True)
+        repo = fp.Repo(tiers=[fp.tier(f"mem://{memory}", keep=2, flush_every=10), disk], create=True)
         built = time.perf_counter()
         ck = fp.Checkpointer(repo, {"model": model, "optim": opt}, every=1)
         setup = time.perf_counter() - built
@@ -207,6 +209,7 @@ def every_step_loop(scratch, steps, params_m, device, batch, checkpointing: bool
         ck.close()
         repo.drain()
         repo.close()
+        MemoryStore.discard(memory)
     wall, c1 = time.perf_counter() - t0, os.times()
     if ck:
         flushed = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(os.path.join(disk, "objects"))

@@ -440,6 +440,37 @@ def test_memory_tier_reserves_only_what_the_machine_can_spare(monkeypatch):
     assert buf is not None and buf.nbytes == 2 << 20 and store._spare_bytes == 6 << 20
 
 
+def test_closing_the_last_repository_on_a_memory_tier_frees_its_spare_buffers(tmp_path):
+    """The buffers reserved and recycled for saves go when the last repository on the name
+    closes; the versions stay readable by the next one, and `discard` forgets the name."""
+    from forkpoint.storage.memory import MemoryStore
+
+    name = uuid.uuid4().hex
+    tiers = [fp.tier(f"mem://{name}", keep=2), str(tmp_path / "disk")]
+    state = {"w": torch.randn(1 << 20), "b": torch.randn(4 << 20)}
+    repo = fp.Repo(tiers=tiers, create=True)
+    other = fp.Repo(tiers=tiers)
+    assert repo.warm_staging(state) >= 3 * (20 << 20), "keep + 1 versions of both large leaves reserved"
+    for step in range(4):
+        state["w"].add_(1)
+        repo.save(state, step=step)
+    store = repo.stores[0]
+    assert store is other.stores[0] and store._spare_bytes > 0
+    repo.close()
+    assert store._spare_bytes > 0, "another repository still saves through the store"
+    other.close()
+    assert store._spare_bytes == 0 and store._reserved == 0
+    with fp.Repo(tiers=tiers) as again:
+        assert again.stores[0] is store
+        assert store.list("objects"), "the kept versions' objects stay in memory"
+        assert torch.equal(again.load("main")["w"], state["w"])
+    MemoryStore.discard(name)
+    fresh = MemoryStore.named(name)
+    assert fresh is not store and fresh.list("") == []
+    fresh.close()
+    MemoryStore.discard(name)
+
+
 def test_sweep_spares_young_unreferenced_objects_when_told(tmp_path):
     from forkpoint.storage import open_store
     from forkpoint.tiers.movement import sweep

@@ -76,14 +76,38 @@ class MemoryStore(Store):
         self._held = 0
         self._peak = 0
         self._reserved = 0
+        self._opens = 0
 
     @classmethod
     def named(cls, name: str) -> "MemoryStore":
-        """Return the process-wide store called `name`, creating it on first use."""
+        """Return the process-wide store called `name`, creating it on first use; each call
+        counts as one open, which `close` ends."""
         with cls._named_lock:
             if name not in cls._named:
                 cls._named[name] = cls(name)
-            return cls._named[name]
+            store = cls._named[name]
+            store._opens += 1
+            return store
+
+    @classmethod
+    def discard(cls, name: str) -> None:
+        """Forget the process-wide store called `name`: a later `mem://name` starts empty, and
+        its objects are freed once no open repository holds the store."""
+        with cls._named_lock:
+            cls._named.pop(name, None)
+
+    def close(self) -> None:
+        """End one open; after the last, drop the spare buffers kept for saves (the objects
+        stay, for the next repository opened on the same name)."""
+        with self._named_lock:
+            self._opens = max(0, self._opens - 1)
+            if self._opens:
+                return
+        with self._lock:
+            self._spare.clear()
+            self._spare_bytes = 0
+            self._reserved = 0
+            self._peak = self._held
 
     def _get(self, key: str) -> bytes:
         try:
