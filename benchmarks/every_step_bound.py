@@ -118,6 +118,10 @@ def main():
                       flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    copies = [r["floor"][1] for r in runs[modes[0]]]
+    print(f"\nA copy_ of the state with nothing else running: {min(copies):.3f}–{max(copies):.3f} s; "
+          f"steps without checkpoints: {min(r['median'] for r in runs[modes[0]]):.2f}–"
+          f"{max(r['median'] for r in runs[modes[0]]):.2f} s (medians per round)")
     print("\nMedians over rounds of each round's slowdown against its own no-checkpoint loop:")
     for m in modes[1:]:
         wall = statistics.median(d["wall"] / b["wall"] - 1 for d, b in zip(runs[m], runs[modes[0]]))
