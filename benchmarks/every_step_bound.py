@@ -2,7 +2,7 @@
 
 Runs the loop of `tiers_restore.py --sections every-step` (the 125M-parameter MLP + AdamW,
 a checkpoint every step into a memory tier, every 10th version flushed to local disk) in
-rounds, each round three loops in a rotating order:
+rounds, each round four loops in an order that rotates:
 - no checkpoint;
 - forkpoint as it is;
 - forkpoint with the content hash left out: each chunk is named by a counter instead of the
@@ -30,7 +30,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from tiers_restore import WIDTH, every_step_loop  # noqa: E402
+from tiers_restore import WIDTH, every_step_loop, state_tensors  # noqa: E402
 from train_overhead import build, train_step  # noqa: E402
 
 import forkpoint.engine.save as save_pipeline  # noqa: E402
@@ -65,8 +65,7 @@ def copy_loop(steps, params_m, batch) -> dict:
     state into buffers faulted in beforehand."""
     model, opt = build(params_m, "cpu")
     train_step(model, opt, batch)
-    tensors = list(model.state_dict().values()) + [
-        v for s in opt.state_dict()["state"].values() for v in s.values() if v.numel() > 1]
+    tensors = state_tensors(model, opt)
     copies = [torch.empty_like(t) for t in tensors]
     for c, t in zip(copies, tensors):
         c.copy_(t)

@@ -189,7 +189,7 @@ def every_step_loop(scratch, steps, params_m, device, batch, checkpointing: bool
     model, opt = build(params_m, device)
     train_step(model, opt, batch)
     ck, repo, setup, disk = None, None, 0.0, os.path.join(scratch, f"every-{uuid.uuid4().hex}")
-    memory = uuid.uuid4().hex
+    memory = uuid.uuid4().hex  # the memory tier's name, discarded after the loop
     if checkpointing:
         repo = fp.Repo(tiers=[fp.tier(f"mem://{memory}", keep=2, flush_every=10), disk], create=True)
         built = time.perf_counter()
@@ -303,6 +303,12 @@ def flush_section(model, opt, nbytes, scratch, repeats):
               f"{statistics.median(x[1] for x in v):.2f} |")
 
 
+def state_tensors(model, opt) -> list:
+    """The model's and the optimizer's tensors of more than one element (what a checkpoint copies)."""
+    return [t for t in list(model.state_dict().values()) +
+            [v for s in opt.state_dict()["state"].values() for v in s.values()] if t.numel() > 1]
+
+
 def copy_and_hash_seconds(model, opt) -> tuple[float, float, float]:
     """Seconds to copy every tensor of the state into a preallocated buffer and hash it with
     blake3 on two threads (the work any content-addressed checkpoint of it must do), and, for
@@ -311,8 +317,7 @@ def copy_and_hash_seconds(model, opt) -> tuple[float, float, float]:
 
     from forkpoint.format.objects import BLOCK_BYTES, block_digests
 
-    tensors = [t for t in list(model.state_dict().values()) +
-               [v for s in opt.state_dict()["state"].values() for v in s.values()] if t.numel() > 1]
+    tensors = state_tensors(model, opt)
     bufs = [torch.empty(t.shape, dtype=t.dtype) for t in tensors]
     both, copy, hashed = [], [], []
     for _ in range(3):
