@@ -471,6 +471,25 @@ def test_closing_the_last_repository_on_a_memory_tier_frees_its_spare_buffers(tm
     MemoryStore.discard(name)
 
 
+def test_a_repository_that_fails_to_open_leaves_no_memory_store_open(tmp_path):
+    """A constructor that raises (no repository there, a tier named twice) closes the stores it
+    opened, so the last real repository's close still frees the spare buffers."""
+    from forkpoint.errors import RepoNotFoundError
+    from forkpoint.storage.memory import MemoryStore
+
+    name = uuid.uuid4().hex
+    with pytest.raises(RepoNotFoundError):
+        fp.Repo(f"mem://{name}")
+    with pytest.raises(ValueError, match="same store"):
+        fp.Repo(tiers=[f"mem://{name}", str(tmp_path / "disk"), f"mem://{name}"], create=True)
+    store = MemoryStore.named(name)
+    assert store._opens == 1, "only this call holds the store open"
+    store.reserve([2 << 20])
+    store.close()
+    assert store._spare_bytes == 0
+    MemoryStore.discard(name)
+
+
 def test_sweep_spares_young_unreferenced_objects_when_told(tmp_path):
     from forkpoint.storage import open_store
     from forkpoint.tiers.movement import sweep

@@ -64,17 +64,10 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
                  on_conflict: str = "retry", workers: int | None = None, options: SaveOptions | None = None,
                  storage_options: dict | None = None, tiers: list | None = None,
                  delta: "Delta | bool | None" = None, encode_later: bool | None = None):
-        if tiers is not None:
-            if url is not None:
-                raise ValueError("give either url or tiers, not both")
-            self.tier_specs, self.stores = open_tiers(tiers)
-        elif url is None:
+        if tiers is not None and url is not None:
+            raise ValueError("give either url or tiers, not both")
+        if tiers is None and url is None:
             raise ValueError("Repo needs a url (or tiers=[...])")
-        else:
-            store = url if isinstance(url, Store) else open_store(str(url), **(storage_options or {}))
-            self.tier_specs, self.stores = [Tier(store.url)], [store]
-        self.store = self.stores[0]
-        self.url = self.store.url
         if on_conflict not in ("retry", "error"):
             raise ValueError(f"on_conflict must be 'retry' or 'error', got {on_conflict!r}")
         self.on_conflict = on_conflict
@@ -90,7 +83,19 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         self._delta_plans = weakref.WeakSet()  # a plan whose save never got scheduled just vanishes
         codec_rules(self.options.codec)
         self.writer_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self._open_or_create(create)
+        if tiers is not None:
+            self.tier_specs, self.stores = open_tiers(tiers)
+        else:
+            store = url if isinstance(url, Store) else open_store(str(url), **(storage_options or {}))
+            self.tier_specs, self.stores = [Tier(store.url)], [store]
+        self.store = self.stores[0]
+        self.url = self.store.url
+        try:
+            self._open_or_create(create)
+        except BaseException:
+            for store in self.stores:
+                store.close()
+            raise
         encoders = min(MAX_ENCODERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                        else os.cpu_count() or 1)
         budget = Budget(staging_bytes=self.options.staging_bytes, window_bytes=self.options.window_bytes,

@@ -46,14 +46,20 @@ def open_tiers(tiers) -> tuple[list[Tier], list[Store]]:
     if not tiers:
         raise ValueError("tiers must name at least one store")
     specs = [t if isinstance(t, Tier) else tier(t) for t in tiers]
-    stores = [open_store(t.url, **t.storage_options) for t in specs]
+    stores: list[Store] = []
     seen: dict[str, str] = {}
-    for spec, store in zip(specs, stores):
-        place = os.path.realpath(store.root) if isinstance(store, LocalStore) else store.url
-        if place in seen:
-            raise ValueError(f"tiers {seen[place]!r} and {spec.url!r} are the same store ({place}): each tier "
-                             "must be a store of its own (evicting from one would delete from the other)")
-        seen[place] = spec.url
+    try:
+        for spec in specs:
+            stores.append(open_store(spec.url, **spec.storage_options))
+            place = os.path.realpath(stores[-1].root) if isinstance(stores[-1], LocalStore) else stores[-1].url
+            if place in seen:
+                raise ValueError(f"tiers {seen[place]!r} and {spec.url!r} are the same store ({place}): each tier "
+                                 "must be a store of its own (evicting from one would delete from the other)")
+            seen[place] = spec.url
+    except BaseException:
+        for store in stores:
+            store.close()
+        raise
     return specs, stores
 
 
