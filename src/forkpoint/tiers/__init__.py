@@ -50,15 +50,16 @@ def open_tiers(tiers) -> tuple[list[Tier], list[Store]]:
     seen: dict[str, str] = {}
     try:
         for spec in specs:
-            stores.append(open_store(spec.url, **spec.storage_options))
-            place = os.path.realpath(stores[-1].root) if isinstance(stores[-1], LocalStore) else stores[-1].url
+            store = open_store(spec.url, **spec.storage_options)
+            stores.append(store)
+            place = os.path.realpath(store.root) if isinstance(store, LocalStore) else store.url
             if place in seen:
                 raise ValueError(f"tiers {seen[place]!r} and {spec.url!r} are the same store ({place}): each tier "
                                  "must be a store of its own (evicting from one would delete from the other)")
             seen[place] = spec.url
     except BaseException:
-        for store in stores:
-            store.close()
+        for opened in stores:
+            opened.close()
         raise
     return specs, stores
 
