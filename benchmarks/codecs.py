@@ -11,6 +11,7 @@ written with O_DIRECT, so they are read from the disk).
     python benchmarks/codecs.py --repeats 3
     python benchmarks/codecs.py --warm-restores --repeats 9   # restore speed per codec
     python benchmarks/codecs.py --repeated-saves --repeats 7  # one repo per codec, a save per step
+    python benchmarks/codecs.py --repeated-saves --cores 1,2  # the same, bound to 1 core, then 2
     python benchmarks/codecs.py --training-loop --repeats 3   # loop time with a save every 5 steps
     python benchmarks/codecs.py --compact --repeats 5         # encoding a raw repository afterwards
     python benchmarks/codecs.py --encode-later-ab --repeats 16  # save time with encode_later
@@ -26,6 +27,8 @@ import copy
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -62,7 +65,7 @@ def timed(fn):
 
 def trained_state(dtype, device: str = "cpu", steps: int = 20):
     torch.manual_seed(0)
-    torch.set_num_threads(2)
+    torch.set_num_threads(min(2, len(os.sched_getaffinity(0))))
     model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(24)]).to(device, dtype)
     state = {"model": model, "optim": torch.optim.AdamW(model.parameters(), lr=1e-3)}
     for _ in range(steps):
@@ -97,10 +100,16 @@ def main():
     ap.add_argument("--estimates-ab", action="store_true",
                     help="instead: the same states saved with deltas into two repositories, one "
                          "keeping each chunk's value estimate (the default), one estimating every save")
+    ap.add_argument("--cores", default=None,
+                    help="run the chosen mode once per core count given (e.g. 1,2), each in a new "
+                         "process bound to that many of this process's cores")
     ap.add_argument("--device", default="cpu", help="--training-loop: where the model trains")
     ap.add_argument("--batch", type=int, default=256, help="--training-loop: batch size")
     ap.add_argument("--steps", type=int, default=40, help="--training-loop: steps (a save every 5)")
     args = ap.parse_args()
+    if args.cores:
+        per_core_count(args.cores)
+        return
     scratch = tempfile.mkdtemp(prefix="fp-codecs-", dir=args.dir)
     modes = {"warm_restores": warm_restores, "repeated_saves": repeated_saves,
              "training_loop": training_loop, "compact": compaction, "encode_later_ab": encode_later_ab,
@@ -186,6 +195,24 @@ def warm_restores(scratch: str, repeats: int) -> None:
                   f"{version.logical_bytes / t / 1e9:.2f} | {statistics.median(cpu):.2f} |")
 
 
+def per_core_count(cores: str) -> None:
+    """Run this script's arguments, less --cores, once per count in `cores` ("1,2"), each run
+    in a new process bound to the first that many cores this process may use."""
+    argv, skip = [], False
+    for arg in sys.argv[1:]:
+        if skip or arg.startswith("--cores"):
+            skip = arg == "--cores"
+            continue
+        argv.append(arg)
+    allowed = sorted(os.sched_getaffinity(0))
+    for count in (int(c) for c in cores.split(",")):
+        if not 0 < count <= len(allowed):
+            raise SystemExit(f"--cores {count}: this process may use {len(allowed)} cores")
+        print(f"\n### Bound to {count} of {len(allowed)} cores\n", flush=True)
+        subprocess.run([sys.executable, os.path.abspath(__file__), *argv], check=True,
+                       preexec_fn=lambda n=count: os.sched_setaffinity(0, allowed[:n]))
+
+
 def repeated_saves(scratch: str, repeats: int) -> None:
     """Per dtype, for each of raw / lossless / lossless encoding after the commit / auto in
     turn (the order rotating by round): a repository per codec saves the state once (its first
@@ -194,7 +221,7 @@ def repeated_saves(scratch: str, repeats: int) -> None:
     drained and timed apart (so it slows no other repository's save). Medians of those saves;
     "ratio" is logical over stored bytes once encoded; "encoded saves" counts the saves that
     encoded their large chunks before the commit; "CPU" includes the encoding after it."""
-    print(f"forkpoint from {os.path.dirname(fp.__file__)}\n")
+    print(f"forkpoint from {os.path.dirname(fp.__file__)}, {len(os.sched_getaffinity(0))} cores\n")
     print("| dtype | codec | first save (s) | save (s) | encoding after commit (s) | CPU (core-s) | ratio "
           "| encoded saves |")
     print("|---|---|---|---|---|---|---|---|")
@@ -202,6 +229,7 @@ def repeated_saves(scratch: str, repeats: int) -> None:
                "lossless, encode_later=True": {"codec": "lossless", "encode_later": True},
                "auto": {"codec": "auto"}}
     names = list(configs)
+    summary = []
     for dtype in (torch.float32, torch.bfloat16):
         state = trained_state(dtype)
         repos = {c: fp.Repo(os.path.join(scratch, str(i)), create=True, **configs[c]) for i, c in enumerate(names)}
@@ -227,6 +255,11 @@ def repeated_saves(scratch: str, repeats: int) -> None:
                   f"{sum(encoded[c])} / {repeats} |")
             repos[c].close()
             shutil.rmtree(os.path.join(scratch, str(i)))
+        summary.append(f"{str(dtype).removeprefix('torch.')}: lossless / raw save time "
+                       f"{statistics.median(times['lossless']) / statistics.median(times['raw']):.2f}, "
+                       f"lossless CPU {statistics.median(cpu['lossless']):.2f} core-s against a raw save of "
+                       f"{statistics.median(times['raw']):.3f} s")
+    print("\n" + "\n".join(summary))
 
 
 def encode_later_ab(scratch: str, repeats: int) -> None:

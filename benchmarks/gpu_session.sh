@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The GPU checks of issues 3 and 4 in one run on a lent GPU machine (about 7 minutes): the CUDA tests,
+# The GPU checks of issues 3 and 4 in one run on a lent GPU machine (about 9 minutes): the CUDA tests,
 # the stall per checkpoint against DCP and torch.save, and every-step checkpoints into the memory
 # tier, and a training loop saving raw, lossless and lossless with encode_later (host cores idle
-# while the GPU trains). Run from the repository root; logs and JSON go to $OUT (or ./bench-out).
+# while the GPU trains), and lossless against raw saves bound to 2 and then all 16 host cores (issue 4:
+# a lossless save must not be slower than a raw one to local disk). Run from the repository root; logs and JSON go to $OUT (or ./bench-out).
 # The machine's Python lacks blake3, zstandard and zlib-ng: download their wheels for its Python
 # into .whl/ first (pip download --only-binary=:all: --python-version 3.12 ... -d .whl NAME).
 set -o pipefail
@@ -22,3 +23,5 @@ timeout 120 python3 benchmarks/tiers_restore.py --device cuda --batch 32768 --st
     --sections every-step --dir /tmp 2>&1 | tee "$out/every.log" | tail -14
 timeout 200 python3 benchmarks/codecs.py --training-loop --device cuda --batch 65536 --steps 20 \
     --repeats 2 --dir /tmp 2>&1 | tee "$out/codec_loop.log" | tail -12
+timeout 240 python3 benchmarks/codecs.py --repeated-saves --repeats 5 --cores 2,16 --dir /tmp 2>&1 \
+    | tee "$out/codec_cores.log" | grep -E 'Bound|lossless / raw'
