@@ -2,8 +2,9 @@
 # The GPU checks of issues 3 and 4 in one run on a lent GPU machine (about 9 minutes): the CUDA tests,
 # the stall per checkpoint against DCP and torch.save, and every-step checkpoints into the memory
 # tier, and a training loop saving raw, lossless and lossless with encode_later (host cores idle
-# while the GPU trains), and lossless against raw saves bound to 2 and then all 16 host cores (issue 4:
-# a lossless save must not be slower than a raw one to local disk). Run from the repository root; logs and JSON go to $OUT (or ./bench-out).
+# while the GPU trains), and lossless against raw saves bound to 2 and then all 16 host cores
+# (issue 4: a lossless save must not be slower than a raw one to local disk). Run from the
+# repository root; logs and JSON go to $OUT (or ./bench-out).
 # The machine's Python lacks blake3, zstandard and zlib-ng: download their wheels for its Python
 # into .whl/ first (pip download --only-binary=:all: --python-version 3.12 ... -d .whl NAME).
 set -o pipefail

@@ -60,6 +60,7 @@ def parts(chunks: list, store: LocalStore, cores: int, repeats: int) -> dict[str
     """{part: (median seconds, median core-seconds)} of each part of a save, done alone."""
     layouts = [floatcodec.Layouts() for _ in chunks]
     scratch = [np.empty(c["bytes"].nbytes, np.uint8) for c in chunks]
+    copies = [np.empty(c["bytes"].nbytes, np.uint8) for c in chunks]
     encoded: dict[int, list] = {}
 
     def encode(i: int) -> None:
@@ -85,7 +86,7 @@ def parts(chunks: list, store: LocalStore, cores: int, repeats: int) -> dict[str
         f"encode, {cores} threads": lambda: on_threads(cores, encode, indices),
         "hash, 1 thread": lambda: on_threads(1, lambda c: block_digests(c["bytes"], parallel=False), chunks),
         f"hash, {cores} threads": lambda: on_threads(cores, lambda c: block_digests(c["bytes"], parallel=False), chunks),
-        "copy, 1 thread": lambda: [np.copyto(s, c["bytes"]) for s, c in zip(scratch, chunks)],
+        "copy, 1 thread": lambda: [np.copyto(d, c["bytes"]) for d, c in zip(copies, chunks)],
         f"write raw objects, {WRITERS} threads": lambda: write_all([[c["bytes"]] for c in chunks]),
         f"write encoded objects, {WRITERS} threads": lambda: write_all([encoded[i] for i in indices]),
     }
