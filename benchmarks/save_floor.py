@@ -39,15 +39,14 @@ _spec = importlib.util.spec_from_file_location("codecs_bench", os.path.join(os.p
 codecs_bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(codecs_bench)  # benchmarks/codecs.py: its name is the standard library's
 timed, train_step, trained_state = codecs_bench.timed, codecs_bench.train_step, codecs_bench.trained_state
+from tiers_restore import state_tensors  # noqa: E402
 
 WRITERS = 6
 
 
 def large_tensors(state) -> list[torch.Tensor]:
     """The model's and optimizer's tensors of 1 MiB or more."""
-    tensors = list(state["model"].parameters())
-    tensors += [v for s in state["optim"].state.values() for v in s.values() if torch.is_tensor(v)]
-    return [t.detach() for t in tensors if t.numel() * t.element_size() >= 1 << 20]
+    return [t for t in state_tensors(state["model"], state["optim"]) if t.numel() * t.element_size() >= 1 << 20]
 
 
 def on_threads(threads: int, fn, items: list) -> None:
