@@ -294,6 +294,94 @@ def test_a_lossless_save_encodes_within_the_encoder_budget(tmp_path):
     assert {c.codec for leaf in repo.manifest(v.id).leaves for c in leaf.chunks} == {"float-planes"}
 
 
+def _count_encodes(monkeypatch) -> list:
+    """A list that gets one entry per chunk a save encodes."""
+    from forkpoint.engine.save import ObjectWriter
+
+    real = ObjectWriter._encode
+    seen = []
+
+    def counted(*args, **kwargs):
+        seen.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ObjectWriter, "_encode", counted)
+    return seen
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_chunks_are_encoded_while_every_write_to_the_store_waits(tmp_path, monkeypatch, sync):
+    """Encoding a chunk takes no I/O slot: with every object write held back, all the chunks of
+    a save still get encoded (before, the writes that held the slots kept the rest waiting).
+    A chunk the store already holds is not encoded again."""
+    repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless")
+    seen = _count_encodes(monkeypatch)
+    gate = threading.Event()
+    real_write = repo.store.write
+
+    def gated(key, parts, durable=True):
+        if key.startswith("objects/"):
+            gate.wait(60)
+        return real_write(key, parts, durable)
+
+    monkeypatch.setattr(repo.store, "write", gated)
+    chunks = 3 * repo._sched._cap("io:tier0")
+    state = {f"w{i}": torch.randn(1 << 19) for i in range(chunks)}
+    saved = []
+    saver = threading.Thread(target=lambda: saved.append(repo.save(state, sync=sync)))
+    saver.start()
+    deadline = time.monotonic() + 30
+    while len(seen) < chunks and time.monotonic() < deadline:
+        time.sleep(0.01)
+    encoded_while_held = len(seen)
+    gate.set()
+    saver.join()
+    first = saved[0] if sync else saved[0].wait()
+    assert encoded_while_held == chunks
+    seen.clear()
+    state["w0"] += 1
+    second = repo.save(state, sync=sync)
+    second = second.wait() if not sync else second
+    assert len(seen) == 1
+    for v in (first, second):
+        assert {c.codec for leaf in repo.manifest(v.id).leaves for c in leaf.chunks} == {"float-planes"}
+    assert torch.equal(repo.load(second.id)["w0"], state["w0"]) and torch.equal(repo.load(first.id)["w1"], state["w1"])
+    repo.close()
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_a_failed_encode_fails_the_save_and_gives_every_buffer_back(tmp_path, monkeypatch, sync):
+    from forkpoint.engine.save import ObjectWriter
+
+    repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless")
+    state = {f"w{i}": torch.randn(1 << 19) for i in range(4)}
+    kept = repo.save(state, step=1)
+    real = ObjectWriter._encode
+    calls = [0]
+
+    def failing(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 2:
+            raise MemoryError("encoder out of memory (simulated)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ObjectWriter, "_encode", failing)
+    for t in state.values():
+        t.mul_(2)
+    with pytest.raises(MemoryError, match="simulated"):
+        pending = repo.save(state, step=2, sync=sync)
+        if not sync:
+            pending.wait()
+    repo.drain()
+    assert repo.head("main") == kept.id and torch.equal(repo.load(kept.id)["w3"], state["w3"] / 2)
+    resources = repo.stats()["resources"]
+    assert all(resources[r]["used"] == 0 for r in ("staging", "window", "encode", "io:tier0")), resources
+    assert repo._staging.outstanding == 0
+    monkeypatch.setattr(ObjectWriter, "_encode", real)
+    assert repo.save(state, step=3).step == 3
+    repo.close()
+
+
 def test_asynchronous_saves_in_flight_are_bounded(tmp_path):
     """Saves asked for faster than they commit wait for the oldest instead of piling up."""
     repo = fp.Repo(str(tmp_path / "r"), create=True)

@@ -140,14 +140,15 @@ class ObjectWriter:
 
     def put(self, digest: str, data: np.ndarray, itemsize: int = 1, floating: bool = False,
             policy: str | None = None, table: bytes | None = None, owned=None, scratch=None,
-            slot=None, row: int = 0) -> str:
+            slot=None, row: int = 0, encoded=None) -> str:
         """Ensure object `digest` holding `data` exists; return the codec name it is stored with.
         `table` is the data's block digest table when the caller has it already. `owned` is a
         buffer from the store's `object_buffer` whose tail is `data` (raw policy): the store
         adopts it as the object instead of copying, or gets it back when nothing is written.
         `scratch` (uint8, the data's size) is memory the encoder may use (see Codec.pieces).
         `slot` names the chunk (the same from one save to the next) for the codec's layouts;
-        `row` is the elements of one of its rows (see Codec.pieces)."""
+        `row` is the elements of one of its rows (see Codec.pieces). `encoded` is the payload
+        of `encode_ahead` when the caller encoded `data` already."""
         key = object_key(digest)
         with self.lock:
             event = self.claimed.get(digest)
@@ -179,7 +180,7 @@ class ObjectWriter:
                 if later or (policy == "auto" and not self._encodes(data)):
                     codec = codec_by_name("raw")
                 with self._measured(data.nbytes, self.learns(policy)):
-                    codec_name = self._write(key, data, codec, itemsize, table, scratch, slot, row)
+                    codec_name = self._write(key, data, codec, itemsize, table, scratch, slot, row, encoded)
                 if later:
                     self._defer(key, policy, itemsize, floating, data.nbytes, row)
             self.codecs[digest] = codec_name
@@ -238,13 +239,13 @@ class ObjectWriter:
             self.auto_meter.finish(written)
 
     def _write(self, key: str, data: np.ndarray, codec, itemsize: int, table: bytes | None,
-               scratch=None, slot=None, row: int = 0) -> str:
+               scratch=None, slot=None, row: int = 0, encoded=None) -> str:
         view = memoryview(data).cast("B")
         payload = [view]
         if codec.id != 0:
-            layouts = self.layouts.get(slot) if self.layouts is not None and slot is not None else None
-            with self.encoding():
-                encoded = codec.pieces(view, itemsize, scratch=scratch, layouts=layouts, row=row)
+            if encoded is None:
+                with self.encoding():
+                    encoded = self._encode(view, codec, itemsize, scratch, slot, row)
             if sum(memoryview(p).nbytes for p in encoded) < MIN_GAIN * view.nbytes:
                 payload = encoded
             else:
@@ -256,6 +257,24 @@ class ObjectWriter:
             self.stored_bytes += stored
             self.written.append(key)
         return codec.name
+
+    def encode_ahead(self, digest: str, data: np.ndarray, itemsize: int, floating: bool, policy,
+                     scratch=None, slot=None, row: int = 0) -> list | None:
+        """The payload `put` would encode `data` to, for a task that encodes before the write
+        (so that encoders never wait for a slot held by a write to the store); None where this
+        save claimed `digest` already or the store holds it (nothing to encode)."""
+        with self.lock:
+            if digest in self.claimed or digest in self.pinned:
+                return None
+        with self.guard:
+            if self.store.exists(object_key(digest)):
+                return None
+        codec = policy_codec(policy, itemsize, floating)
+        return self._encode(memoryview(data).cast("B"), codec, itemsize, scratch, slot, row)
+
+    def _encode(self, view: memoryview, codec, itemsize: int, scratch, slot, row: int) -> list:
+        layouts = self.layouts.get(slot) if self.layouts is not None and slot is not None else None
+        return codec.pieces(view, itemsize, scratch=scratch, layouts=layouts, row=row)
 
     def _adopt(self, key: str, data: np.ndarray, owned: np.ndarray, table: bytes | None) -> str:
         """Store raw `data`, the tail of `owned`, by writing its header in front of it and
@@ -555,10 +574,30 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
     head = raw_header_size(n) if raw_now else None
     in_place = staging == "window" and lossy is None and encodes and d.pending is None
     scratch_bytes = n if head is None and policy_codec(policy, itemsize, floating).encode_pieces else 0
+    slot = (plan.flat[index].path, tuple(box[0]))
+    ahead = (head is None and deltas is None and policy != "auto" and not plan.writer.defers
+             and policy_codec(policy, itemsize, floating).id != 0)
+
+    def encode(staged: list) -> list:
+        """Hash the staged chunk if its capture did not, and encode it into a scratch buffer
+        (staged[6:8] = scratch, payload); on failure give its buffers back."""
+        scratch = pool.get(scratch_bytes) if scratch_bytes else None
+        try:
+            if staged[3] is None:
+                staged[3:5] = hash_with_table(staged[1])
+            staged[6:8] = scratch, plan.writer.encode_ahead(staged[3], staged[1], itemsize, floating, policy,
+                                                            scratch, slot, row)
+            return staged
+        except BaseException:
+            for held in (staged[0], scratch):
+                if held is not None:
+                    pool.give(held)
+            raise
 
     def capture():
         if in_place:
-            return [None, piece, False, *hash_with_table(piece), None]
+            staged = [None, piece, False, *hash_with_table(piece), None, None, None]
+            return encode(staged) if ahead else staged
         _await_device(d)
         owned = plan.writer.store.object_buffer(head + n) if head is not None else None
         buf = pool.get(n) if owned is None else owned
@@ -568,26 +607,33 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
             keep = lossy.keep_bits(itemsize)
             error = round_significand(data, itemsize, keep)
             info = {"mode": lossy.describe(), "keep_bits": keep, "max_rel_error": error}
-            return [buf, data, owned is not None, *hash_with_table(data), info]
+            return [buf, data, owned is not None, *hash_with_table(data), info, None, None]
         if staging == "staging":
             stream_copy(data, piece)
-            return [buf, data, owned is not None, None, None, None]
-        return [buf, data, owned is not None, *_copy_and_hash(piece, data), None]
+            return [buf, data, owned is not None, None, None, None, None, None]
+        return [buf, data, owned is not None, *_copy_and_hash(piece, data), None, None, None]
 
+    folds = ahead and in_place
+    worker = {"encode": 1} if folds else {"cpu": 1}
     cap = sched.submit("capture", capture, priority=Priority.CAPTURE,
-                       needs={staging: n, "cpu": 1}, frees={"cpu": 1}, nbytes=n)
+                       needs={staging: n, **worker}, frees=worker, nbytes=n)
     plan.captures.setdefault(index, []).append(cap)
+    staged_by = cap
+    if ahead and not folds:
+        staged_by = sched.submit("encode", lambda: encode(cap.result()), priority=Priority.WRITE,
+                                 needs={"encode": 1}, deps=[cap], nbytes=n)
 
     def write_staged() -> Chunk:
-        staged = cap.result()
-        buf, data, owned, digest, table, info = staged
-        staged[:2] = None, None
+        staged = staged_by.result()
+        buf, data, owned, digest, table, info, scratch, encoded = staged
+        staged[:] = [None] * len(staged)
         if digest is None:
             digest, table = hash_with_table(data)
         if owned:
             codec = plan.writer.put(digest, data, itemsize, floating, policy, table, owned=buf, row=row)
             return Chunk(*box, digest, digest, 0, n, codec, info)
-        scratch = pool.get(scratch_bytes) if scratch_bytes else None
+        if scratch is None and scratch_bytes:
+            scratch = pool.get(scratch_bytes)
         delta_out = pool.get(n) if deltas is not None else None
         try:
             if deltas is not None:
@@ -596,7 +642,7 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
                 if chunk is not None:
                     return chunk
             codec = plan.writer.put(digest, data, itemsize, floating, policy, table, scratch=scratch,
-                                    slot=(plan.flat[index].path, tuple(box[0])), row=row)
+                                    slot=slot, row=row, encoded=encoded)
             return Chunk(*box, digest, digest, 0, n, codec, info)
         finally:
             for held in (buf, scratch, delta_out):
@@ -604,7 +650,7 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
                     pool.give(held)
 
     task = sched.submit("write", write_staged, priority=Priority.WRITE, needs=io,
-                        frees={**io, staging: n}, deps=[cap], nbytes=n, tier=tier)
+                        frees={**io, staging: n}, deps=[staged_by], nbytes=n, tier=tier)
     plan.writes.append(task)
     return task
 
