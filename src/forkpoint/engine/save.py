@@ -162,7 +162,7 @@ class ObjectWriter:
             return self.codecs[digest]
         try:
             with self.guard:
-                present = self.store.exists(key)
+                present = encoded is None and self.store.exists(key)  # encode_ahead looked already
                 if present:
                     self.store.touch(key)
             policy = policy or self.policy

@@ -136,8 +136,8 @@ class LocalStore(Store):
     def _write_direct(self, tmp: str, parts: Sequence) -> bool:
         """Write `parts` with O_DIRECT and fsync; False if the file system refuses O_DIRECT.
         Block-aligned runs of aligned memory go to disk as they lie; everything else is
-        gathered through this thread's aligned bounce buffer; the last partial block is
-        written buffered."""
+        gathered through this thread's aligned bounce buffer, the last block zero-padded and
+        the file then cut to its length (one fsync makes data and length durable)."""
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o644)
         except OSError as e:
@@ -147,9 +147,7 @@ class LocalStore(Store):
             raise
         views = [memoryview(p).cast("B") for p in parts]
         total = sum(v.nbytes for v in views)
-        aligned_end = total - total % BLOCK
         bounce = _bounce()
-        tail = bytearray()
         pos = fill = written = 0
 
         def put(source: memoryview, offset: int) -> None:
@@ -161,34 +159,28 @@ class LocalStore(Store):
 
         try:
             for view in views:
-                while view.nbytes and pos < aligned_end:
-                    whole = min(view.nbytes, aligned_end - pos)
-                    whole -= whole % BLOCK
+                while view.nbytes:
+                    whole = view.nbytes - view.nbytes % BLOCK
                     if whole and pos % BLOCK == 0 and _address(view) % BLOCK == 0:
                         if fill:
                             put(bounce[:fill], pos - fill)
                             fill = 0
                         put(view[:whole], pos)
                     else:
-                        whole = min(view.nbytes, bounce.nbytes - fill, aligned_end - pos)
+                        whole = min(view.nbytes, bounce.nbytes - fill)
                         _copy(bounce[fill:fill + whole], view[:whole])
                         fill += whole
-                        if fill == bounce.nbytes or pos + whole == aligned_end:
-                            put(bounce[:fill], pos + whole - fill)
+                        if fill == bounce.nbytes:
+                            put(bounce, pos + whole - fill)
                             fill = 0
                     view = view[whole:]
                     pos += whole
-                tail += view
-                pos += view.nbytes
-            if tail:
-                buffered = os.open(tmp, os.O_WRONLY)
-                try:
-                    rest = memoryview(tail)
-                    while rest.nbytes:
-                        rest = rest[os.pwrite(buffered, rest, total - rest.nbytes):]
-                    os.fsync(buffered)
-                finally:
-                    os.close(buffered)
+            if fill:
+                padded = -(-fill // BLOCK) * BLOCK
+                bounce[fill:padded] = bytes(padded - fill)
+                put(bounce[:padded], pos - fill)
+                if padded != fill:
+                    os.ftruncate(fd, total)
             os.fsync(fd)
         except OSError as e:
             if e.errno != errno.EINVAL or written:
