@@ -615,13 +615,14 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
 
     folds = ahead and in_place
     worker = {"encode": 1} if folds else {"cpu": 1}
+    payload = {"encoded": 1} if ahead else {}
     cap = sched.submit("capture", capture, priority=Priority.CAPTURE,
-                       needs={staging: n, **worker}, frees=worker, nbytes=n)
+                       needs={staging: n, **worker, **(payload if folds else {})}, frees=worker, nbytes=n)
     plan.captures.setdefault(index, []).append(cap)
     staged_by = cap
     if ahead and not folds:
         staged_by = sched.submit("encode", lambda: encode(cap.result()), priority=Priority.WRITE,
-                                 needs={"encode": 1}, deps=[cap], nbytes=n)
+                                 needs={"encode": 1, **payload}, frees={"encode": 1}, deps=[cap], nbytes=n)
 
     def write_staged() -> Chunk:
         staged = staged_by.result()
@@ -650,7 +651,7 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
                     pool.give(held)
 
     task = sched.submit("write", write_staged, priority=Priority.WRITE, needs=io,
-                        frees={**io, staging: n}, deps=[staged_by], nbytes=n, tier=tier)
+                        frees={**io, staging: n, **payload}, deps=[staged_by], nbytes=n, tier=tier)
     plan.writes.append(task)
     return task
 

@@ -32,8 +32,9 @@ class Priority(IntEnum):
 @dataclass
 class Budget:
     """Limits: staging memory for asynchronous saves, the streaming window of synchronous ones
-    (bytes), CPU workers, chunks encoded at once (held inside write tasks, see
-    Scheduler.hold), and I/O slots per tier."""
+    (bytes), CPU workers, chunks encoded at once, chunks encoded and not yet written (each holds
+    its payload; 0: the default I/O slots plus the encoders, so that encoders keep working
+    while every slot writes), and I/O slots per tier."""
 
     staging_bytes: int = 4 << 30
     window_bytes: int = 256 << 20
@@ -41,10 +42,11 @@ class Budget:
     encoders: int = 2
     io_slots: dict[str, int] = field(default_factory=dict)
     default_io_slots: int = 4
+    encoded_ahead: int = 0
 
     def capacity(self) -> dict[str, int]:
         caps = {"staging": self.staging_bytes, "window": self.window_bytes, "cpu": self.cpu_workers,
-                "encode": self.encoders}
+                "encode": self.encoders, "encoded": self.encoded_ahead or self.default_io_slots + self.encoders}
         caps.update({f"io:{tier}": n for tier, n in self.io_slots.items()})
         return caps
 
@@ -173,7 +175,7 @@ class Scheduler:
             return self.capacity[resource]
         if resource.startswith("io:"):
             return self.budget.default_io_slots
-        raise ValueError(f"unknown resource {resource!r}: use staging, window, cpu, encode or io:<tier>")
+        raise ValueError(f"unknown resource {resource!r}: use staging, window, cpu, encode, encoded or io:<tier>")
 
     def submit(self, stage: str, fn: Callable, *, priority: int, needs: dict | None = None,
                frees: dict | None = None, deps=(), after=(), nbytes: int = 0,
