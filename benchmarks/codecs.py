@@ -220,7 +220,10 @@ def repeated_saves(scratch: str, repeats: int) -> None:
     save writes new bytes). After each save, what it left to encode after its commit is
     drained and timed apart (so it slows no other repository's save). Medians of those saves;
     "ratio" is logical over stored bytes once encoded; "encoded saves" counts the saves that
-    encoded their large chunks before the commit; "CPU" includes the encoding after it."""
+    encoded their large chunks before the commit; "CPU" includes the encoding after it. The
+    summary's lossless / raw is given as the ratio of the medians and as the median of each
+    round's ratio (a round's saves run seconds apart, so a slow spell of the machine
+    weighs on both)."""
     print(f"forkpoint from {os.path.dirname(fp.__file__)}, {len(os.sched_getaffinity(0))} cores\n")
     print("| dtype | codec | first save (s) | save (s) | encoding after commit (s) | CPU (core-s) | ratio "
           "| encoded saves |")
@@ -255,8 +258,10 @@ def repeated_saves(scratch: str, repeats: int) -> None:
                   f"{sum(encoded[c])} / {repeats} |")
             repos[c].close()
             shutil.rmtree(os.path.join(scratch, str(i)))
+        paired = statistics.median(a / b for a, b in zip(times["lossless"], times["raw"]))
         summary.append(f"{str(dtype).removeprefix('torch.')}: lossless / raw save time "
-                       f"{statistics.median(times['lossless']) / statistics.median(times['raw']):.2f}, "
+                       f"{statistics.median(times['lossless']) / statistics.median(times['raw']):.2f} "
+                       f"(median of each round's own ratio: {paired:.3f}), "
                        f"lossless CPU {statistics.median(cpu['lossless']):.2f} core-s against a raw save of "
                        f"{statistics.median(times['raw']):.3f} s")
     print("\n" + "\n".join(summary))
