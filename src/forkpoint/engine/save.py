@@ -615,9 +615,9 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
 
     folds = ahead and in_place
     worker = {"encode": 1} if folds else {"cpu": 1}
-    payload = {"encoded": 1} if ahead and not folds else {}  # a folded capture's window share holds its payload
+    payload = {"encoded": 1} if ahead else {}
     cap = sched.submit("capture", capture, priority=Priority.CAPTURE,
-                       needs={staging: n, **worker}, frees=worker, nbytes=n)
+                       needs={staging: n, **worker, **(payload if folds else {})}, frees=worker, nbytes=n)
     plan.captures.setdefault(index, []).append(cap)
     staged_by = cap
     if ahead and not folds:
