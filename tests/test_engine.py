@@ -385,6 +385,27 @@ def test_a_failed_encode_fails_the_save_and_gives_every_buffer_back(tmp_path, mo
     repo.close()
 
 
+def test_a_save_in_flight_when_the_program_ends_commits_before_exit(tmp_path):
+    """A program that starts an asynchronous save and ends without waiting for it or closing the
+    repository still commits it: repositories left open are closed at interpreter exit."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, torch, forkpoint as fp\n"
+        "repo = fp.Repo(sys.argv[1], create=True, codec='lossless')\n"
+        "state = {f'w{i}': torch.full((1 << 20,), float(i)) for i in range(24)}\n"
+        "repo.save(state, step=7, sync=False)\n"
+    )
+    path = str(tmp_path / "r")
+    done = subprocess.run([sys.executable, "-c", script, path], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    repo = fp.Repo(path)
+    assert repo.version(repo.head("main")).step == 7
+    assert torch.equal(repo.load("main")["w23"], torch.full((1 << 20,), 23.0))
+    repo.close()
+
+
 def test_asynchronous_saves_in_flight_are_bounded(tmp_path):
     """Saves asked for faster than they commit wait for the oldest instead of piling up."""
     repo = fp.Repo(str(tmp_path / "r"), create=True)

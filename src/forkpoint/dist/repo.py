@@ -87,6 +87,10 @@ class Repo(NodeLocalMixin, BaseRepo):
     def _rank_world(self) -> tuple[int, int]:
         return self.rank, self.world
 
+    closes_at_exit = False
+    """A rank's exit does not wait for saves in flight: they wait for every rank, and the others
+    may be gone."""
+
     def close(self) -> None:
         """Wait for saves in flight, then release threads and the process group's store."""
         super().close()

@@ -4,14 +4,17 @@ A repository is a store holding `forkpoint.json`, `objects/`, `versions/` and `r
 A version is visible once its manifest is durable and a ref record points at it.
 """
 
+import atexit
 import collections
 import collections.abc
+import concurrent.futures.thread  # registers its exit call before ours, so ours runs first
 import dataclasses
 import json
 import math
 import operator
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -51,6 +54,22 @@ REPO_KIND = "forkpoint.repository"
 MAX_ENCODERS = 8
 """Chunks one process encodes at once: one per core, at most this many (each also gets an I/O
 slot of its own, so that the other write tasks keep the store busy meanwhile)."""
+_OPEN_AT_EXIT: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def _close_left_open() -> None:
+    """At interpreter exit, close the repositories a program left open: their saves in flight
+    commit and their threads stop before the interpreter tears down (left running, they made
+    the process abort at exit now and then). It runs among threading's exit calls, before
+    concurrent.futures refuses new work to the thread pools that hashing and encoding use."""
+    for repo in list(_OPEN_AT_EXIT):
+        try:
+            repo.close()
+        except Exception as e:  # exit goes on; say what was not closed cleanly
+            print(f"forkpoint: closing {repo.url} at exit failed: {e}", file=sys.stderr)
+
+
+getattr(threading, "_register_atexit", atexit.register)(_close_left_open)
 
 
 class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin, CompactionMixin, PlacementMixin,
@@ -59,6 +78,10 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
     such as s3://bucket/prefix (`storage_options` go to the fsspec file system).
     With `encode_later=True`, a lossless/zstd save writes its chunks raw where raw saves
     measure faster on the store, and encodes them in the background after its commit."""
+
+    closes_at_exit = True
+    """Whether a repository the program leaves open is closed at interpreter exit (its saves
+    in flight then commit first)."""
 
     def __init__(self, url: str | Store | None = None, create: bool = False, codec: "str | dict | None" = None,
                  on_conflict: str = "retry", workers: int | None = None, options: SaveOptions | None = None,
@@ -101,6 +124,8 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         budget = Budget(staging_bytes=self.options.staging_bytes, window_bytes=self.options.window_bytes,
                         cpu_workers=2, encoders=encoders, default_io_slots=self.options.workers + encoders)
         self._sched = Scheduler(budget, threads=self.options.workers + encoders + 4)
+        if self.closes_at_exit:
+            _OPEN_AT_EXIT.add(self)
         self._staging = StagingPool(self.options.staging_bytes + self.options.window_bytes)
         self._device = DeviceCapture(self.options.staging_bytes)
         self._tier = "tier0"
