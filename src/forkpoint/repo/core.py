@@ -124,8 +124,6 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         budget = Budget(staging_bytes=self.options.staging_bytes, window_bytes=self.options.window_bytes,
                         cpu_workers=2, encoders=encoders, default_io_slots=self.options.workers + encoders)
         self._sched = Scheduler(budget, threads=self.options.workers + encoders + 4)
-        if self.closes_at_exit:
-            _OPEN_AT_EXIT.add(self)
         self._staging = StagingPool(self.options.staging_bytes + self.options.window_bytes)
         self._device = DeviceCapture(self.options.staging_bytes)
         self._tier = "tier0"
@@ -152,6 +150,8 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         self._leases: dict[str, float] = {}
         self._release_leases_at_exit()
         self._closed = False
+        if self.closes_at_exit:
+            _OPEN_AT_EXIT.add(self)
 
     # ----------------------------------------------------------------- set-up
     def _open_or_create(self, create: bool) -> None:
