@@ -580,13 +580,17 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
 
     def encode(staged: list) -> list:
         """Hash the staged chunk if its capture did not, and encode it into a scratch buffer
-        (staged[6:8] = scratch, payload); on failure give its buffers back."""
+        (staged[6:8] = scratch, payload; both None where there is nothing to encode); on
+        failure give its buffers back."""
         scratch = pool.get(scratch_bytes) if scratch_bytes else None
         try:
             if staged[3] is None:
                 staged[3:5] = hash_with_table(staged[1])
-            staged[6:8] = scratch, plan.writer.encode_ahead(staged[3], staged[1], itemsize, floating, policy,
-                                                            scratch, slot, row)
+            encoded = plan.writer.encode_ahead(staged[3], staged[1], itemsize, floating, policy, scratch, slot, row)
+            if encoded is None and scratch is not None:
+                pool.give(scratch)
+                scratch = None
+            staged[6:8] = scratch, encoded
             return staged
         except BaseException:
             for held in (staged[0], scratch):
