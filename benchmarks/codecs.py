@@ -214,21 +214,22 @@ def per_core_count(cores: str) -> None:
 
 
 def repeated_saves(scratch: str, repeats: int) -> None:
-    """Per dtype, for each of raw / lossless / lossless encoding after the commit / auto in
-    turn (the order rotating by round): a repository per codec saves the state once (its first
-    save, reported apart), then `repeats` times, one training step before each save (so every
-    save writes new bytes). After each save, what it left to encode after its commit is
-    drained and timed apart (so it slows no other repository's save). Medians of those saves;
-    "ratio" is logical over stored bytes once encoded; "encoded saves" counts the saves that
-    encoded their large chunks before the commit; "CPU" includes the encoding after it. The
-    summary's lossless / raw is given as the ratio of the medians and as the median of each
-    round's ratio (a round's saves run seconds apart, so a slow spell of the machine
-    weighs on both)."""
+    """Per dtype, for each of raw / lossless (paced: the default) / lossless encoding every
+    chunk (adaptive=False) / lossless encoding after the commit / auto in turn (the order
+    rotating by round): a repository per codec saves the state once (its first save, reported
+    apart), then `repeats` times, one training step before each save (so every save writes new
+    bytes). After each save, what it left to encode after its commit is drained and timed apart
+    (so it slows no other repository's save). Medians of those saves; "ratio" is logical over
+    stored bytes once encoded; "chunks encoded" is the median share of a save's large chunks
+    encoded before the commit; "CPU" includes the encoding after it. The summary's lossless /
+    raw is given as the ratio of the medians and as the median of each round's ratio (a round's
+    saves run seconds apart, so a slow spell of the machine weighs on both)."""
     print(f"forkpoint from {os.path.dirname(fp.__file__)}, {len(os.sched_getaffinity(0))} cores\n")
     print("| dtype | codec | first save (s) | save (s) | encoding after commit (s) | CPU (core-s) | ratio "
-          "| encoded saves |")
+          "| chunks encoded |")
     print("|---|---|---|---|---|---|---|---|")
     configs = {"raw": {"codec": "raw"}, "lossless": {"codec": "lossless"},
+               "lossless, adaptive=False": {"codec": "lossless", "adaptive": False},
                "lossless, encode_later=True": {"codec": "lossless", "encode_later": True},
                "auto": {"codec": "auto"}}
     names = list(configs)
@@ -249,21 +250,23 @@ def repeated_saves(scratch: str, repeats: int) -> None:
                 later[c].append(after)
                 cpu[c].append(core_s + after_core_s)
                 ratios[c].append(v.logical_bytes / stored_now(repos[c], v.id))
-                encoded[c].append(any(ch.codec != "raw" for leaf in repos[c].manifest(v.id).leaves
-                                      for ch in leaf.chunks if ch.size >= 1 << 20))
+                large = [ch.codec for leaf in repos[c].manifest(v.id).leaves for ch in leaf.chunks
+                         if ch.size >= 1 << 20]
+                encoded[c].append(sum(codec != "raw" for codec in large) / max(1, len(large)))
         for i, c in enumerate(names):
             print(f"| {str(dtype).removeprefix('torch.')} | {c} | {first[c]:.2f} | "
                   f"{statistics.median(times[c]):.3f} | {statistics.median(later[c]):.3f} | "
                   f"{statistics.median(cpu[c]):.2f} | {statistics.median(ratios[c]):.3f} | "
-                  f"{sum(encoded[c])} / {repeats} |")
+                  f"{statistics.median(encoded[c]):.0%} |")
             repos[c].close()
             shutil.rmtree(os.path.join(scratch, str(i)))
-        paired = statistics.median(a / b for a, b in zip(times["lossless"], times["raw"]))
-        summary.append(f"{str(dtype).removeprefix('torch.')}: lossless / raw save time "
-                       f"{statistics.median(times['lossless']) / statistics.median(times['raw']):.2f} "
-                       f"(median of each round's own ratio: {paired:.3f}), "
-                       f"lossless CPU {statistics.median(cpu['lossless']):.2f} core-s against a raw save of "
-                       f"{statistics.median(times['raw']):.3f} s")
+        for c in ("lossless", "lossless, adaptive=False"):
+            paired = statistics.median(a / b for a, b in zip(times[c], times["raw"]))
+            summary.append(f"{str(dtype).removeprefix('torch.')}: {c} / raw save time "
+                           f"{statistics.median(times[c]) / statistics.median(times['raw']):.2f} "
+                           f"(median of each round's own ratio: {paired:.3f}), ratio "
+                           f"{statistics.median(ratios[c]):.3f}, CPU {statistics.median(cpu[c]):.2f} core-s "
+                           f"against a raw save of {statistics.median(times['raw']):.3f} s")
     print("\n" + "\n".join(summary))
 
 

@@ -314,8 +314,8 @@ def test_chunks_are_encoded_while_every_write_to_the_store_waits(tmp_path, monke
     """Encoding a chunk takes no I/O slot: with every object write held back, chunks still get
     encoded beyond the I/O slots (before, the writes that held the slots kept the rest waiting),
     up to the budget of chunks encoded and not yet written (their payloads' memory). A chunk
-    the store already holds is not encoded again."""
-    repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless")
+    the store already holds is not encoded again. (adaptive=False: every chunk is encoded.)"""
+    repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless", adaptive=False)
     seen = _count_encodes(monkeypatch)
     gate = threading.Event()
     real_write = repo.store.write
@@ -350,6 +350,89 @@ def test_chunks_are_encoded_while_every_write_to_the_store_waits(tmp_path, monke
         assert {c.codec for leaf in repo.manifest(v.id).leaves for c in leaf.chunks} == {"float-planes"}
     assert torch.equal(repo.load(second.id)["w0"], state["w0"]) and torch.equal(repo.load(first.id)["w1"], state["w1"])
     repo.close()
+
+
+def test_the_pacer_encodes_only_while_the_store_has_writes_waiting():
+    from forkpoint.engine.pacing import EncodePacer
+
+    pacer = EncodePacer(slots=3)
+    for _ in range(5):
+        pacer.add()
+    assert pacer.least == 6 and pacer.encodes()  # too few chunks to pace: all encoded
+    pacer.add()
+    decisions = []
+    for _ in range(5):
+        decisions.append(pacer.encodes())
+        pacer.ready()
+    assert decisions == [False, False, False, True, True] and pacer.waiting == 5
+    for _ in range(3):
+        pacer.written()
+    assert not pacer.encodes() and (pacer.encoded, pacer.raw) == (3, 4)
+    off = EncodePacer(slots=3, enabled=False)
+    for _ in range(10):
+        off.add()
+    assert off.encodes() and off.raw == 0
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_a_paced_save_writes_raw_what_its_turn_finds_the_store_idle_for(tmp_path, monkeypatch, sync):
+    """With every object write held back, the backlog grows one chunk per capture: the first
+    I/O slots' worth of chunks (one more where a capture started while the one before it was
+    still running) are written raw, since encoding them would leave the store idle; the rest
+    are encoded. The version round-trips exactly and records each chunk's codec."""
+    repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless")
+    seen = _count_encodes(monkeypatch)
+    gate = threading.Event()
+    real_write = repo.store.write
+
+    def gated(key, parts, durable=True):
+        if key.startswith("objects/"):
+            gate.wait(60)
+        return real_write(key, parts, durable)
+
+    monkeypatch.setattr(repo.store, "write", gated)
+    slots, ahead, encoders = (repo._sched.limit(r) for r in ("io:tier0", "encoded", "encode"))
+    state = {f"w{i}": torch.randn(1 << 19) for i in range(2 * ahead)}
+    saved = []
+    saver = threading.Thread(target=lambda: saved.append(repo.save(state, sync=sync)))
+    saver.start()
+    deadline = time.monotonic() + 30
+    while len(seen) < ahead - slots - encoders + 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.5)
+    encoded_while_held = len(seen)
+    gate.set()
+    saver.join()
+    version = saved[0] if sync else saved[0].wait()
+    assert ahead - slots - encoders + 1 <= encoded_while_held <= ahead - slots
+    codecs = [c.codec for leaf in repo.manifest(version.id).leaves for c in leaf.chunks]
+    assert codecs.count("raw") == len(codecs) - len(seen) >= slots and "float-planes" in codecs
+    loaded = repo.load(version.id)
+    assert all(torch.equal(loaded[k], v) for k, v in state.items())
+    repo.close()
+
+
+def test_a_save_not_adaptive_encodes_every_chunk_even_behind_a_fast_store(tmp_path, monkeypatch):
+    """An encoder slower than the store: a paced save writes raw the chunks whose turn finds no
+    backlog; adaptive=False encodes them all."""
+    from forkpoint.engine.save import ObjectWriter
+
+    real = ObjectWriter._encode
+
+    def slow(*args, **kwargs):
+        time.sleep(0.05)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ObjectWriter, "_encode", slow)
+    state = {f"w{i}": torch.randn(1 << 18) for i in range(32)}
+    kinds = {}
+    for adaptive in (True, False):
+        repo = fp.Repo(str(tmp_path / f"r{adaptive}"), create=True, codec="lossless", adaptive=adaptive)
+        version = repo.save(state)
+        kinds[adaptive] = [c.codec for leaf in repo.manifest(version.id).leaves for c in leaf.chunks]
+        assert all(torch.equal(repo.load(version.id)[k], v) for k, v in state.items())
+        repo.close()
+    assert set(kinds[False]) == {"float-planes"} and kinds[True].count("raw") >= 2
 
 
 @pytest.mark.parametrize("sync", [True, False])

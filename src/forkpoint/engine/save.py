@@ -23,6 +23,7 @@ from ..storage.base import Store
 from ..storage.streamcopy import stream_copy
 from .autocodec import BusyMeter, choice_for
 from .chunkmemory import ChunkMemory
+from .pacing import EncodePacer
 from .reencode import MIN_GAIN, LaterEncode
 from .scheduler import Priority, Scheduler, Task
 from .staging import StagingPool
@@ -48,6 +49,12 @@ class SaveOptions:
     """Under lossless/zstd, where raw saves measure faster on the store (learnt as for
     codec="auto"), store chunks raw and encode them in place after the commit, in the
     background (for hosts whose cores are idle while training runs on accelerators)."""
+    adaptive: bool = True
+    """Under lossless, zstd and lossy policies, encode a chunk only while the store has at
+    least its I/O slots' worth of chunks waiting for or in their writes, else write it raw
+    (engine.pacing): encoding then never leaves the store idle, so a save takes no longer than
+    a raw one. Saves of fewer than twice that many such chunks encode them all. False encodes
+    every chunk (the smallest checkpoint, however long it takes)."""
     max_pending: int = 2
     """Asynchronous saves in flight (scheduled, not committed) at most: a further
     save(sync=False) first waits for the oldest to commit (back-pressure, so that saves asked
@@ -323,10 +330,11 @@ def row_split(shape: tuple, nbytes: int, chunk_bytes: int) -> list[tuple[int, in
 class ScheduledSave:
     """The tasks of one save: captures per leaf, writes, and the assembly of the leaf table."""
 
-    def __init__(self, flat: list[FlatLeaf], writer: ObjectWriter, deltas=None):
+    def __init__(self, flat: list[FlatLeaf], writer: ObjectWriter, deltas=None, pacer: EncodePacer | None = None):
         self.flat = flat
         self.writer = writer
         self.deltas = deltas
+        self.pacer = pacer or EncodePacer(slots=1, enabled=False)
         self.captures: dict[int, list[Task]] = {}
         self.writes: list[Task] = []
         self.large: dict[int, list[Task]] = {}
@@ -383,7 +391,8 @@ def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf
     """
     writer = ObjectWriter(store, opts.codec, guard, lambda: sched.hold("encode"),
                           defers=encode_later and deltas is None, layouts=layouts)
-    plan = ScheduledSave(flat, writer, deltas)
+    plan = ScheduledSave(flat, writer, deltas, EncodePacer(sched.limit(f"io:{tier}"),
+                                                          enabled=opts.adaptive and store.paces_encoding))
     plan.writer.pinned.update(k.object for k in known.values())
     if deltas is not None:
         plan.writer.pinned.update(deltas.pinned())
@@ -559,6 +568,32 @@ def row_elements(shape, nbytes: int, itemsize: int) -> int:
     return nbytes // shape[0] // itemsize
 
 
+@dataclass
+class Staged:
+    """A captured chunk on its way to the store: `buf`, the staging (or store object) buffer
+    holding it, None where `data` is the live tensor's memory; `owned`, True where `buf` is the
+    store's object buffer (header room before `data`); its content hash and block table (None
+    until hashed); `info`, a lossy mode's record; the encoder's `scratch` buffer and `payload`
+    (None where nothing was encoded); `raw`, True where the pacer had it written raw."""
+
+    buf: object
+    data: object
+    owned: bool = False
+    digest: str | None = None
+    table: bytes | None = None
+    info: dict | None = None
+    scratch: object = None
+    payload: list | None = None
+    raw: bool = False
+
+    def give_back(self, pool: StagingPool) -> None:
+        """Return its staging and scratch buffers to `pool` (a failed step)."""
+        for held in (self.buf, self.scratch):
+            if held is not None:
+                pool.give(held)
+        self.buf = self.scratch = None
+
+
 def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tier, staging) -> Task:
     n = int(piece.nbytes)
     itemsize, floating = element_kind(plan.flat[index].data)
@@ -577,67 +612,76 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
     slot = (plan.flat[index].path, tuple(box[0]))
     ahead = (head is None and deltas is None and policy != "auto" and not plan.writer.defers
              and policy_codec(policy, itemsize, floating).id != 0)
+    if ahead:
+        plan.pacer.add()
 
-    def encode(staged: list) -> list:
+    def encode(staged: Staged, paced: bool) -> Staged:
         """Hash the staged chunk if its capture did not, and encode it into a scratch buffer
-        (staged[6:8] = scratch, payload; both None where there is nothing to encode); on
-        failure give its buffers back."""
-        scratch = pool.get(scratch_bytes) if scratch_bytes else None
+        unless `paced` and the pacer has it written raw; on failure give its buffers back."""
         try:
-            if staged[3] is None:
-                staged[3:5] = hash_with_table(staged[1])
-            encoded = plan.writer.encode_ahead(staged[3], staged[1], itemsize, floating, policy, scratch, slot, row)
-            if encoded is None and scratch is not None:
-                pool.give(scratch)
-                scratch = None
-            staged[6:8] = scratch, encoded
+            if staged.digest is None:
+                staged.digest, staged.table = hash_with_table(staged.data)
+            if paced and not plan.pacer.encodes():
+                staged.raw = True
+                return staged
+            staged.scratch = pool.get(scratch_bytes) if scratch_bytes else None
+            staged.payload = plan.writer.encode_ahead(staged.digest, staged.data, itemsize, floating, policy,
+                                                      staged.scratch, slot, row)
+            if staged.payload is None and staged.scratch is not None:
+                pool.give(staged.scratch)
+                staged.scratch = None
             return staged
         except BaseException:
-            for held in (staged[0], scratch):
-                if held is not None:
-                    pool.give(held)
+            staged.give_back(pool)
             raise
 
-    def capture():
-        if in_place:
-            staged = [None, piece, False, *hash_with_table(piece), None, None, None]
-            return encode(staged) if ahead else staged
+    def capture_chunk() -> Staged:
+        if in_place and (not ahead or plan.pacer.encodes()):
+            staged = Staged(None, piece, False, *hash_with_table(piece))
+            return encode(staged, paced=False) if ahead else staged
         _await_device(d)
-        owned = plan.writer.store.object_buffer(head + n) if head is not None else None
+        raw_head = head if head is not None else (raw_header_size(n) if in_place else None)
+        owned = plan.writer.store.object_buffer(raw_head + n) if raw_head is not None else None
         buf = pool.get(n) if owned is None else owned
-        data = buf[:n] if owned is None else owned[head:]
+        data = buf[:n] if owned is None else owned[raw_head:]
         if lossy is not None:
             np.copyto(data, piece)
             keep = lossy.keep_bits(itemsize)
             error = round_significand(data, itemsize, keep)
             info = {"mode": lossy.describe(), "keep_bits": keep, "max_rel_error": error}
-            return [buf, data, owned is not None, *hash_with_table(data), info, None, None]
+            return Staged(buf, data, owned is not None, *hash_with_table(data), info)
         if staging == "staging":
             stream_copy(data, piece)
-            return [buf, data, owned is not None, None, None, None, None, None]
-        return [buf, data, owned is not None, *_copy_and_hash(piece, data), None, None, None]
+            return Staged(buf, data, owned is not None)
+        return Staged(buf, data, owned is not None, *_copy_and_hash(piece, data), raw=in_place)
+
+    def ready(staged: Staged) -> Staged:
+        plan.pacer.ready()
+        return staged
 
     folds = ahead and in_place
     worker = {"encode": 1} if folds else {"cpu": 1}
     payload = {"encoded": 1} if ahead else {}
-    cap = sched.submit("capture", capture, priority=Priority.CAPTURE,
-                       needs={staging: n, **worker, **(payload if folds else {})}, frees=worker, nbytes=n)
+    cap = sched.submit("capture", (lambda: ready(capture_chunk())) if folds else capture_chunk,
+                       priority=Priority.CAPTURE, needs={staging: n, **worker, **(payload if folds else {})},
+                       frees=worker, nbytes=n)
     plan.captures.setdefault(index, []).append(cap)
     staged_by = cap
     if ahead and not folds:
-        staged_by = sched.submit("encode", lambda: encode(cap.result()), priority=Priority.WRITE,
+        staged_by = sched.submit("encode", lambda: ready(encode(cap.result(), paced=True)), priority=Priority.WRITE,
                                  needs={"encode": 1, **payload}, frees={"encode": 1}, deps=[cap], nbytes=n)
 
     def write_staged() -> Chunk:
         staged = staged_by.result()
-        buf, data, owned, digest, table, info, scratch, encoded = staged
-        staged[:] = [None] * len(staged)
+        buf, data, owned, digest, table = staged.buf, staged.data, staged.owned, staged.digest, staged.table
+        info, scratch, encoded, raw = staged.info, staged.scratch, staged.payload, staged.raw
+        staged.buf = staged.data = staged.scratch = staged.payload = None
         if digest is None:
             digest, table = hash_with_table(data)
         if owned:
             codec = plan.writer.put(digest, data, itemsize, floating, policy, table, owned=buf, row=row)
             return Chunk(*box, digest, digest, 0, n, codec, info)
-        if scratch is None and scratch_bytes:
+        if scratch is None and scratch_bytes and not raw:
             scratch = pool.get(scratch_bytes)
         delta_out = pool.get(n) if deltas is not None else None
         try:
@@ -646,15 +690,21 @@ def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tie
                                      itemsize, floating, policy, info, (delta_out, scratch))
                 if chunk is not None:
                     return chunk
-            codec = plan.writer.put(digest, data, itemsize, floating, policy, table, scratch=scratch,
-                                    slot=slot, row=row, encoded=encoded)
+            codec = plan.writer.put(digest, data, itemsize, floating, "raw" if raw else policy, table,
+                                    scratch=scratch, slot=slot, row=row, encoded=encoded)
             return Chunk(*box, digest, digest, 0, n, codec, info)
         finally:
             for held in (buf, scratch, delta_out):
                 if held is not None:
                     pool.give(held)
 
-    task = sched.submit("write", write_staged, priority=Priority.WRITE, needs=io,
+    def write_paced() -> Chunk:
+        try:
+            return write_staged()
+        finally:
+            plan.pacer.written()
+
+    task = sched.submit("write", write_paced if ahead else write_staged, priority=Priority.WRITE, needs=io,
                         frees={**io, staging: n, **payload}, deps=[staged_by], nbytes=n, tier=tier)
     plan.writes.append(task)
     return task

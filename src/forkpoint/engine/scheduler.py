@@ -33,8 +33,9 @@ class Priority(IntEnum):
 class Budget:
     """Limits: staging memory for asynchronous saves, the streaming window of synchronous ones
     (bytes), CPU workers, chunks encoded at once, chunks encoded and not yet written (each holds
-    its payload; 0: the default I/O slots plus the encoders, so that encoders keep working
-    while every slot writes), and I/O slots per tier."""
+    its payload; 0: twice the default I/O slots plus the encoders, so that encoders keep working
+    while every slot writes and as many chunks wait for one, the backlog at which a paced save
+    encodes, see engine.pacing), and I/O slots per tier."""
 
     staging_bytes: int = 4 << 30
     window_bytes: int = 256 << 20
@@ -46,7 +47,7 @@ class Budget:
 
     def capacity(self) -> dict[str, int]:
         caps = {"staging": self.staging_bytes, "window": self.window_bytes, "cpu": self.cpu_workers,
-                "encode": self.encoders, "encoded": self.encoded_ahead or self.default_io_slots + self.encoders}
+                "encode": self.encoders, "encoded": self.encoded_ahead or 2 * self.default_io_slots + self.encoders}
         caps.update({f"io:{tier}": n for tier, n in self.io_slots.items()})
         return caps
 
@@ -176,6 +177,10 @@ class Scheduler:
         if resource.startswith("io:"):
             return self.budget.default_io_slots
         raise ValueError(f"unknown resource {resource!r}: use staging, window, cpu, encode, encoded or io:<tier>")
+
+    def limit(self, resource: str) -> int:
+        """How much of `resource` tasks may hold at once (ValueError for an unknown one)."""
+        return self._cap(resource)
 
     def submit(self, stage: str, fn: Callable, *, priority: int, needs: dict | None = None,
                frees: dict | None = None, deps=(), after=(), nbytes: int = 0,

@@ -77,7 +77,9 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
     """A forkpoint repository at `url`: a local path, file://, mem://name, or an fsspec URL
     such as s3://bucket/prefix (`storage_options` go to the fsspec file system).
     With `encode_later=True`, a lossless/zstd save writes its chunks raw where raw saves
-    measure faster on the store, and encodes them in the background after its commit."""
+    measure faster on the store, and encodes them in the background after its commit.
+    `adaptive=False` has such saves encode every chunk, even where encoding falls behind the
+    store (see SaveOptions.adaptive)."""
 
     closes_at_exit = True
     """Whether a repository the program leaves open is closed at interpreter exit (its saves
@@ -86,7 +88,8 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
     def __init__(self, url: str | Store | None = None, create: bool = False, codec: "str | dict | None" = None,
                  on_conflict: str = "retry", workers: int | None = None, options: SaveOptions | None = None,
                  storage_options: dict | None = None, tiers: list | None = None,
-                 delta: "Delta | bool | None" = None, encode_later: bool | None = None):
+                 delta: "Delta | bool | None" = None, encode_later: bool | None = None,
+                 adaptive: bool | None = None):
         if tiers is not None and url is not None:
             raise ValueError("give either url or tiers, not both")
         if tiers is None and url is None:
@@ -102,6 +105,8 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
             self.options.delta = delta if isinstance(delta, Delta) else Delta()
         if encode_later is not None:
             self.options.encode_later = bool(encode_later)
+        if adaptive is not None:
+            self.options.adaptive = bool(adaptive)
         self._delta_values: dict = {}
         self._delta_plans = weakref.WeakSet()  # a plan whose save never got scheduled just vanishes
         codec_rules(self.options.codec)

@@ -16,6 +16,10 @@ class Store(ABC):
     bandwidth_hint: float | None = None
     """Expected write bandwidth in bytes/s when known in advance (remote stores): such a store
     is taken to be slow (codec="auto" tries encoding on it first); None: not known."""
+    paces_encoding: bool = True
+    """Whether saves to this store encode a chunk only while its writes keep the store busy
+    (engine.pacing): False for memory, whose writes never wait, so that there the policy
+    alone decides."""
     adopts_buffers: bool = False
     """True when `object_buffer` hands out buffers that `adopt` keeps without copying."""
     trusted: bool = False

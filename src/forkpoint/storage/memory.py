@@ -62,6 +62,7 @@ class MemoryStore(Store):
 
     trusted = True
     adopts_buffers = True
+    paces_encoding = False
 
     _named: dict[str, "MemoryStore"] = {}
     _named_lock = threading.Lock()
