@@ -19,6 +19,7 @@ written with O_DIRECT, so they are read from the disk).
     python benchmarks/codecs.py --auto-ab --repeats 12          # auto against raw alone, each save listed
     python benchmarks/codecs.py --estimates-ab --repeats 16     # deltas: value estimates kept or not, same states
     python benchmarks/codecs.py --delta-sample-ab --repeats 16  # deltas estimated from samples or made first
+    python benchmarks/codecs.py --raw-under-load --repeats 12   # raw saves while other threads keep cores busy
     sudo bash benchmarks/throttled.sh 500 python benchmarks/codecs.py --repeated-saves  # slower disk
 """
 
@@ -30,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import torch
@@ -100,6 +102,9 @@ def main():
     ap.add_argument("--estimates-ab", action="store_true",
                     help="instead: the same states saved with deltas into two repositories, one "
                          "keeping each chunk's value estimate (the default), one estimating every save")
+    ap.add_argument("--raw-under-load", action="store_true",
+                    help="instead: raw saves alone and while 1 or 2 other threads keep a core busy each "
+                         "(what a save's disk path loses to CPU work beside it, such as encoding)")
     ap.add_argument("--cores", default=None,
                     help="run the chosen mode once per core count given (e.g. 1,2), each in a new "
                          "process bound to that many of this process's cores")
@@ -114,7 +119,7 @@ def main():
     modes = {"warm_restores": warm_restores, "repeated_saves": repeated_saves,
              "training_loop": training_loop, "compact": compaction, "encode_later_ab": encode_later_ab,
              "layouts_ab": layouts_ab, "auto_ab": auto_ab, "estimates_ab": estimates_ab,
-             "delta_sample_ab": delta_sample_ab}
+             "delta_sample_ab": delta_sample_ab, "raw_under_load": raw_under_load}
     chosen = [mode for name, mode in modes.items() if getattr(args, name)]
     if chosen:
         if chosen[0] is training_loop:
@@ -268,6 +273,49 @@ def repeated_saves(scratch: str, repeats: int) -> None:
                            f"{statistics.median(ratios[c]):.3f}, CPU {statistics.median(cpu[c]):.2f} core-s "
                            f"against a raw save of {statistics.median(times['raw']):.3f} s")
     print("\n" + "\n".join(summary))
+
+
+def raw_under_load(scratch: str, repeats: int) -> None:
+    """fp32 raw saves alone and while 1 and 2 other threads each keep a core busy with work
+    that holds no interpreter lock (blake3 of 8 MiB, over and over), in turn, one training
+    step before each save; medians of `repeats` rounds, and of each round's loaded / alone."""
+    import blake3
+
+    state = trained_state(torch.float32)
+    repo = fp.Repo(os.path.join(scratch, "raw"), create=True, codec="raw")
+    blob = os.urandom(8 << 20)
+    stop = threading.Event()
+    running: list[threading.Event] = []
+
+    def hog(go: threading.Event) -> None:
+        while not stop.is_set():
+            if go.wait(0.1):
+                blake3.blake3(blob).digest()
+
+    for _ in range(2):
+        running.append(threading.Event())
+        threading.Thread(target=hog, args=(running[-1],), daemon=True).start()
+    times = {0: [], 1: [], 2: []}
+    for rep in range(repeats + 1):
+        for load in times:
+            train_step(state, torch.float32)
+            for i, go in enumerate(running):
+                go.set() if i < load else go.clear()
+            time.sleep(0.05)
+            elapsed = timed(lambda: repo.save(state))[1]
+            for go in running:
+                go.clear()
+            repo.drain()
+            if rep:
+                times[load].append(elapsed)
+    stop.set()
+    repo.close()
+    print(f"forkpoint from {os.path.dirname(fp.__file__)}, {len(os.sched_getaffinity(0))} cores\n")
+    print("| busy threads beside the save | raw save (s) | / alone (median of rounds) |")
+    print("|---|---|---|")
+    for load, values in times.items():
+        paired = statistics.median(a / b for a, b in zip(values, times[0]))
+        print(f"| {load} | {statistics.median(values):.3f} | {paired:.3f} |")
 
 
 def encode_later_ab(scratch: str, repeats: int) -> None:
