@@ -1,9 +1,12 @@
-"""Encoding paced by the store: a chunk is encoded only while the store has writes waiting.
+"""Encoding paced by the store: a chunk is encoded only while every I/O slot has a write.
 
-Encoding pays where it leaves the store less to write than it could write meanwhile; where
-the encoders fall behind a fast store, it would leave the store idle and make the save slower
-than a raw one. The pacer tells each chunk's capture which of the two it is (as zstd --adapt
-lowers its level when the output stalls).
+A save is bound either by the store or by its own CPU work (copies, hashing, the store's
+system calls). Where every I/O slot holds a write, the store is the bound, and encoding takes
+work off it. Where a slot is free, the CPU side is the bound: encoding would add to it, and on
+a machine with few cores it slows the store's own path too (on this project's 2-core VMs, one
+busy thread beside a raw save made it 1.1x slower: `benchmarks/codecs.py --raw-under-load`).
+The pacer tells each chunk's capture which of the two holds (as zstd --adapt lowers its level
+when output stalls).
 """
 
 import threading
@@ -16,7 +19,9 @@ class EncodePacer:
     I/O slots; a chunk whose turn comes while fewer than that many chunks wait for or are in
     their write is written raw. Saves of fewer than `least` such chunks always encode (a few
     chunks' encodes cost little, and the first of them would find nothing waiting);
-    `enabled=False` encodes every chunk."""
+    `enabled=False` encodes every chunk. (A rule that encoded wherever the waiting bytes kept
+    the store busy through the encode, at the rates the save measured, encoded 90% of the
+    chunks and was as slow as encoding them all: the store did not idle, the CPU was short.)"""
 
     slots: int
     enabled: bool = True
