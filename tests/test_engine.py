@@ -412,6 +412,17 @@ def test_a_paced_save_writes_raw_what_its_turn_finds_the_store_idle_for(tmp_path
     repo.close()
 
 
+def test_saves_to_memory_encode_every_chunk_unpaced():
+    """Writes to memory never wait, so a paced save there would write nearly every chunk raw:
+    the memory store is not paced, and its lossless saves encode every chunk."""
+    repo = fp.Repo("mem://unpaced-lossless", create=True, codec="lossless")
+    state = {f"w{i}": torch.randn(1 << 18) for i in range(4 * repo._sched.limit("io:tier0"))}
+    version = repo.save(state)
+    assert {c.codec for leaf in repo.manifest(version.id).leaves for c in leaf.chunks} == {"float-planes"}
+    assert torch.equal(repo.load(version.id)["w5"], state["w5"])
+    repo.close()
+
+
 def test_a_save_not_adaptive_encodes_every_chunk_even_behind_a_fast_store(tmp_path, monkeypatch):
     """An encoder slower than the store: a paced save writes raw the chunks whose turn finds no
     backlog; adaptive=False encodes them all."""

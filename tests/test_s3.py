@@ -170,3 +170,16 @@ def test_memory_tier_flushes_to_s3_and_survives_losing_memory(s3):
     again = fp.Repo(tiers=[f"mem://{uuid.uuid4().hex}", fp.tier(url, **opts)])
     assert again.load("main")["s"] == 2 and again.where("main") == [url]
     again.close()
+
+
+def test_lossless_saves_to_s3_encode_every_chunk_unpaced(s3):
+    """Remote stores are slow next to encoding: a lossless save there encodes every chunk, even
+    the first ones, which a paced save to local disk writes raw while nothing waits."""
+    url, opts = s3
+    repo = fp.Repo(url, create=True, storage_options=opts, codec="lossless")
+    assert repo._sched.limit("io:tier0") * 2 <= 16
+    state = {f"w{i}": torch.randn(1 << 18) for i in range(16)}
+    version = repo.save(state)
+    assert {c.codec for leaf in repo.manifest(version.id).leaves for c in leaf.chunks} == {"float-planes"}
+    assert torch.equal(repo.load(version.id)["w7"], state["w7"])
+    repo.close()

@@ -18,8 +18,9 @@ class Store(ABC):
     is taken to be slow (codec="auto" tries encoding on it first); None: not known."""
     paces_encoding: bool = True
     """Whether saves to this store encode a chunk only while its writes keep the store busy
-    (engine.pacing): False for memory, whose writes never wait, so that there the policy
-    alone decides."""
+    (engine.pacing): False for memory, whose writes never wait, and for remote stores, slow
+    enough that encoding always pays (a save's first chunks, which find nothing waiting, would
+    go raw), so that there the policy alone decides."""
     adopts_buffers: bool = False
     """True when `object_buffer` hands out buffers that `adopt` keeps without copying."""
     trusted: bool = False
