@@ -2,7 +2,9 @@
 opt-in lossy modes (value-relative bound, bf16 precision) on fp32.
 
 State: a 24M-parameter MLP trained 20 steps with AdamW, in fp32 and in bf16 (weights and
-both Adam moments), saved synchronously to local disk with each codec. Medians of runs.
+both Adam moments), saved synchronously to local disk with each codec, every chunk encoded
+(adaptive=False: the codec's own ratio and cost; --repeated-saves compares paced saves).
+Medians of runs.
 The last row per dtype saves with deltas: each run saves the state, trains one more step
 and times the second save (stored against the first). "restore" is the time to restore that
 version into a copy of the model and optimizer right after the save (large objects were
@@ -151,7 +153,7 @@ def main():
                     repo.save(state)
                     train_step(state, dtype)
                 else:
-                    repo = fp.Repo(path, create=True, codec=codec)
+                    repo = fp.Repo(path, create=True, codec=codec, adaptive=False)
                 v, elapsed, core_s = timed(lambda: repo.save(state))
                 _, after, after_core_s = timed(repo.drain)
                 times.append(elapsed)
@@ -183,7 +185,7 @@ def warm_restores(scratch: str, repeats: int) -> None:
         target = copy.deepcopy(state)
         for codec in ("raw", "lossless", "zstd"):
             path = os.path.join(scratch, codec)
-            with fp.Repo(path, create=True, codec=codec) as repo:
+            with fp.Repo(path, create=True, codec=codec, adaptive=False) as repo:
                 version = repo.save(state)
             with fp.Repo(path) as repo:
                 repo.restore(target, version.id)
@@ -370,7 +372,7 @@ def layouts_ab(scratch: str, repeats: int) -> None:
         state = trained_state(dtype)
         repos = {}
         for i, (c, (kw, layouts, estimates)) in enumerate(configs.items()):
-            repos[c] = fp.Repo(os.path.join(scratch, f"layouts-{i}"), create=True, **kw)
+            repos[c] = fp.Repo(os.path.join(scratch, f"layouts-{i}"), create=True, adaptive=False, **kw)
             if not layouts:
                 repos[c]._layouts = None
             if not estimates:

@@ -433,7 +433,8 @@ def pack_layouts_ab(cache: Path, args) -> None:
         shapes = tensor_shapes()
         split = tensor_split(shapes, itemsize, 1, True)
         steps = sorted(snaps)
-        repos = {way: fp.Repo(str(cache / f"ab-{way}"), create=True, codec="lossless") for way in ("kept", "afresh")}
+        repos = {way: fp.Repo(str(cache / f"ab-{way}"), create=True, codec="lossless", adaptive=False)
+                 for way in ("kept", "afresh")}
         times: dict = {way: [] for way in repos}
         words = {2: torch.int16, 4: torch.int32}[itemsize]
         for i in range(args.pack_layouts_ab):
