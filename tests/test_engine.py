@@ -309,14 +309,10 @@ def _count_encodes(monkeypatch) -> list:
     return seen
 
 
-@pytest.mark.parametrize("sync", [True, False])
-def test_chunks_are_encoded_while_every_write_to_the_store_waits(tmp_path, monkeypatch, sync):
-    """Encoding a chunk takes no I/O slot: with every object write held back, chunks still get
-    encoded beyond the I/O slots (before, the writes that held the slots kept the rest waiting),
-    up to the budget of chunks encoded and not yet written (their payloads' memory). A chunk
-    the store already holds is not encoded again. (adaptive=False: every chunk is encoded.)"""
-    repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless", adaptive=False)
-    seen = _count_encodes(monkeypatch)
+def _save_with_object_writes_held(repo, monkeypatch, state, sync: bool, seen: list, held: int):
+    """Save `state` in a thread while every object write waits; once `held` encodes are `seen`
+    (or 30 s passed) and half a second more, let the writes go. (version, encodes seen while
+    the writes were held)."""
     gate = threading.Event()
     real_write = repo.store.write
 
@@ -326,20 +322,31 @@ def test_chunks_are_encoded_while_every_write_to_the_store_waits(tmp_path, monke
         return real_write(key, parts, durable)
 
     monkeypatch.setattr(repo.store, "write", gated)
-    slots, ahead = repo._sched._cap("io:tier0"), repo._sched._cap("encoded")
-    chunks = 2 * ahead
-    state = {f"w{i}": torch.randn(1 << 19) for i in range(chunks)}
     saved = []
     saver = threading.Thread(target=lambda: saved.append(repo.save(state, sync=sync)))
     saver.start()
     deadline = time.monotonic() + 30
-    while len(seen) < ahead and time.monotonic() < deadline:
+    while len(seen) < held and time.monotonic() < deadline:
         time.sleep(0.01)
     time.sleep(0.5)
     encoded_while_held = len(seen)
     gate.set()
     saver.join()
-    first = saved[0] if sync else saved[0].wait()
+    return (saved[0] if sync else saved[0].wait()), encoded_while_held
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_chunks_are_encoded_while_every_write_to_the_store_waits(tmp_path, monkeypatch, sync):
+    """Encoding a chunk takes no I/O slot: with every object write held back, chunks still get
+    encoded beyond the I/O slots (before, the writes that held the slots kept the rest waiting),
+    up to the budget of chunks encoded and not yet written (their payloads' memory). A chunk
+    the store already holds is not encoded again. (adaptive=False: every chunk is encoded.)"""
+    repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless", adaptive=False)
+    seen = _count_encodes(monkeypatch)
+    slots, ahead = repo._sched.limit("io:tier0"), repo._sched.limit("encoded")
+    chunks = 2 * ahead
+    state = {f"w{i}": torch.randn(1 << 19) for i in range(chunks)}
+    first, encoded_while_held = _save_with_object_writes_held(repo, monkeypatch, state, sync, seen, ahead)
     assert slots < ahead and encoded_while_held == ahead and len(seen) == chunks
     seen.clear()
     state["w0"] += 1
@@ -378,32 +385,14 @@ def test_the_pacer_encodes_only_while_the_store_has_writes_waiting():
 def test_a_paced_save_writes_raw_what_its_turn_finds_the_store_idle_for(tmp_path, monkeypatch, sync):
     """With every object write held back, the backlog grows one chunk per capture: the first
     I/O slots' worth of chunks (one more where a capture started while the one before it was
-    still running) are written raw, since encoding them would leave the store idle; the rest
-    are encoded. The version round-trips exactly and records each chunk's codec."""
+    still running) are written raw, since a free slot means the save is not bound by the store;
+    the rest are encoded. The version round-trips exactly and records each chunk's codec."""
     repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless")
     seen = _count_encodes(monkeypatch)
-    gate = threading.Event()
-    real_write = repo.store.write
-
-    def gated(key, parts, durable=True):
-        if key.startswith("objects/"):
-            gate.wait(60)
-        return real_write(key, parts, durable)
-
-    monkeypatch.setattr(repo.store, "write", gated)
     slots, ahead, encoders = (repo._sched.limit(r) for r in ("io:tier0", "encoded", "encode"))
     state = {f"w{i}": torch.randn(1 << 19) for i in range(2 * ahead)}
-    saved = []
-    saver = threading.Thread(target=lambda: saved.append(repo.save(state, sync=sync)))
-    saver.start()
-    deadline = time.monotonic() + 30
-    while len(seen) < ahead - slots - encoders + 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.5)
-    encoded_while_held = len(seen)
-    gate.set()
-    saver.join()
-    version = saved[0] if sync else saved[0].wait()
+    version, encoded_while_held = _save_with_object_writes_held(repo, monkeypatch, state, sync, seen,
+                                                               ahead - slots - encoders + 1)
     assert ahead - slots - encoders + 1 <= encoded_while_held <= ahead - slots
     codecs = [c.codec for leaf in repo.manifest(version.id).leaves for c in leaf.chunks]
     assert codecs.count("raw") == len(codecs) - len(seen) >= slots and "float-planes" in codecs
