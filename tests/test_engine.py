@@ -362,7 +362,7 @@ def test_chunks_are_encoded_while_every_write_to_the_store_waits(tmp_path, monke
 def test_the_pacer_encodes_only_while_the_store_has_writes_waiting():
     from forkpoint.engine.pacing import EncodePacer
 
-    pacer = EncodePacer(slots=3)
+    pacer = EncodePacer(slots=3, cores=1 << 10)  # so many cores that the CPU is never short
     for _ in range(5):
         pacer.add()
     assert pacer.least == 6 and pacer.encodes()  # too few chunks to pace: all encoded
@@ -379,6 +379,23 @@ def test_the_pacer_encodes_only_while_the_store_has_writes_waiting():
     for _ in range(10):
         off.add()
     assert off.encodes() and off.raw == 0
+
+
+def test_the_pacer_writes_raw_while_the_process_keeps_its_cores_busy():
+    """Full slots, but the process used all its cores (one, here) over the last window: the CPU
+    is short, so the chunk is written raw; after an idle spell it is encoded again."""
+    from forkpoint.engine.pacing import CPU_WINDOW, EncodePacer
+
+    pacer = EncodePacer(slots=1, least=1, cores=1)
+    pacer.add()
+    pacer.ready()
+    assert pacer.encodes()  # the first look only marks the clocks
+    end = time.perf_counter() + 5 * CPU_WINDOW
+    while time.perf_counter() < end:
+        pass
+    assert not pacer.encodes()
+    time.sleep(5 * CPU_WINDOW)
+    assert pacer.encodes()
 
 
 @pytest.mark.parametrize("sync", [True, False])

@@ -4,20 +4,34 @@ A save is bound either by the store or by its own CPU work (copies, hashing, the
 system calls). Where every I/O slot holds a write, the store is the bound, and encoding takes
 work off it. Where a slot is free, the CPU side is the bound: encoding would add to it, and on
 a machine with few cores it slows the store's own path too (on this project's 2-core VMs, one
-busy thread beside a raw save made it 1.1x slower: `benchmarks/codecs.py --raw-under-load`).
-The pacer tells each chunk's capture which of the two holds (as zstd --adapt lowers its level
-when output stalls).
+busy thread beside a raw save made it about 1.18x slower: `benchmarks/codecs.py
+--raw-under-load`). Where the process keeps all its cores busy, the CPU is short even though
+the slots are full (their writes wait for a core). The pacer tells each chunk's capture which
+holds (as zstd --adapt lowers its level when output stalls).
 """
 
+import os
 import threading
+import time
 from dataclasses import dataclass, field
+
+CPU_BUSY = 0.9
+"""The share of its cores a process uses at which the pacer takes the CPU for short."""
+CPU_WINDOW = 0.01
+"""Seconds over which the pacer measures the process's CPU use."""
+
+
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 @dataclass
 class EncodePacer:
     """The chunks of one save that may be encoded before their write: `slots`, the store's
     I/O slots; a chunk whose turn comes while fewer than that many chunks wait for or are in
-    their write is written raw. Saves of fewer than `least` such chunks always encode (a few
+    their write, or while the process used CPU_BUSY of its `cores` over the last CPU_WINDOW,
+    is written raw. Saves of fewer than `least` such chunks always encode (a few
     chunks' encodes cost little, and the first of them would find nothing waiting);
     `enabled=False` encodes every chunk. (A rule that encoded wherever the waiting bytes kept
     the store busy through the encode, at the rates the save measured, encoded 90% of the
@@ -30,10 +44,14 @@ class EncodePacer:
     waiting: int = 0
     encoded: int = 0
     raw: int = 0
+    cores: int = 0
+    cpu_mark: tuple | None = None
+    cpu_short: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self):
         self.least = self.least or 2 * self.slots
+        self.cores = self.cores or usable_cores()
 
     def add(self) -> None:
         """Count one more chunk of the save that may be encoded ahead of its write."""
@@ -43,12 +61,24 @@ class EncodePacer:
     def encodes(self) -> bool:
         """Whether the chunk whose capture starts now is encoded (else it is written raw)."""
         with self.lock:
-            encode = not self.enabled or self.chunks < self.least or self.waiting >= self.slots
+            encode = not self.enabled or self.chunks < self.least or (self.waiting >= self.slots
+                                                                       and not self._cpu_is_short())
             if encode:
                 self.encoded += 1
             else:
                 self.raw += 1
             return encode
+
+    def _cpu_is_short(self) -> bool:
+        """Whether the process used CPU_BUSY of its cores since the last measure (taken at
+        least CPU_WINDOW before; until then, the last verdict)."""
+        now, cpu = time.perf_counter(), time.process_time()
+        if self.cpu_mark is None:
+            self.cpu_mark = (now, cpu)
+        elif now - self.cpu_mark[0] >= CPU_WINDOW:
+            self.cpu_short = (cpu - self.cpu_mark[1]) / (now - self.cpu_mark[0]) >= CPU_BUSY * self.cores
+            self.cpu_mark = (now, cpu)
+        return self.cpu_short
 
     def ready(self) -> None:
         """A chunk is captured (and encoded or not): it now waits for its write."""
