@@ -403,7 +403,11 @@ def test_a_paced_save_writes_raw_what_its_turn_finds_the_store_idle_for(tmp_path
     """With every object write held back, the backlog grows one chunk per capture: the first
     I/O slots' worth of chunks (one more where a capture started while the one before it was
     still running) are written raw, since a free slot means the save is not bound by the store;
-    the rest are encoded. The version round-trips exactly and records each chunk's codec."""
+    the rest are encoded. The version round-trips exactly and records each chunk's codec. (The
+    process is given so many cores that its CPU is never short: the count rule alone.)"""
+    from forkpoint.engine import pacing
+
+    monkeypatch.setattr(pacing, "usable_cores", lambda: 1 << 10)
     repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless")
     seen = _count_encodes(monkeypatch)
     slots, ahead, encoders = (repo._sched.limit(r) for r in ("io:tier0", "encoded", "encode"))
@@ -432,7 +436,8 @@ def test_saves_to_memory_encode_every_chunk_unpaced():
 def test_a_save_not_adaptive_encodes_every_chunk_even_behind_a_fast_store(tmp_path, monkeypatch):
     """An encoder slower than the store: a paced save writes raw the chunks whose turn finds no
     backlog; adaptive=False encodes them all."""
-    from forkpoint.engine.save import ObjectWriter
+    from forkpoint.engine.save import ObjectWriter, stored_codec
+    from forkpoint.format.objects import object_key
 
     real = ObjectWriter._encode
 
@@ -450,6 +455,13 @@ def test_a_save_not_adaptive_encodes_every_chunk_even_behind_a_fast_store(tmp_pa
         assert all(torch.equal(repo.load(version.id)[k], v) for k, v in state.items())
         repo.close()
     assert set(kinds[False]) == {"float-planes"} and kinds[True].count("raw") >= 2
+    monkeypatch.setattr(ObjectWriter, "_encode", real)
+    with fp.Repo(str(tmp_path / "rTrue")) as repo:  # what pacing left raw, compact encodes later
+        assert repo.compact(codec="lossless").encoded == kinds[True].count("raw")
+        version = repo.log()[0]
+        objects = {c.object for leaf in repo.manifest(version.id).leaves for c in leaf.chunks}
+        assert {stored_codec(repo.store, object_key(o)) for o in objects} == {"float-planes"}
+        assert all(torch.equal(repo.load(version.id)[k], v) for k, v in state.items())
 
 
 @pytest.mark.parametrize("sync", [True, False])
