@@ -405,9 +405,9 @@ def test_a_paced_save_writes_raw_what_its_turn_finds_the_store_idle_for(tmp_path
     still running) are written raw, since a free slot means the save is not bound by the store;
     the rest are encoded. The version round-trips exactly and records each chunk's codec. (The
     process is given so many cores that its CPU is never short: the count rule alone.)"""
-    from forkpoint.engine import pacing
+    from forkpoint.engine import scheduler
 
-    monkeypatch.setattr(pacing, "usable_cores", lambda: 1 << 10)
+    monkeypatch.setattr(scheduler, "usable_cores", lambda: 1 << 10)
     repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless")
     seen = _count_encodes(monkeypatch)
     slots, ahead, encoders = (repo._sched.limit(r) for r in ("io:tier0", "encoded", "encode"))

@@ -10,20 +10,16 @@ the slots are full (their writes wait for a core). The pacer tells each chunk's 
 holds (as zstd --adapt lowers its level when output stalls).
 """
 
-import os
 import threading
 import time
 from dataclasses import dataclass, field
+
+from . import scheduler
 
 CPU_BUSY = 0.9
 """The share of its cores a process uses at which the pacer takes the CPU for short."""
 CPU_WINDOW = 0.01
 """Seconds over which the pacer measures the process's CPU use."""
-
-
-def usable_cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 @dataclass
@@ -51,7 +47,7 @@ class EncodePacer:
 
     def __post_init__(self):
         self.least = self.least or 2 * self.slots
-        self.cores = self.cores or usable_cores()
+        self.cores = self.cores or scheduler.usable_cores()
 
     def add(self) -> None:
         """Count one more chunk of the save that may be encoded ahead of its write."""

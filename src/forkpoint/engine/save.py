@@ -51,10 +51,11 @@ class SaveOptions:
     background (for hosts whose cores are idle while training runs on accelerators)."""
     adaptive: bool = True
     """Under lossless, zstd and lossy policies, encode a chunk only while the store has at
-    least its I/O slots' worth of chunks waiting for or in their writes (the store, not the
-    CPU, bounds the save then), else write it raw (engine.pacing), so that encoding does not
-    make the save slower than a raw one. Saves of fewer than twice that many such chunks
-    encode them all. False encodes every chunk (the smallest checkpoint, whatever it costs)."""
+    least its I/O slots' worth of chunks waiting for or in their writes and the process is not
+    keeping its cores busy (the store, not the CPU, bounds the save then), else write it raw
+    (engine.pacing), so that encoding does not make the save slower than a raw one. Saves of
+    fewer than twice the slots of such chunks encode them all; memory and remote stores are
+    not paced. False encodes every chunk (the smallest checkpoint, whatever it costs)."""
     max_pending: int = 2
     """Asynchronous saves in flight (scheduled, not committed) at most: a further
     save(sync=False) first waits for the oldest to commit (back-pressure, so that saves asked

@@ -7,6 +7,7 @@ staging memory can be held from a capture until the write that empties it.
 """
 
 import bisect
+import os
 import threading
 import time
 from concurrent.futures import Future
@@ -27,6 +28,11 @@ class Priority(IntEnum):
     FLUSH = 5
     EVICT = 6
     GC = 7
+
+
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 @dataclass

@@ -27,7 +27,7 @@ from ..engine.delta import DeltaPlan, ValueEstimate, parent_chunks
 from ..engine.gcpause import gc_paused
 from ..engine.restore import chunk_value
 from ..engine.save import SaveOptions, codec_rules, object_key, schedule_save, staging_sizes
-from ..engine.scheduler import Budget, Priority, Scheduler, Task
+from ..engine.scheduler import Budget, Priority, Scheduler, Task, usable_cores
 from ..engine.staging import StagingPool
 from ..errors import ConflictError, FormatError, RefNotFoundError, RepoNotFoundError, UnsupportedTypeError
 from ..format.delta import Delta
@@ -78,8 +78,9 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
     such as s3://bucket/prefix (`storage_options` go to the fsspec file system).
     With `encode_later=True`, a lossless/zstd save writes its chunks raw where raw saves
     measure faster on the store, and encodes them in the background after its commit.
-    `adaptive=False` has such saves encode every chunk, even where encoding falls behind the
-    store (see SaveOptions.adaptive)."""
+    A lossless/zstd/lossy save to local disk encodes a chunk only while the store, not the CPU,
+    bounds the save, else writes it raw (SaveOptions.adaptive); `adaptive=False` encodes
+    every chunk."""
 
     closes_at_exit = True
     """Whether a repository the program leaves open is closed at interpreter exit (its saves
@@ -124,8 +125,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
             for store in self.stores:
                 store.close()
             raise
-        encoders = min(MAX_ENCODERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                       else os.cpu_count() or 1)
+        encoders = min(MAX_ENCODERS, usable_cores())
         budget = Budget(staging_bytes=self.options.staging_bytes, window_bytes=self.options.window_bytes,
                         cpu_workers=2, encoders=encoders, default_io_slots=self.options.workers + encoders)
         self._sched = Scheduler(budget, threads=self.options.workers + encoders + 4)
