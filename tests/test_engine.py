@@ -422,6 +422,16 @@ def test_a_paced_save_writes_raw_what_its_turn_finds_the_store_idle_for(tmp_path
     repo.close()
 
 
+def test_adaptive_must_be_a_bool(tmp_path):
+    from forkpoint.engine import SaveOptions
+
+    with pytest.raises(TypeError, match="adaptive must be True or False, got 'no'"):
+        fp.Repo(str(tmp_path / "r"), create=True, codec="lossless", adaptive="no")
+    with pytest.raises(TypeError, match="adaptive must be True or False, got 0"):
+        fp.Repo(str(tmp_path / "r2"), create=True, options=SaveOptions(codec="lossless", adaptive=0))
+    assert not any(tmp_path.iterdir())  # refused before anything was created
+
+
 def test_saves_to_memory_encode_every_chunk_unpaced():
     """Writes to memory never wait, so a paced save there would write nearly every chunk raw:
     the memory store is not paced, and its lossless saves encode every chunk."""

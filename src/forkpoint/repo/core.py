@@ -107,7 +107,9 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         if encode_later is not None:
             self.options.encode_later = bool(encode_later)
         if adaptive is not None:
-            self.options.adaptive = bool(adaptive)
+            self.options.adaptive = adaptive
+        if not isinstance(self.options.adaptive, bool):
+            raise TypeError(f"adaptive must be True or False, got {self.options.adaptive!r}")
         self._delta_values: dict = {}
         self._delta_plans = weakref.WeakSet()  # a plan whose save never got scheduled just vanishes
         codec_rules(self.options.codec)
