@@ -386,13 +386,24 @@ def test_the_pacer_writes_raw_while_the_process_keeps_its_cores_busy():
     is short, so the chunk is written raw; after an idle spell it is encoded again."""
     from forkpoint.engine.pacing import CPU_WINDOW, EncodePacer
 
+    import blake3
+
     pacer = EncodePacer(slots=1, least=1, cores=1)
     pacer.add()
     pacer.ready()
     assert pacer.encodes()  # the first look only marks the clocks
-    end = time.perf_counter() + 5 * CPU_WINDOW
-    while time.perf_counter() < end:
-        pass
+    blob = bytes(8 << 20)
+    end = time.perf_counter() + 10 * CPU_WINDOW
+
+    def burn():  # blake3 lets go of the interpreter lock: three of them keep both cores busy
+        while time.perf_counter() < end:
+            blake3.blake3(blob).digest()
+
+    burners = [threading.Thread(target=burn) for _ in range(3)]
+    for t in burners:
+        t.start()
+    for t in burners:
+        t.join()
     assert not pacer.encodes()
     time.sleep(5 * CPU_WINDOW)
     assert pacer.encodes()
