@@ -331,11 +331,11 @@ def row_split(shape: tuple, nbytes: int, chunk_bytes: int) -> list[tuple[int, in
 class ScheduledSave:
     """The tasks of one save: captures per leaf, writes, and the assembly of the leaf table."""
 
-    def __init__(self, flat: list[FlatLeaf], writer: ObjectWriter, deltas=None, pacer: EncodePacer | None = None):
+    def __init__(self, flat: list[FlatLeaf], writer: ObjectWriter, pacer: EncodePacer, deltas=None):
         self.flat = flat
         self.writer = writer
         self.deltas = deltas
-        self.pacer = pacer or EncodePacer(slots=1, enabled=False)
+        self.pacer = pacer
         self.captures: dict[int, list[Task]] = {}
         self.writes: list[Task] = []
         self.large: dict[int, list[Task]] = {}
@@ -392,8 +392,8 @@ def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf
     """
     writer = ObjectWriter(store, opts.codec, guard, lambda: sched.hold("encode"),
                           defers=encode_later and deltas is None, layouts=layouts)
-    plan = ScheduledSave(flat, writer, deltas, EncodePacer(sched.limit(f"io:{tier}"),
-                                                          enabled=opts.adaptive and store.paces_encoding))
+    pacer = EncodePacer(sched.limit(f"io:{tier}"), enabled=opts.adaptive and store.paces_encoding)
+    plan = ScheduledSave(flat, writer, pacer, deltas)
     plan.writer.pinned.update(k.object for k in known.values())
     if deltas is not None:
         plan.writer.pinned.update(deltas.pinned())
