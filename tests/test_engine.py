@@ -381,6 +381,37 @@ def test_the_pacer_encodes_only_while_the_store_has_writes_waiting():
     assert off.encodes() and off.raw == 0
 
 
+def test_after_a_save_the_store_bound_the_next_encodes_its_first_chunks():
+    """The first slots' worth of a save's chunks find nothing waiting. Where the last save
+    encoded at least half its chunks (the store bound it), they are encoded; a save that
+    writes most chunks raw makes the next one wait for a backlog again."""
+    from forkpoint.engine.pacing import EncodePacer, PaceMemory
+
+    memory = PaceMemory()
+
+    def paced(ready: bool) -> list[bool]:
+        pacer = EncodePacer(slots=3, cores=1 << 10, memory=memory)
+        for _ in range(8):
+            pacer.add()
+        decisions = []
+        for _ in range(8):
+            decisions.append(pacer.encodes())
+            if ready:
+                pacer.ready()
+        pacer.finish()
+        return decisions
+
+    assert paced(ready=True) == [False] * 3 + [True] * 5 and memory.store_bound
+    assert paced(ready=False) == [True] * 3 + [False] * 5 and not memory.store_bound
+    assert paced(ready=True) == [False] * 3 + [True] * 5 and memory.store_bound
+    unpaced = EncodePacer(slots=3, enabled=False, memory=memory)
+    for _ in range(8):
+        unpaced.add()
+        unpaced.encodes()
+    unpaced.finish()
+    assert memory.store_bound  # a save that was not paced teaches nothing
+
+
 def test_the_pacer_writes_raw_while_the_process_keeps_its_cores_busy():
     """Full slots, but the process used all its cores (one, here) over the last window: the CPU
     is short, so the chunk is written raw; after an idle spell it is encoded again."""
@@ -414,13 +445,18 @@ def test_a_paced_save_writes_raw_what_its_turn_finds_the_store_idle_for(tmp_path
     """With every object write held back, the backlog grows one chunk per capture: the first
     I/O slots' worth of chunks (one more where a capture started while the one before it was
     still running) are written raw, since a free slot means the save is not bound by the store;
-    the rest are encoded. The version round-trips exactly and records each chunk's codec. (The
-    process is given so many cores that its CPU is never short: the count rule alone.)"""
+    the rest are encoded. The version round-trips exactly and records each chunk's codec. The
+    store bound that save, so the next one encodes its first chunks too. (The process is given
+    so many cores that its CPU is never short: the count rule alone.)"""
     from forkpoint.engine import scheduler
+    from forkpoint.engine.pacing import EncodePacer
 
     monkeypatch.setattr(scheduler, "usable_cores", lambda: 1 << 10)
     repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless")
     seen = _count_encodes(monkeypatch)
+    decisions = []
+    decide = EncodePacer.encodes
+    monkeypatch.setattr(EncodePacer, "encodes", lambda pacer: decisions.append(decide(pacer)) or decisions[-1])
     slots, ahead, encoders = (repo._sched.limit(r) for r in ("io:tier0", "encoded", "encode"))
     state = {f"w{i}": torch.randn(1 << 19) for i in range(2 * ahead)}
     version, encoded_while_held = _save_with_object_writes_held(repo, monkeypatch, state, sync, seen,
@@ -429,6 +465,15 @@ def test_a_paced_save_writes_raw_what_its_turn_finds_the_store_idle_for(tmp_path
     codecs = [c.codec for leaf in repo.manifest(version.id).leaves for c in leaf.chunks]
     assert codecs.count("raw") == len(codecs) - len(seen) >= slots and "float-planes" in codecs
     loaded = repo.load(version.id)
+    assert all(torch.equal(loaded[k], v) for k, v in state.items())
+    assert decisions[:slots] == [False] * slots
+    # the store bound that save: the next one encodes its first chunks too
+    seen.clear()
+    decisions.clear()
+    state = {k: v + 1 for k, v in state.items()}
+    again, _ = _save_with_object_writes_held(repo, monkeypatch, state, sync, seen, ahead - encoders + 1)
+    assert decisions[:slots] == [True] * slots
+    loaded = repo.load(again.id)
     assert all(torch.equal(loaded[k], v) for k, v in state.items())
     repo.close()
 

@@ -152,6 +152,43 @@ def test_direct_writes_of_mixed_parts_store_exactly_their_bytes(tmp_path):
         assert store.read(key) == expected, trial
 
 
+def test_direct_writes_send_a_stretch_of_aligned_parts_in_one_request(tmp_path, monkeypatch):
+    """Gathered bytes and the page-aligned parts around them go to disk together: a 4 KiB head
+    gathered from small parts, three aligned 1 MiB parts and a short tail (zero-padded to a
+    block) are one pwritev; a 17 MiB aligned
+    part is cut into requests of at most 16 MiB; more aligned parts than one request takes
+    views go out in several. The file holds exactly the parts' bytes."""
+    from forkpoint.storage import local
+    from forkpoint.storage.memory import aligned_buffer
+
+    requests = []
+    pwritev = os.pwritev
+    monkeypatch.setattr(local.os, "pwritev", lambda fd, views, at: requests.append(
+        (at, [memoryview(v).nbytes for v in views])) or pwritev(fd, views, at))
+    store = LocalStore(str(tmp_path / "s"))
+    rng = np.random.default_rng(3)
+
+    def aligned(n):
+        buf = aligned_buffer(n)
+        buf[:] = rng.integers(0, 256, n, dtype=np.uint8)
+        return buf
+
+    cases = {
+        "head and planes": [bytes(range(16)), bytes(4080), aligned(1 << 20), aligned(1 << 20), aligned(1 << 20), b"tail"],
+        "large": [aligned(17 << 20)],
+        "many": [aligned(64 << 10) for _ in range(local.DIRECT_VIEWS + 6)],
+    }
+    sent = {}
+    for name, parts in cases.items():
+        requests.clear()
+        store.write(f"objects/t/{name}", parts)
+        assert store.read(f"objects/t/{name}") == b"".join(bytes(memoryview(p)) for p in parts)
+        sent[name] = list(requests)
+    assert [(at, sum(n)) for at, n in sent["head and planes"]] == [(0, (3 << 20) + 2 * 4096)]
+    assert [sum(n) for _, n in sent["large"]] == [16 << 20, 1 << 20]
+    assert [len(n) for _, n in sent["many"]] == [local.DIRECT_VIEWS, 6]
+
+
 def test_a_store_makes_its_directories_again_when_they_vanish(tmp_path):
     """The local store makes its tmp and object directories once; a write that finds one gone
     (another process wiped the directory) makes it again, and a save through a Repo works on."""

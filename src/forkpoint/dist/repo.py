@@ -124,7 +124,7 @@ class Repo(NodeLocalMixin, BaseRepo):
                 plan = schedule_save(self._sched, self.store, self._tier, shared + local, known,
                                      self.options, self._staging, "window" if sync else "staging",
                                      guard=self._evict_lock, select=select, deltas=deltas,
-                                     pack_key=pack_key, layouts=self._layouts)
+                                     pack_key=pack_key, layouts=self._layouts, pacing=self._pacing)
                 plan.writer.keeps_advice = self.rank == 0  # one writer of codec="auto"'s advice
                 self._writers.add(plan.writer)
             fingerprint = layout_fingerprint(shared)

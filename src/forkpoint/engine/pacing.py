@@ -23,13 +23,23 @@ CPU_WINDOW = 0.01
 
 
 @dataclass
+class PaceMemory:
+    """What a repository's last paced save found, for the next one: `store_bound` where it
+    encoded at least half of the chunks it paced (the store bound it)."""
+
+    store_bound: bool = False
+
+
+@dataclass
 class EncodePacer:
     """The chunks of one save that may be encoded before their write: `slots`, the store's
     I/O slots; a chunk whose turn comes while fewer than that many chunks wait for or are in
     their write, or while the process used CPU_BUSY of its `cores` over the last CPU_WINDOW,
     is written raw. Saves of fewer than `least` such chunks always encode (a few
     chunks' encodes cost little, and the first of them would find nothing waiting);
-    `enabled=False` encodes every chunk. (A rule that encoded wherever the waiting bytes kept
+    `enabled=False` encodes every chunk. With a `memory` of a save the store bound, the first
+    `slots` chunks need nothing waiting (they never find any; on a slow disk they went raw for
+    nothing); `finish` records this save in it. (A rule that encoded wherever the waiting bytes kept
     the store busy through the encode, at the rates the save measured, encoded 90% of the
     chunks and was as slow as encoding them all: the store did not idle, the CPU was short.)"""
 
@@ -41,6 +51,7 @@ class EncodePacer:
     encoded: int = 0
     raw: int = 0
     cores: int = 0
+    memory: PaceMemory | None = None
     cpu_mark: tuple | None = None
     cpu_short: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -57,8 +68,9 @@ class EncodePacer:
     def encodes(self) -> bool:
         """Whether the chunk whose capture starts now is encoded (else it is written raw)."""
         with self.lock:
-            encode = not self.enabled or self.chunks < self.least or (self.waiting >= self.slots
-                                                                       and not self._cpu_is_short())
+            primed = self.memory is not None and self.memory.store_bound and self.encoded + self.raw < self.slots
+            encode = not self.enabled or self.chunks < self.least or (
+                (self.waiting >= self.slots or primed) and not self._cpu_is_short())
             if encode:
                 self.encoded += 1
             else:
@@ -85,3 +97,8 @@ class EncodePacer:
         """A ready chunk's write ended (done or failed)."""
         with self.lock:
             self.waiting -= 1
+
+    def finish(self) -> None:
+        """Record in `memory` whether the store bound this save (where it was paced)."""
+        if self.memory is not None and self.enabled and self.chunks >= self.least:
+            self.memory.store_bound = self.encoded >= self.raw

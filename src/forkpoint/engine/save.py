@@ -23,7 +23,7 @@ from ..storage.base import Store
 from ..storage.streamcopy import stream_copy
 from .autocodec import BusyMeter, choice_for
 from .chunkmemory import ChunkMemory
-from .pacing import EncodePacer
+from .pacing import EncodePacer, PaceMemory
 from .reencode import MIN_GAIN, LaterEncode
 from .scheduler import Priority, Scheduler, Task
 from .staging import StagingPool
@@ -281,8 +281,13 @@ class ObjectWriter:
         return self._encode(memoryview(data).cast("B"), codec, itemsize, scratch, slot, row)
 
     def _encode(self, view: memoryview, codec, itemsize: int, scratch, slot, row: int) -> list:
+        """`codec`'s payload of `view`; where the store writes aligned parts without copying
+        them (direct I/O) and the object is large enough for it, the parts of `scratch` the
+        payload keeps are placed at block-aligned offsets of the object file."""
         layouts = self.layouts.get(slot) if self.layouts is not None and slot is not None else None
-        return codec.pieces(view, itemsize, scratch=scratch, layouts=layouts, row=row)
+        aligned = scratch is not None and self.store.aligned_writes and view.nbytes >= DIRECT_MIN_BYTES
+        return codec.pieces(view, itemsize, scratch=scratch, layouts=layouts, row=row,
+                            at=OBJECT_HEADER_SIZE if aligned else None)
 
     def _adopt(self, key: str, data: np.ndarray, owned: np.ndarray, table: bytes | None) -> str:
         """Store raw `data`, the tail of `owned`, by writing its header in front of it and
@@ -349,6 +354,7 @@ class ScheduledSave:
     def assemble(self) -> StoredLeaves:
         """Build the leaf table from finished writes (call once every write is done)."""
         self.writer.finish()
+        self.pacer.finish()
         leaves: list[Leaf] = []
         small: dict[int, Chunk] = {}
         for task in self.packs:
@@ -374,7 +380,8 @@ class ScheduledSave:
 def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf],
                   known: dict[str, Chunk], opts: SaveOptions, pool: StagingPool,
                   staging: str = "staging", guard=None, select=None, deltas=None,
-                  pack_key=None, encode_later: bool = False, layouts: ChunkMemory | None = None) -> ScheduledSave:
+                  pack_key=None, encode_later: bool = False, layouts: ChunkMemory | None = None,
+                  pacing: PaceMemory | None = None) -> ScheduledSave:
     """Queue the capture and write tasks of one save.
 
     Each chunk is copied (captured) into a page-aligned staging buffer, then hashed and
@@ -388,11 +395,12 @@ def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf
     `pack_key(leaf index)` keeps leaves with different keys out of one pack. With
     `encode_later` (and no deltas), chunks may be written raw for encoding after the commit
     (the writer's `later`, which the caller must queue). `layouts` (kept by the caller from
-    save to save) lets each chunk's encode reuse what the codec chose for it last time.
+    save to save) lets each chunk's encode reuse what the codec chose for it last time, and
+    `pacing` (kept likewise) what the last save's pacer found.
     """
     writer = ObjectWriter(store, opts.codec, guard, lambda: sched.hold("encode"),
                           defers=encode_later and deltas is None, layouts=layouts)
-    pacer = EncodePacer(sched.limit(f"io:{tier}"), enabled=opts.adaptive and store.paces_encoding)
+    pacer = EncodePacer(sched.limit(f"io:{tier}"), enabled=opts.adaptive and store.paces_encoding, memory=pacing)
     plan = ScheduledSave(flat, writer, pacer, deltas)
     plan.writer.pinned.update(k.object for k in known.values())
     if deltas is not None:

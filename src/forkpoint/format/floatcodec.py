@@ -25,10 +25,13 @@ with the layout and coders its own sample picks (a chunk that holds weights and 
 codes each part as suits it). Payload (little-endian):
 
     u8 version (2; 3 where a segment uses the grid or a plane seven bits; 4 where one matches
-    rows; 5 where a plane is sparse) | u8 itemsize | u16 0 | u64 elements | u32 segment elements
-    | (versions 3 to 5: u32 row elements, 0 for none)
+    rows; 5 where a plane is sparse; 6 where raw planes are aligned) | u8 itemsize | u16 skew
+    (version 6; else 0) | u64 elements | u32 segment elements
+    | (versions 3 to 6: u32 row elements, 0 for none)
     | segments x (u8 form: bit 0 rotated, bit 1 grid, bit 2 matched; itemsize x u8 plane coder)
-    | (segments x itemsize) x u32 coded length | coded bytes
+    | (segments x itemsize) x u32 coded length | coded bytes (version 6: zero bytes before each
+    raw plane of a segment whose element count is a multiple of ALIGN, up to the next payload
+    offset p where p + skew is a multiple of ALIGN)
 
 A grid segment's top plane is its row shifts (one byte per row), its column shifts (one byte
 per column of a row) and then the coded residual; its segment elements are whole rows. A
@@ -39,6 +42,7 @@ nonzero bytes in order (deflate, literals only). Version 1 payloads (one layout 
 for all segments, right after the counts) still decode.
 """
 
+import math
 import os
 import struct
 import threading
@@ -66,9 +70,12 @@ SEVEN = 4  # bytes whose bit 0 is always zero, packed seven bits each (payload v
 SPARSE = 5  # a bitmap of the nonzero bytes (deflate), then those bytes (Huffman; version 5)
 _PAYLOAD_CODER = {RAW: RAW, ZSTD: ZSTD, HUFFMAN: HUFFMAN, RUNS: HUFFMAN, SEVEN: SEVEN, SPARSE: SPARSE}
 _SPARSE_HEAD = struct.Struct("<II")
-_HEAD = struct.Struct("<BBBxQI")
+_HEAD = struct.Struct("<BBHQI")
 _ROW = struct.Struct("<I")
-PLAIN_VERSION, GRID_VERSION, MATCH_VERSION, VERSION = 2, 3, 4, 5
+PLAIN_VERSION, GRID_VERSION, MATCH_VERSION, SPARSE_VERSION, ALIGNED_VERSION = 2, 3, 4, 5, 6
+VERSION = ALIGNED_VERSION  # the newest this reader knows
+ALIGN = 4096
+_ZEROS = memoryview(bytes(ALIGN))
 ROTATED, GRID, MATCH = 1, 2, 4
 _WORDS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 SEGMENT_BYTES = 4 << 20
@@ -629,10 +636,18 @@ def grid_fits(count: int, row: int) -> bool:
     return GRID_MIN_COLS <= row <= GRID_MAX_COLS and count % row == 0 and count // row >= GRID_MIN_ROWS
 
 
-def _segment_elements(itemsize: int, row: int) -> int:
-    """Elements per segment: SEGMENT_BYTES' worth, whole rows where there are rows."""
+def _segment_elements(itemsize: int, row: int, aligned: bool = False) -> int:
+    """Elements per segment: SEGMENT_BYTES' worth, whole rows where there are rows; where
+    `aligned`, a multiple of ALIGN elements too if that keeps at least half of them."""
     per = max(1, SEGMENT_BYTES // itemsize)
-    return max(row, per // row * row) if row else per
+    if not row:
+        return per
+    whole = max(row, per // row * row)
+    if aligned:
+        step = row * ALIGN // math.gcd(row, ALIGN)
+        if per // step * step >= whole // 2:
+            return per // step * step
+    return whole
 
 
 def _elements(data, itemsize: int) -> tuple[np.ndarray, int]:
@@ -695,18 +710,23 @@ REGROW = 1.02  # a training step grew payloads up to 1.3%; choosing afresh then 
 
 
 def encode_pieces(data, itemsize: int = 1, threads: int | None = None, out=None,
-                  layouts: Layouts | None = None, row: int = 0) -> list:
+                  layouts: Layouts | None = None, row: int = 0, at: int | None = None) -> list:
     """The payload of `encode` as a list of buffers, in order: raw planes are views of one work
     array per call (no copy out of it, no join into one large freshly faulted buffer). `out`, a
     uint8 array of at least the data's size, is that work array when the caller has one to
     reuse (the payload refers to it until written). `layouts` (see Layouts) are reused where
     they fit, else chosen on samples, and are updated to what this encode used; a reused coder
     that no longer gains on its plane leaves the plane raw. `row`, the elements of one row of
-    the data (whole rows; 0 for none), lets segments use the grid model (see choose)."""
+    the data (whole rows; 0 for none), lets segments use the grid model (see choose). `at`, the
+    payload's offset in its file where the caller wants it aligned (payload version 6), starts
+    each raw plane at a file offset that is a multiple of ALIGN, zero bytes filling the gap:
+    from a page-aligned `out`, a store writing with direct I/O then sends raw planes to disk
+    from where they lie instead of copying them (segments are then, where rows allow, a
+    multiple of ALIGN elements, so that each of their planes starts page-aligned in `out`)."""
     data, itemsize = _elements(data, itemsize)
     count = data.nbytes // itemsize
     row = row if itemsize in _WORDS and grid_fits(count, row) else 0
-    per = _segment_elements(itemsize, row)
+    per = _segment_elements(itemsize, row, aligned=at is not None)
     starts = list(range(0, count, per)) or [0]
     kept = np.empty(data.nbytes, np.uint8) if out is None else out[:data.nbytes]
     reuse = layouts.segments if layouts is not None and layouts.fits(itemsize, len(starts), row) else None
@@ -743,14 +763,40 @@ def encode_pieces(data, itemsize: int = 1, threads: int | None = None, out=None,
         layouts.update(itemsize, [(int(form), list(coders)) for (form, coders), _ in coded], sum(lengths),
                        reused=reuse is not None, row=row)
     grid = any(form & GRID for (form, _), _ in coded)
-    version = (VERSION if any(SPARSE in coders for (_, coders), _ in coded) else
+    version = (ALIGNED_VERSION if at is not None else
+               SPARSE_VERSION if any(SPARSE in coders for (_, coders), _ in coded) else
                MATCH_VERSION if any(form & MATCH for (form, _), _ in coded) else
                GRID_VERSION if grid or any(SEVEN in coders for (_, coders), _ in coded) else PLAIN_VERSION)
-    head = _HEAD.pack(version, itemsize, 0, count, per)
+    head = _HEAD.pack(version, itemsize, 0 if at is None else at % ALIGN, count, per)
     head += _ROW.pack(row if grid else 0) if version >= GRID_VERSION else b""
     table = bytes(b for (form, coders), _ in coded for b in (form, *(_PAYLOAD_CODER[c] for c in coders)))
-    return [head, table, struct.pack(f"<{len(lengths)}I", *lengths),
-            *(c for _, planes in coded for plane in planes for c in plane)]
+    pieces = [head, table, struct.pack(f"<{len(lengths)}I", *lengths)]
+    if at is None:
+        return pieces + [c for _, planes in coded for plane in planes for c in plane]
+    pos = at + sum(len(p) for p in pieces)
+    for j, ((_, coders), planes) in enumerate(coded):
+        whole = (min(count, starts[j] + per) - starts[j]) % ALIGN == 0
+        for coder, plane in zip(coders, planes):
+            gap = -pos % ALIGN if coder == RAW and whole else 0
+            pieces += [_ZEROS[:gap]] * bool(gap) + plane
+            pos += gap + sum(len(c) for c in plane)
+    return pieces
+
+
+def _plane_offsets(pos: int, lengths, coders: list, version: int, skew: int, sizes: list[int]) -> list[int]:
+    """Where each (segment, plane) of a payload starts, its coded planes beginning at `pos`,
+    then where the payload ends: in version 6, a raw plane of a segment whose element count
+    (`sizes`, per segment) is a multiple of ALIGN starts at the next offset p with (p + skew)
+    a multiple of ALIGN."""
+    if version != ALIGNED_VERSION:
+        return np.concatenate([[pos], pos + np.cumsum(lengths)]).tolist()
+    offsets = []
+    per_segment = len(coders) // len(sizes)
+    for i, (length, coder) in enumerate(zip(lengths, coders)):
+        pos += -(pos + skew) % ALIGN if coder == RAW and sizes[i // per_segment] % ALIGN == 0 else 0
+        offsets.append(pos)
+        pos += length
+    return offsets + [pos]
 
 
 def decode_into(payload, decoded_length: int, out: np.ndarray) -> None:
@@ -764,10 +810,12 @@ def decode(payload, decoded_length: int, threads: int | None = None, out=None) -
     given)."""
     view = memoryview(payload).cast("B")
     version, itemsize, rotated, count, per = _HEAD.unpack_from(view)
+    skew = rotated if version == ALIGNED_VERSION else 0
     if version > VERSION:
         raise FormatError(f"float codec payload version {version} is newer than this forkpoint reads "
                           f"({VERSION}); upgrade forkpoint to read it")
-    if version not in (1, 2, GRID_VERSION, MATCH_VERSION, VERSION) or count * itemsize != decoded_length or per < 1 or itemsize not in (1, *_WORDS):
+    if version not in (1, 2, GRID_VERSION, MATCH_VERSION, SPARSE_VERSION, ALIGNED_VERSION) or \
+            count * itemsize != decoded_length or per < 1 or itemsize not in (1, *_WORDS) or skew >= ALIGN:
         raise ValueError(f"float codec payload v{version} of {count}x{itemsize} bytes, expected {decoded_length}")
     pos = _HEAD.size
     row = 0
@@ -787,12 +835,13 @@ def decode(payload, decoded_length: int, threads: int | None = None, out=None) -
     forms = (0, ROTATED, GRID, ROTATED | GRID) + ((MATCH, ROTATED | MATCH) if version >= MATCH_VERSION else ())
     if any(form not in forms or (form & GRID and not row) for form, _ in layouts):
         raise ValueError("float codec payload names an unknown segment form")
-    known = (RAW, ZSTD, HUFFMAN) + ((SEVEN,) if version >= GRID_VERSION else ()) + ((SPARSE,) if version >= VERSION else ())
+    known = (RAW, ZSTD, HUFFMAN) + ((SEVEN,) if version >= GRID_VERSION else ()) + ((SPARSE,) if version >= SPARSE_VERSION else ())
     if any(c not in known for _, coders in layouts for c in coders):
         raise ValueError("float codec payload names an unknown plane coder")
     lengths = struct.unpack_from(f"<{len(starts) * itemsize}I", view, pos)
     pos += 4 * len(lengths)
-    offsets = np.concatenate([[pos], pos + np.cumsum(lengths)]).tolist()
+    sizes = [min(count, lo + per) - lo for lo in starts]
+    offsets = _plane_offsets(pos, lengths, [c for _, coders in layouts for c in coders], version, skew, sizes)
     if offsets[-1] != len(view):
         raise ValueError(f"float codec payload holds {len(view)} bytes, its table says {offsets[-1]}")
     if out is None:
@@ -809,7 +858,7 @@ def decode(payload, decoded_length: int, threads: int | None = None, out=None) -
         shifts = None
         for k in range(itemsize):
             i = j * itemsize + k
-            coded = view[offsets[i]:offsets[i + 1]]
+            coded = view[offsets[i]:offsets[i] + lengths[i]]
             if k == itemsize - 1 and form & (GRID | MATCH):
                 need = (hi - lo) // row + row if form & GRID else _match_side_bytes(hi - lo)
                 if len(coded) < need:

@@ -25,6 +25,7 @@ from concurrent import futures
 from ..engine.chunkmemory import ChunkMemory
 from ..engine.delta import DeltaPlan, ValueEstimate, parent_chunks
 from ..engine.gcpause import gc_paused
+from ..engine.pacing import PaceMemory
 from ..engine.restore import chunk_value
 from ..engine.save import SaveOptions, codec_rules, object_key, schedule_save, staging_sizes
 from ..engine.scheduler import Budget, Priority, Scheduler, Task, usable_cores
@@ -148,6 +149,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         self._manifests = ManifestCache()
         self._stubs_seen: dict[str, dict] = {}
         self._layouts = ChunkMemory(Layouts)
+        self._pacing = PaceMemory()
         self._value_estimates = ChunkMemory(ValueEstimate)
         self._lock = threading.Lock()
         self._commit_seq = 0
@@ -254,7 +256,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
                 plan = schedule_save(self._sched, self.store, self._tier, flat, known, self.options,
                                      self._staging, "window" if sync else "staging", guard=self._evict_lock,
                                      deltas=deltas, encode_later=self.options.encode_later,
-                                     layouts=self._layouts)
+                                     layouts=self._layouts, pacing=self._pacing)
                 self._writers.add(plan.writer)
             commit = self._sched.submit(
                 "commit", lambda: self._finish_save(plan, skeleton, record, allow_pickle),

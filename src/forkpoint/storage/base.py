@@ -21,6 +21,9 @@ class Store(ABC):
     (engine.pacing): False for memory, whose writes never wait, and for remote stores, slow
     enough that encoding always pays (a save's first chunks, which find nothing waiting, would
     go raw), so that there the policy alone decides."""
+    aligned_writes: bool = False
+    """True when `write` sends parts that lie page-aligned in memory, at block-aligned offsets
+    of the object, to storage without copying them (direct I/O); others go through a copy."""
     adopts_buffers: bool = False
     """True when `object_buffer` hands out buffers that `adopt` keeps without copying."""
     trusted: bool = False

@@ -17,6 +17,7 @@ from .base import Store
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 BLOCK = 4096
 DIRECT_PIECE = 16 << 20
+DIRECT_VIEWS = 64  # views per pwritev (well under IOV_MAX)
 DIRECT_BOUNCE = 4 << 20
 DIRECT_MIN = 1 << 20
 
@@ -52,6 +53,93 @@ def _copy(dst: memoryview, src: memoryview) -> None:
     np.copyto(np.frombuffer(dst, np.uint8), np.frombuffer(src, np.uint8))
 
 
+class _DirectFile:
+    """Bytes appended to a file opened with O_DIRECT. Block-aligned runs of page-aligned memory
+    at block-aligned file offsets go to disk as they lie; everything else is gathered through
+    this thread's aligned bounce buffer. Both are queued and written by one pwritev per file
+    stretch of up to DIRECT_PIECE bytes (a few large requests, not one per part); the last
+    block is zero-padded and the file then cut to its length."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.bounce = _bounce()
+        self.pos = self.written = 0
+        self.start = self.fill = 0  # bounce[start:start + fill] is gathered, not yet queued
+        self.queued: list[memoryview] = []
+        self.queued_at = self.queued_bytes = 0
+
+    def add(self, view: memoryview) -> None:
+        while view.nbytes:
+            whole = view.nbytes - view.nbytes % BLOCK
+            if whole and self.pos % BLOCK == 0 and _address(view) % BLOCK == 0:
+                self._queue_gathered()
+                self._queue(view[:whole], self.pos)
+            else:
+                if self.start + self.fill == self.bounce.nbytes:
+                    self._queue_gathered()
+                    self._flush()
+                    self.start = 0
+                at = self.start + self.fill
+                whole = min(view.nbytes, self.bounce.nbytes - at)
+                _copy(self.bounce[at:at + whole], view[:whole])
+                self.fill += whole
+            view = view[whole:]
+            self.pos += whole
+
+    def finish(self) -> None:
+        """Write what is queued and gathered (the last block zero-padded, the file cut back)."""
+        tail = self.fill % BLOCK
+        if tail:
+            at = self.start + self.fill
+            self.bounce[at:at + BLOCK - tail] = bytes(BLOCK - tail)
+            self.fill += BLOCK - tail
+            self.pos += BLOCK - tail
+        self._queue_gathered()
+        self._flush()
+        if tail:
+            os.ftruncate(self.fd, self.pos - BLOCK + tail)
+
+    def _queue_gathered(self) -> None:
+        """Queue the gathered bounce bytes (whole blocks: they began at an aligned offset)."""
+        if self.fill:
+            self._queue(self.bounce[self.start:self.start + self.fill], self.pos - self.fill)
+            self.start += self.fill
+            self.fill = 0
+
+    def _queue(self, view: memoryview, offset: int) -> None:
+        if self.queued and (offset != self.queued_at + self.queued_bytes or len(self.queued) >= DIRECT_VIEWS
+                            or self.queued_bytes + view.nbytes > DIRECT_PIECE):
+            self._flush()
+        if not self.queued:
+            self.queued_at = offset
+        while view.nbytes:
+            piece = view[:DIRECT_PIECE - self.queued_bytes]
+            self.queued.append(piece)
+            self.queued_bytes += piece.nbytes
+            view = view[piece.nbytes:]
+            if view.nbytes:
+                self._flush()
+                self.queued_at = offset = offset + piece.nbytes
+
+    def _flush(self) -> None:
+        done = 0
+        views = self.queued
+        while done < self.queued_bytes:
+            done += os.pwritev(self.fd, views, self.queued_at + done)
+            views = _after(self.queued, done)
+        self.written += done
+        self.queued, self.queued_bytes = [], 0
+
+
+def _after(views: list[memoryview], skip: int) -> list[memoryview]:
+    """`views` less their first `skip` bytes."""
+    for i, view in enumerate(views):
+        if skip < view.nbytes:
+            return [view[skip:], *views[i + 1:]]
+        skip -= view.nbytes
+    return []
+
+
 _TEMP_RUN = uuid.uuid4().hex[:16]
 _TEMP_COUNT = itertools.count()
 
@@ -80,6 +168,10 @@ class LocalStore(Store):
         self.url = self.root
         self.direct_io = direct_io and hasattr(os, "O_DIRECT")
         self._made_dirs: set[str] = set()
+
+    @property
+    def aligned_writes(self) -> bool:
+        return self.direct_io
 
     def _in_dir(self, directory: str, action: Callable):
         """`action()` with `directory` made (once per store); run once more, with the directory
@@ -134,10 +226,8 @@ class LocalStore(Store):
         return memoryview(mapped)[offset:offset + length]
 
     def _write_direct(self, tmp: str, parts: Sequence) -> bool:
-        """Write `parts` with O_DIRECT and fsync; False if the file system refuses O_DIRECT.
-        Block-aligned runs of aligned memory go to disk as they lie; everything else is
-        gathered through this thread's aligned bounce buffer, the last block zero-padded and
-        the file then cut to its length (one fsync makes data and length durable)."""
+        """Write `parts` with O_DIRECT and fsync; False if the file system refuses O_DIRECT
+        (see _DirectFile; one fsync makes data and length durable)."""
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o644)
         except OSError as e:
@@ -145,45 +235,14 @@ class LocalStore(Store):
                 self.direct_io = False
                 return False
             raise
-        views = [memoryview(p).cast("B") for p in parts]
-        total = sum(v.nbytes for v in views)
-        bounce = _bounce()
-        pos = fill = written = 0
-
-        def put(source: memoryview, offset: int) -> None:
-            nonlocal written
-            done = 0
-            while done < source.nbytes:
-                done += os.pwrite(fd, source[done:done + DIRECT_PIECE], offset + done)
-            written += done
-
+        out = _DirectFile(fd)
         try:
-            for view in views:
-                while view.nbytes:
-                    whole = view.nbytes - view.nbytes % BLOCK
-                    if whole and pos % BLOCK == 0 and _address(view) % BLOCK == 0:
-                        if fill:
-                            put(bounce[:fill], pos - fill)
-                            fill = 0
-                        put(view[:whole], pos)
-                    else:
-                        whole = min(view.nbytes, bounce.nbytes - fill)
-                        _copy(bounce[fill:fill + whole], view[:whole])
-                        fill += whole
-                        if fill == bounce.nbytes:
-                            put(bounce, pos + whole - fill)
-                            fill = 0
-                    view = view[whole:]
-                    pos += whole
-            if fill:
-                padded = -(-fill // BLOCK) * BLOCK
-                bounce[fill:padded] = bytes(padded - fill)
-                put(bounce[:padded], pos - fill)
-                if padded != fill:
-                    os.ftruncate(fd, total)
+            for part in parts:
+                out.add(memoryview(part).cast("B"))
+            out.finish()
             os.fsync(fd)
         except OSError as e:
-            if e.errno != errno.EINVAL or written:
+            if e.errno != errno.EINVAL or out.written:
                 raise
             os.close(fd)
             fd = -1
