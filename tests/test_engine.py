@@ -383,27 +383,30 @@ def test_the_pacer_encodes_only_while_the_store_has_writes_waiting():
 
 def test_after_a_save_the_store_bound_the_next_encodes_its_first_chunks():
     """The first slots' worth of a save's chunks find nothing waiting. Where the last save
-    encoded at least half its chunks (the store bound it), they are encoded; a save that
-    writes most chunks raw makes the next one wait for a backlog again."""
+    encoded at least half its chunks (the store bound it), they are encoded, and up to twice
+    the slots, chunks still in their capture count as waiting; a save that writes most chunks
+    raw makes the next one wait for a backlog again."""
     from forkpoint.engine.pacing import EncodePacer, PaceMemory
 
     memory = PaceMemory()
 
-    def paced(ready: bool) -> list[bool]:
+    def paced(chunks: int, ready: bool) -> list[bool]:
         pacer = EncodePacer(slots=3, cores=1 << 10, memory=memory)
-        for _ in range(8):
+        for _ in range(chunks):
             pacer.add()
         decisions = []
-        for _ in range(8):
+        for _ in range(chunks):
             decisions.append(pacer.encodes())
             if ready:
                 pacer.ready()
         pacer.finish()
         return decisions
 
-    assert paced(ready=True) == [False] * 3 + [True] * 5 and memory.store_bound
-    assert paced(ready=False) == [True] * 3 + [False] * 5 and not memory.store_bound
-    assert paced(ready=True) == [False] * 3 + [True] * 5 and memory.store_bound
+    assert paced(8, ready=True) == [False] * 3 + [True] * 5 and memory.store_bound
+    # primed: the first three encode; the next three find three captures under way
+    assert paced(8, ready=False) == [True] * 6 + [False] * 2 and memory.store_bound
+    assert paced(16, ready=False) == [True] * 6 + [False] * 10 and not memory.store_bound
+    assert paced(8, ready=True) == [False] * 3 + [True] * 5 and memory.store_bound
     unpaced = EncodePacer(slots=3, enabled=False, memory=memory)
     for _ in range(8):
         unpaced.add()

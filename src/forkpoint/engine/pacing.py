@@ -39,7 +39,10 @@ class EncodePacer:
     chunks' encodes cost little, and the first of them would find nothing waiting);
     `enabled=False` encodes every chunk. With a `memory` of a save the store bound, the first
     `slots` chunks need nothing waiting (they never find any; on a slow disk they went raw for
-    nothing); `finish` records this save in it. (A rule that encoded wherever the waiting bytes kept
+    nothing), and up to twice that many, chunks still in their capture count as waiting (they
+    soon will: else the encodes of the first chunks left the next ones finding too few; later
+    on, counting them made saves on a fast disk encode ever more chunks, each save teaching the
+    next that the store bound it); `finish` records this save in it. (A rule that encoded wherever the waiting bytes kept
     the store busy through the encode, at the rates the save measured, encoded 90% of the
     chunks and was as slow as encoding them all: the store did not idle, the CPU was short.)"""
 
@@ -48,6 +51,7 @@ class EncodePacer:
     least: int = 0
     chunks: int = 0
     waiting: int = 0
+    capturing: int = 0
     encoded: int = 0
     raw: int = 0
     cores: int = 0
@@ -68,9 +72,12 @@ class EncodePacer:
     def encodes(self) -> bool:
         """Whether the chunk whose capture starts now is encoded (else it is written raw)."""
         with self.lock:
-            primed = self.memory is not None and self.memory.store_bound and self.encoded + self.raw < self.slots
+            decided = self.encoded + self.raw
+            primed = self.memory is not None and self.memory.store_bound and decided < 2 * self.slots
+            backlog = self.waiting + (self.capturing if primed else 0)
             encode = not self.enabled or self.chunks < self.least or (
-                (self.waiting >= self.slots or primed) and not self._cpu_is_short())
+                (backlog >= self.slots or primed and decided < self.slots) and not self._cpu_is_short())
+            self.capturing += 1
             if encode:
                 self.encoded += 1
             else:
@@ -91,6 +98,7 @@ class EncodePacer:
     def ready(self) -> None:
         """A chunk is captured (and encoded or not): it now waits for its write."""
         with self.lock:
+            self.capturing -= 1
             self.waiting += 1
 
     def written(self) -> None:
