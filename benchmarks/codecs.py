@@ -14,6 +14,8 @@ written with O_DIRECT, so they are read from the disk).
     python benchmarks/codecs.py --warm-restores --repeats 9   # restore speed per codec
     python benchmarks/codecs.py --repeated-saves --repeats 7  # one repo per codec, a save per step
     python benchmarks/codecs.py --repeated-saves --cores 1,2  # the same, bound to 1 core, then 2
+    python benchmarks/codecs.py --pacing-ab --repeats 12  # what paces a lossless save, A/B
+    python benchmarks/codecs.py --parallel-speedup --repeats 5  # are two cores two cores' worth
     python benchmarks/codecs.py --training-loop --repeats 3   # loop time with a save every 5 steps
     python benchmarks/codecs.py --compact --repeats 5         # encoding a raw repository afterwards
     python benchmarks/codecs.py --encode-later-ab --repeats 16  # save time with encode_later
@@ -107,6 +109,12 @@ def main():
     ap.add_argument("--raw-under-load", action="store_true",
                     help="instead: raw saves alone and while 1 or 2 other threads keep a core busy each "
                          "(what a save's disk path loses to CPU work beside it, such as encoding)")
+    ap.add_argument("--pacing-ab", action="store_true",
+                    help="instead: same-process A/B of raw, paced lossless, paced without the last "
+                         "save's memory or coding every plane that gains, and adaptive=False")
+    ap.add_argument("--parallel-speedup", action="store_true",
+                    help="instead: what a second thread adds to blake3, the float codec and a "
+                         "scalar loop (whether this machine's two cores are two cores' worth)")
     ap.add_argument("--cores", default=None,
                     help="run the chosen mode once per core count given (e.g. 1,2), each in a new "
                          "process bound to that many of this process's cores")
@@ -121,7 +129,8 @@ def main():
     modes = {"warm_restores": warm_restores, "repeated_saves": repeated_saves,
              "training_loop": training_loop, "compact": compaction, "encode_later_ab": encode_later_ab,
              "layouts_ab": layouts_ab, "auto_ab": auto_ab, "estimates_ab": estimates_ab,
-             "delta_sample_ab": delta_sample_ab, "raw_under_load": raw_under_load}
+             "delta_sample_ab": delta_sample_ab, "raw_under_load": raw_under_load, "pacing_ab": pacing_ab,
+             "parallel_speedup": parallel_speedup}
     chosen = [mode for name, mode in modes.items() if getattr(args, name)]
     if chosen:
         if chosen[0] is training_loop:
@@ -391,6 +400,107 @@ def layouts_ab(scratch: str, repeats: int) -> None:
                   f"{statistics.median(cpu[c]):.2f} | {statistics.median(ratios[c]):.3f} |")
             repos[c].close()
             shutil.rmtree(os.path.join(scratch, f"layouts-{i}"))
+
+
+def pacing_ab(scratch: str, repeats: int) -> None:
+    """Same-process A/B of what paces a lossless save: raw; lossless paced (the default);
+    paced without the memory of the last save (its first chunks find nothing waiting and go
+    raw); paced but coding every plane that gains 2% (PACED_LEAST_SAVING set to 0 around its
+    saves); and every chunk encoded (adaptive=False). A repository each, saves in turn (the
+    order reversed every round), a training step before each. Medians of `repeats` after two
+    saves each; "vs raw" is the median of each round's own ratio to the raw save; "copied" is
+    what each save passed through the direct-I/O bounce buffer."""
+    from forkpoint.engine import save as save_module
+    from forkpoint.storage import local
+
+    copied = [0]
+    copy = local._copy
+
+    def counted(dst, src):
+        copied[0] += src.nbytes
+        copy(dst, src)
+
+    local._copy = counted
+    print(f"forkpoint from {os.path.dirname(fp.__file__)}, {len(os.sched_getaffinity(0))} cores\n")
+    print("| dtype | codec | save (s) | vs raw | CPU (core-s) | ratio | copied (MB) |")
+    print("|---|---|---|---|---|---|---|")
+    configs = {"raw": {"codec": "raw"}, "lossless (paced)": {"codec": "lossless"},
+               "paced, no memory of the last save": {"codec": "lossless"},
+               "paced, coding planes that gain 2%": {"codec": "lossless"},
+               "adaptive=False": {"codec": "lossless", "adaptive": False}}
+    names = list(configs)
+    for dtype in (torch.float32, torch.bfloat16):
+        state = trained_state(dtype)
+        repos = {c: fp.Repo(os.path.join(scratch, f"pacing-{i}"), create=True, **kw) for i, (c, kw) in enumerate(configs.items())}
+        repos["paced, no memory of the last save"]._pacing = None
+        times, cpu, ratios, copies = ({c: [] for c in names} for _ in range(4))
+        for rep in range(repeats + 2):
+            for c in (names if rep % 2 else names[::-1]):
+                train_step(state, dtype)
+                copied[0] = 0
+                least = save_module.PACED_LEAST_SAVING
+                save_module.PACED_LEAST_SAVING = 0.0 if c == "paced, coding planes that gain 2%" else least
+                try:
+                    v, elapsed, core_s = timed(lambda: repos[c].save(state))
+                finally:
+                    save_module.PACED_LEAST_SAVING = least
+                if rep >= 2:
+                    times[c].append(elapsed)
+                    cpu[c].append(core_s)
+                    ratios[c].append(v.logical_bytes / v.stored_bytes)
+                    copies[c].append(copied[0])
+        for i, c in enumerate(names):
+            paired = statistics.median(a / b for a, b in zip(times[c], times["raw"]))
+            print(f"| {str(dtype).removeprefix('torch.')} | {c} | {statistics.median(times[c]):.3f} | {paired:.3f} | "
+                  f"{statistics.median(cpu[c]):.2f} | {statistics.median(ratios[c]):.3f} | "
+                  f"{statistics.median(copies[c]) / 1e6:.0f} |")
+            repos[c].close()
+            shutil.rmtree(os.path.join(scratch, f"pacing-{i}"))
+    local._copy = copy
+
+
+def parallel_speedup(scratch: str, repeats: int) -> None:
+    """How much a second thread adds to the vector work a save does (blake3 over a 256 KiB
+    buffer, the float codec on a 4 MiB float32 weight; both let go of the interpreter lock) and
+    to a scalar loop (two processes of pure Python): per trial, the rate of two threads over
+    the rate of one, each measured over 0.2 s. On a machine with two free cores every figure
+    is near 2; where the two cores share one core's vector units, or the host takes one, the
+    vector figures fall toward 1."""
+    import numpy as np
+
+    from forkpoint.format import floatcodec
+    from forkpoint.format.objects import content_hash
+
+    buffer = bytes(256 << 10)
+    weight = (np.random.default_rng(0).standard_normal(1 << 20) * 0.02).astype(np.float32).view(np.uint8)
+    kernels = {"blake3": lambda: content_hash(buffer, parallel=False),
+               "float codec": lambda: floatcodec.encode_pieces(weight, 4, threads=1)}
+
+    def rate(kernel, seconds: float = 0.2) -> float:
+        done, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            kernel()
+            done += 1
+        return done / (time.perf_counter() - start)
+
+    def speedup(kernel) -> float:
+        solo, rates = rate(kernel), [0.0, 0.0]
+        threads = [threading.Thread(target=lambda i=i: rates.__setitem__(i, rate(kernel))) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return sum(rates) / solo
+
+    loop = [sys.executable, "-c", "import time\nn, t = 0, time.perf_counter()\n"
+            "while time.perf_counter() - t < 0.5: n += 1\nprint(n)"]
+    print("| trial | blake3 | float codec | Python loop (2 processes) |\n|---|---|---|---|")
+    for trial in range(repeats):
+        vector = [speedup(k) for k in kernels.values()]
+        solo = int(subprocess.run(loop, capture_output=True, text=True).stdout)
+        pair = [subprocess.Popen(loop, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+        both = sum(int(p.communicate()[0]) for p in pair)
+        print(f"| {trial + 1} | {vector[0]:.2f} | {vector[1]:.2f} | {both / solo:.2f} |")
 
 
 def alternating_delta_saves(scratch: str, state, dtype, repeats: int, gap: int, ways: dict) -> dict:

@@ -383,19 +383,22 @@ def test_the_pacer_encodes_only_while_the_store_has_writes_waiting():
 
 def test_after_a_save_the_store_bound_the_next_encodes_its_first_chunks():
     """The first slots' worth of a save's chunks find nothing waiting. Where the last save
-    encoded at least half its chunks (the store bound it), they are encoded, and up to twice
-    the slots, chunks still in their capture count as waiting; a save that writes most chunks
-    raw makes the next one wait for a backlog again."""
+    encoded 90% of its chunks past its start-up (the store bound it), they are encoded, and up
+    to twice the slots, chunks still in their capture count as waiting. A save that wrote
+    more than a tenth of those chunks raw makes the next one wait for a backlog again."""
     from forkpoint.engine.pacing import EncodePacer, PaceMemory
 
     memory = PaceMemory()
 
-    def paced(chunks: int, ready: bool) -> list[bool]:
+    def paced(chunks: int, ready: bool, drained_before: tuple = ()) -> list[bool]:
         pacer = EncodePacer(slots=3, cores=1 << 10, memory=memory)
         for _ in range(chunks):
             pacer.add()
         decisions = []
-        for _ in range(chunks):
+        for i in range(chunks):
+            if i in drained_before:  # writes end until one slot is free
+                for _ in range(pacer.waiting - pacer.slots + 1):
+                    pacer.written()
             decisions.append(pacer.encodes())
             if ready:
                 pacer.ready()
@@ -403,10 +406,13 @@ def test_after_a_save_the_store_bound_the_next_encodes_its_first_chunks():
         return decisions
 
     assert paced(8, ready=True) == [False] * 3 + [True] * 5 and memory.store_bound
-    # primed: the first three encode; the next three find three captures under way
-    assert paced(8, ready=False) == [True] * 6 + [False] * 2 and memory.store_bound
-    assert paced(16, ready=False) == [True] * 6 + [False] * 10 and not memory.store_bound
+    # primed: the first three encode, the next three find three captures under way
+    assert paced(8, ready=False) == [True] * 6 + [False] * 2 and not memory.store_bound
     assert paced(8, ready=True) == [False] * 3 + [True] * 5 and memory.store_bound
+    # past the start-up, 8 of 10 encoded (a slot fell free twice): not bound enough
+    decisions = paced(16, ready=True, drained_before=(10, 13))
+    assert decisions[6:].count(False) == 2 and decisions[:3] == [True] * 3 and not memory.store_bound
+    assert paced(8, ready=True)[:3] == [False] * 3
     unpaced = EncodePacer(slots=3, enabled=False, memory=memory)
     for _ in range(8):
         unpaced.add()
@@ -448,9 +454,8 @@ def test_a_paced_save_writes_raw_what_its_turn_finds_the_store_idle_for(tmp_path
     """With every object write held back, the backlog grows one chunk per capture: the first
     I/O slots' worth of chunks (one more where a capture started while the one before it was
     still running) are written raw, since a free slot means the save is not bound by the store;
-    the rest are encoded. The version round-trips exactly and records each chunk's codec. The
-    store bound that save, so the next one encodes its first chunks too. (The process is given
-    so many cores that its CPU is never short: the count rule alone.)"""
+    the rest are encoded. The version round-trips exactly and records each chunk's codec. (The
+    process is given so many cores that its CPU is never short: the count rule alone.)"""
     from forkpoint.engine import scheduler
     from forkpoint.engine.pacing import EncodePacer
 
@@ -470,14 +475,37 @@ def test_a_paced_save_writes_raw_what_its_turn_finds_the_store_idle_for(tmp_path
     loaded = repo.load(version.id)
     assert all(torch.equal(loaded[k], v) for k, v in state.items())
     assert decisions[:slots] == [False] * slots
-    # the store bound that save: the next one encodes its first chunks too
-    seen.clear()
-    decisions.clear()
-    state = {k: v + 1 for k, v in state.items()}
-    again, _ = _save_with_object_writes_held(repo, monkeypatch, state, sync, seen, ahead - encoders + 1)
-    assert decisions[:slots] == [True] * slots
-    loaded = repo.load(again.id)
-    assert all(torch.equal(loaded[k], v) for k, v in state.items())
+    repo.close()
+
+
+def test_a_save_after_one_a_slow_store_bound_encodes_its_first_chunks(tmp_path, monkeypatch):
+    """Every object write takes 20 ms: the store bounds the whole save. The first save writes
+    its first slots' worth of chunks raw (nothing waits yet) and encodes the rest; the next
+    save remembers that the store bound it and encodes from its first chunk. Both restore."""
+    from forkpoint.engine import scheduler
+    from forkpoint.engine.pacing import EncodePacer
+
+    monkeypatch.setattr(scheduler, "usable_cores", lambda: 1 << 10)
+    repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless")
+    slots = repo._sched.limit("io:tier0")
+    write = repo.store.write
+    monkeypatch.setattr(repo.store, "write", lambda key, parts, durable=True: (
+        time.sleep(0.02) if key.startswith("objects/") else None, write(key, parts, durable))[1])
+    decisions = []
+    decide = EncodePacer.encodes
+    monkeypatch.setattr(EncodePacer, "encodes", lambda pacer: decisions.append(decide(pacer)) or decisions[-1])
+    state = {f"w{i}": torch.randn(1 << 18) for i in range(8 * slots)}
+    saves = []
+    for _ in range(2):
+        decisions.clear()
+        saves.append((repo.save(state), {k: v.clone() for k, v in state.items()}, list(decisions)))
+        state = {k: v + 1 for k, v in state.items()}
+    (first, _, before), (second, _, after) = saves
+    assert before[:slots] == [False] * slots and all(before[2 * slots:])
+    assert after[:slots] == [True] * slots
+    for version, values, _ in saves:
+        loaded = repo.load(version.id)
+        assert all(torch.equal(loaded[k], v) for k, v in values.items())
     repo.close()
 
 
