@@ -278,31 +278,22 @@ def test_a_lossless_save_sends_raw_planes_to_disk_without_copying_them(tmp_path,
     repo.close()
 
 
-def _plane_coders(payload) -> list[list[int]]:
-    """The coder of each plane of each segment of a float-planes payload."""
-    from forkpoint.format import floatcodec
-
-    version, itemsize, _, count, per = floatcodec._HEAD.unpack_from(payload)
-    at = floatcodec._HEAD.size + (floatcodec._ROW.size if version >= floatcodec.GRID_VERSION else 0)
-    segments = -(-count // per)
-    return [list(payload[at + j * (itemsize + 1) + 1:at + (j + 1) * (itemsize + 1)]) for j in range(segments)]
-
-
 def test_a_least_saving_leaves_raw_the_planes_that_save_less():
     """An Adam second moment (positive: its rotated sign bit is always zero) packs a plane seven
     bits a byte, which saves 12.5%; with least=0.3 that plane stays raw, the exponent plane is
     still coded, and the payload decodes bit-exact. Layouts chosen for one `least` are chosen
     afresh for another."""
+    from conftest import payload_plane_coders
     from forkpoint.format import floatcodec
 
     rng = np.random.default_rng(0)
     second = (rng.standard_normal((1024, 1024)).astype(np.float32) ** 2) * 1e-6
     layouts = floatcodec.Layouts()
     full = b"".join(floatcodec.encode_pieces(second.view(np.uint8), 4, layouts=layouts, row=1024))
-    assert floatcodec.SEVEN in _plane_coders(full)[0]
+    assert floatcodec.SEVEN in payload_plane_coders(full)[0]
     assert not layouts.fits(4, 1, 1024, least=0.3) and layouts.fits(4, 1, 1024)
     thrifty = b"".join(floatcodec.encode_pieces(second.view(np.uint8), 4, layouts=layouts, row=1024, least=0.3))
-    assert _plane_coders(thrifty)[0] == [floatcodec.RAW] * 3 + [floatcodec.HUFFMAN] and layouts.least == 0.3
+    assert payload_plane_coders(thrifty)[0] == [floatcodec.RAW] * 3 + [floatcodec.HUFFMAN] and layouts.least == 0.3
     for payload in (full, thrifty):
         assert bytes(floatcodec.decode(payload, second.nbytes)) == second.tobytes()
 
@@ -311,8 +302,8 @@ def test_paced_saves_code_only_planes_that_save_a_third_of_their_bytes(tmp_path)
     """A paced lossless save to a local disk, where writing a byte costs about what coding one
     does, leaves raw the planes that save under 30% (PACED_LEAST_SAVING); adaptive=False codes
     them for the full ratio. Both restore exactly."""
+    from conftest import object_plane_coders
     from forkpoint.format import floatcodec
-    from forkpoint.format.objects import OBJECT_HEADER_SIZE, object_key, unpack_header
 
     rng = np.random.default_rng(1)
     state = {"v": torch.from_numpy((rng.standard_normal((1024, 1024)).astype(np.float32) ** 2) * 1e-6)}
@@ -320,10 +311,7 @@ def test_paced_saves_code_only_planes_that_save_a_third_of_their_bytes(tmp_path)
     for adaptive in (True, False):
         repo = fp.Repo(str(tmp_path / str(adaptive)), create=True, codec="lossless", adaptive=adaptive)
         version = repo.save(state)
-        (chunk,) = repo.manifest(version.id).leaves[0].chunks
-        blob = (tmp_path / str(adaptive) / object_key(chunk.object)).read_bytes()
-        header_size = unpack_header(blob[:OBJECT_HEADER_SIZE], chunk.object)[2]
-        coders[adaptive] = _plane_coders(blob[header_size:])[0]
+        coders[adaptive] = object_plane_coders(repo, version, "v")[0]
         assert torch.equal(repo.load(version.id)["v"], state["v"])
         repo.close()
     assert floatcodec.SEVEN in coders[False] and floatcodec.SEVEN not in coders[True]

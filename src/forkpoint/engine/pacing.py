@@ -28,7 +28,8 @@ PACED_LEAST_SAVING = 0.3
 """The share of its bytes a plane must save to be coded in a paced save. Where the store writes
 a byte for about what coding one costs (this VM's local disk), a plane that saves less costs
 more CPU than its write saves: seven-bit packing (12.5%) and Huffman on low mantissa bytes (3%)
-took 17% of a bf16 state's encoding for 2.6% of its ratio."""
+took 17% of a bf16 state's encoding for 2.6% of its ratio. Not where the store bound the last
+save (a slow disk): there every byte saved is time saved."""
 
 
 @dataclass
@@ -52,9 +53,10 @@ class EncodePacer:
     nothing), and up to twice that many, chunks still in their capture count as waiting (they
     soon will: else the encodes of the first chunks left the next ones finding too few; later
     on, counting them made saves on a fast disk encode ever more chunks, each save teaching the
-    next that the store bound it); `finish` records this save in it. (A rule that encoded wherever the waiting bytes kept
-    the store busy through the encode, at the rates the save measured, encoded 90% of the
-    chunks and was as slow as encoding them all: the store did not idle, the CPU was short.)"""
+    next that the store bound it); `finish` records this save in it. (A rule that encoded
+    wherever the waiting bytes kept the store busy through the encode, at the rates the save
+    measured, encoded 90% of the chunks and was as slow as encoding them all: the store did not
+    idle, the CPU was short.)"""
 
     slots: int
     enabled: bool = True

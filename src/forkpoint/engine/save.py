@@ -398,12 +398,15 @@ def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf
     `encode_later` (and no deltas), chunks may be written raw for encoding after the commit
     (the writer's `later`, which the caller must queue). `layouts` (kept by the caller from
     save to save) lets each chunk's encode reuse what the codec chose for it last time, and
-    `pacing` (kept likewise) what the last save's pacer found.
+    `pacing` (kept likewise) what the last save's pacer found. A paced save codes only planes
+    that save PACED_LEAST_SAVING of their bytes, unless the store bound the last save: then
+    every byte saved is time saved, and every plane that gains is coded.
     """
     paced = opts.adaptive and store.paces_encoding
+    thrifty = paced and not (pacing is not None and pacing.store_bound)
     writer = ObjectWriter(store, opts.codec, guard, lambda: sched.hold("encode"),
                           defers=encode_later and deltas is None, layouts=layouts,
-                          least_saving=PACED_LEAST_SAVING if paced else 0.0)
+                          least_saving=PACED_LEAST_SAVING if thrifty else 0.0)
     pacer = EncodePacer(sched.limit(f"io:{tier}"), enabled=paced, memory=pacing)
     plan = ScheduledSave(flat, writer, pacer, deltas)
     plan.writer.pinned.update(k.object for k in known.values())
