@@ -54,22 +54,3 @@ def race_before_publish(repo, other_save):
 
     repo._publish_ref = racing
 
-
-def payload_plane_coders(payload) -> list[list[int]]:
-    """The coder of each plane of each segment of a float-planes payload."""
-    from forkpoint.format import floatcodec
-
-    version, itemsize, _, count, per = floatcodec._HEAD.unpack_from(payload)
-    at = floatcodec._HEAD.size + (floatcodec._ROW.size if version >= floatcodec.GRID_VERSION else 0)
-    return [list(payload[at + j * (itemsize + 1) + 1:at + (j + 1) * (itemsize + 1)])
-            for j in range(-(-count // per))]
-
-
-def object_plane_coders(repo, version, path: str) -> list[list[int]]:
-    """payload_plane_coders of the float-planes object holding leaf `path` (one chunk) of `version`."""
-    from forkpoint.format.objects import OBJECT_HEADER_SIZE, object_key, unpack_header
-
-    (leaf,) = [leaf for leaf in repo.manifest(version.id).leaves if leaf.path == path]
-    (chunk,) = leaf.chunks
-    blob = repo.store.read(object_key(chunk.object))
-    return payload_plane_coders(blob[unpack_header(blob[:OBJECT_HEADER_SIZE], chunk.object)[2]:])

@@ -278,46 +278,6 @@ def test_a_lossless_save_sends_raw_planes_to_disk_without_copying_them(tmp_path,
     repo.close()
 
 
-def test_a_least_saving_leaves_raw_the_planes_that_save_less():
-    """An Adam second moment (positive: its rotated sign bit is always zero) packs a plane seven
-    bits a byte, which saves 12.5%; with least=0.3 that plane stays raw, the exponent plane is
-    still coded, and the payload decodes bit-exact. Layouts chosen for one `least` are chosen
-    afresh for another."""
-    from conftest import payload_plane_coders
-    from forkpoint.format import floatcodec
-
-    rng = np.random.default_rng(0)
-    second = (rng.standard_normal((1024, 1024)).astype(np.float32) ** 2) * 1e-6
-    layouts = floatcodec.Layouts()
-    full = b"".join(floatcodec.encode_pieces(second.view(np.uint8), 4, layouts=layouts, row=1024))
-    assert floatcodec.SEVEN in payload_plane_coders(full)[0]
-    assert not layouts.fits(4, 1, 1024, least=0.3) and layouts.fits(4, 1, 1024)
-    thrifty = b"".join(floatcodec.encode_pieces(second.view(np.uint8), 4, layouts=layouts, row=1024, least=0.3))
-    assert payload_plane_coders(thrifty)[0] == [floatcodec.RAW] * 3 + [floatcodec.HUFFMAN] and layouts.least == 0.3
-    for payload in (full, thrifty):
-        assert bytes(floatcodec.decode(payload, second.nbytes)) == second.tobytes()
-
-
-def test_paced_saves_code_only_planes_that_save_a_third_of_their_bytes(tmp_path):
-    """A paced lossless save to a local disk, where writing a byte costs about what coding one
-    does, leaves raw the planes that save under 30% (PACED_LEAST_SAVING); adaptive=False codes
-    them for the full ratio. Both restore exactly."""
-    from conftest import object_plane_coders
-    from forkpoint.format import floatcodec
-
-    rng = np.random.default_rng(1)
-    state = {"v": torch.from_numpy((rng.standard_normal((1024, 1024)).astype(np.float32) ** 2) * 1e-6)}
-    coders = {}
-    for adaptive in (True, False):
-        repo = fp.Repo(str(tmp_path / str(adaptive)), create=True, codec="lossless", adaptive=adaptive)
-        version = repo.save(state)
-        coders[adaptive] = object_plane_coders(repo, version, "v")[0]
-        assert torch.equal(repo.load(version.id)["v"], state["v"])
-        repo.close()
-    assert floatcodec.SEVEN in coders[False] and floatcodec.SEVEN not in coders[True]
-    assert coders[True][-1] != floatcodec.RAW
-
-
 def test_damaged_float_payload_is_refused(tmp_path):
     from forkpoint.errors import CorruptObjectError
 

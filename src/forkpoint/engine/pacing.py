@@ -24,12 +24,6 @@ STORE_BOUND_SHARE = 0.9
 """The share of chunks past its start-up a save must encode for the next to count the store as
 its bound. (Half: on this VM's fast local disk, fp32 saves that encoded 80-88% primed the next
 and took 2-5% longer than saves without the memory.)"""
-PACED_LEAST_SAVING = 0.3
-"""The share of its bytes a plane must save to be coded in a paced save. Where the store writes
-a byte for about what coding one costs (this VM's local disk), a plane that saves less costs
-more CPU than its write saves: seven-bit packing (12.5%) and Huffman on low mantissa bytes (3%)
-took 17% of a bf16 state's encoding for 2.6% of its ratio. Not where the store bound the last
-save (a slow disk): there every byte saved is time saved."""
 
 
 @dataclass

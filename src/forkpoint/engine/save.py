@@ -23,7 +23,7 @@ from ..storage.base import Store
 from ..storage.streamcopy import stream_copy
 from .autocodec import BusyMeter, choice_for
 from .chunkmemory import ChunkMemory
-from .pacing import PACED_LEAST_SAVING, EncodePacer, PaceMemory
+from .pacing import EncodePacer, PaceMemory
 from .reencode import MIN_GAIN, LaterEncode
 from .scheduler import Priority, Scheduler, Task
 from .staging import StagingPool
@@ -116,14 +116,12 @@ class ObjectWriter:
     the other write tasks keep the store busy). With `defers`, chunks of an encoding policy
     are written raw when raw saves measure faster on the store, and listed in `later` for
     encoding after the commit (engine.reencode). `layouts` keeps what the codec chose per
-    chunk slot for the next save to reuse. `least_saving` leaves raw the parts of a chunk
-    (planes) whose coding would save less than that share of their bytes."""
+    chunk slot for the next save to reuse."""
 
     def __init__(self, store: Store, codec, guard=None, encoding=None, defers: bool = False,
-                 layouts: ChunkMemory | None = None, least_saving: float = 0.0):
+                 layouts: ChunkMemory | None = None):
         self.store = store
         self.layouts = layouts
-        self.least_saving = least_saving
         self.encoding = encoding or contextlib.nullcontext
         self.rules = codec_rules(codec)
         self.policy = self.rules[-1][1]
@@ -289,7 +287,7 @@ class ObjectWriter:
         layouts = self.layouts.get(slot) if self.layouts is not None and slot is not None else None
         aligned = scratch is not None and self.store.aligned_writes and view.nbytes >= DIRECT_MIN_BYTES
         return codec.pieces(view, itemsize, scratch=scratch, layouts=layouts, row=row,
-                            at=OBJECT_HEADER_SIZE if aligned else None, least=self.least_saving)
+                            at=OBJECT_HEADER_SIZE if aligned else None)
 
     def _adopt(self, key: str, data: np.ndarray, owned: np.ndarray, table: bytes | None) -> str:
         """Store raw `data`, the tail of `owned`, by writing its header in front of it and
@@ -398,16 +396,11 @@ def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf
     `encode_later` (and no deltas), chunks may be written raw for encoding after the commit
     (the writer's `later`, which the caller must queue). `layouts` (kept by the caller from
     save to save) lets each chunk's encode reuse what the codec chose for it last time, and
-    `pacing` (kept likewise) what the last save's pacer found. A paced save codes only planes
-    that save PACED_LEAST_SAVING of their bytes, unless the store bound the last save: then
-    every byte saved is time saved, and every plane that gains is coded.
+    `pacing` (kept likewise) what the last save's pacer found.
     """
-    paced = opts.adaptive and store.paces_encoding
-    thrifty = paced and not (pacing is not None and pacing.store_bound)
     writer = ObjectWriter(store, opts.codec, guard, lambda: sched.hold("encode"),
-                          defers=encode_later and deltas is None, layouts=layouts,
-                          least_saving=PACED_LEAST_SAVING if thrifty else 0.0)
-    pacer = EncodePacer(sched.limit(f"io:{tier}"), enabled=paced, memory=pacing)
+                          defers=encode_later and deltas is None, layouts=layouts)
+    pacer = EncodePacer(sched.limit(f"io:{tier}"), enabled=opts.adaptive and store.paces_encoding, memory=pacing)
     plan = ScheduledSave(flat, writer, pacer, deltas)
     plan.writer.pinned.update(k.object for k in known.values())
     if deltas is not None:

@@ -31,7 +31,7 @@ class Codec:
     sample: Callable[..., np.ndarray] | None = None
 
     def pieces(self, data, itemsize: int = 1, threads: int | None = None, scratch=None, layouts=None,
-               row: int = 0, at: int | None = None, least: float = 0.0) -> list:
+               row: int = 0, at: int | None = None) -> list:
         """The encoded payload as a list of buffers to write in order (no final join where
         the codec produces it in parts); `scratch` (uint8, the data's size) is memory a
         codec that works in parts may use for them (the payload may refer to it). `layouts`
@@ -39,10 +39,9 @@ class Codec:
         encode to the next (codecs that choose nothing ignore it). `row` is the elements of one
         row of the data (a matrix's columns; 0 for none), which a codec may model. `at`, the
         payload's offset in its file, asks a codec that can to place the parts of `scratch` it
-        keeps at block-aligned file offsets (see floatcodec.encode_pieces); `least`, to leave
-        raw the parts it would code that save less than that share of their bytes."""
+        keeps at block-aligned file offsets (see floatcodec.encode_pieces)."""
         if self.encode_pieces is not None:
-            return self.encode_pieces(data, itemsize, threads, scratch, layouts, row, at, least)
+            return self.encode_pieces(data, itemsize, threads, scratch, layouts, row, at)
         return [self.encode(data, itemsize, threads)]
 
 

@@ -517,8 +517,7 @@ def _trial_bytes(plane: np.ndarray, coder: int, block: int) -> int:
     return len(_encode_plane(plane, coder, block))
 
 
-def choose(data: np.ndarray, itemsize: int, row: int = 0, share: int = 1,
-           least: float = 0.0) -> tuple[int, list[int], int]:
+def choose(data: np.ndarray, itemsize: int, row: int = 0, share: int = 1) -> tuple[int, list[int], int]:
     """(form, coder per plane, coded bytes of the sample) for `data`: the layout whose coded
     bytes plus the price of each pass it makes over a plane (_pass_price) are fewer (a bf16
     weight's low byte codes 0.7% smaller at Huffman's speed: coding it cost the weights ~30% of
@@ -529,9 +528,7 @@ def choose(data: np.ndarray, itemsize: int, row: int = 0, share: int = 1,
     code no smaller). A layout whose top plane zstd codes is also tried with that plane's rows
     matched (| MATCH, see _matched_option). `share` bounds the sample to that fraction of the
     data (see _sample): an encode passes SAMPLE_SHARE, so that a 1 MiB float32 chunk's choice
-    costs half as much; `estimate` keeps the full sample, whose delta decisions it steadies.
-    `least`, where given, leaves raw every plane that would save less than that share of its
-    bytes (see encode_pieces)."""
+    costs half as much; `estimate` keeps the full sample, whose delta decisions it steadies."""
     grid = itemsize in _WORDS and grid_fits(data.nbytes // itemsize, row)
     sample = _sample(data, itemsize, row if grid else MATCH_ROW, share)
     planes = np.empty((itemsize, sample.nbytes // itemsize), np.uint8)
@@ -550,9 +547,6 @@ def choose(data: np.ndarray, itemsize: int, row: int = 0, share: int = 1,
         if _plane_stats(planes[-1])[0] + shift_bytes < GRID_MIN_GAIN * turned[-1][1]:
             coder, coded = _plane_coder(planes[-1])
             options.append((ROTATED | GRID, turned[:-1] + [(coder, coded + shift_bytes)]))
-    if least:
-        options = [(form, _thrifty(coders, planes.shape[1], least)) for form, coders in options]
-
     def price(option):
         return sum(n + _pass_price(c, planes.shape[1]) for c, n in option[1])
     best = min(options, key=price)
@@ -565,11 +559,6 @@ def choose(data: np.ndarray, itemsize: int, row: int = 0, share: int = 1,
             costs = _stretch_costs(data, itemsize, row, candidates)
             best = candidates[costs.index(min(costs))]
     return best[0], [c for c, _ in best[1]], sum(n for _, n in best[1])
-
-
-def _thrifty(coders: list[tuple[int, int]], nbytes: int, least: float) -> list[tuple[int, int]]:
-    """(coder, coded bytes) per plane of `nbytes`, raw where a coder saves under `least` of them."""
-    return [(c, n) if c == RAW or n <= (1 - least) * nbytes else (RAW, nbytes) for c, n in coders]
 
 
 def _matched_option(form: int, option: list, top: np.ndarray) -> list:
@@ -701,21 +690,18 @@ class Layouts:
     uses: int = 0
     coded: int = 0
     row: int = 0
-    least: float = 0.0
 
-    def fits(self, itemsize: int, count: int, row: int = 0, least: float = 0.0) -> bool:
+    def fits(self, itemsize: int, count: int, row: int = 0) -> bool:
         """True when these layouts are for `count` segments of `itemsize` elements in rows of
-        `row`, chosen for the same `least` (see encode_pieces), and young enough to reuse (they
-        are chosen afresh every REUSE_LIMIT + 1 encodes)."""
+        `row` and young enough to reuse (they are chosen afresh every REUSE_LIMIT + 1 encodes)."""
         return (self.itemsize == itemsize and self.row == row and len(self.segments) == count
-                and self.least == least and self.uses < REUSE_LIMIT)
+                and self.uses < REUSE_LIMIT)
 
-    def update(self, itemsize: int, segments: list, coded: int, reused: bool, row: int = 0,
-               least: float = 0.0) -> None:
+    def update(self, itemsize: int, segments: list, coded: int, reused: bool, row: int = 0) -> None:
         """Record the layouts an encode used and its planes' coded bytes; an encode that reused them
         and coded more than REGROW larger than the one before has them chosen afresh next time."""
         grew = reused and coded > self.coded * REGROW
-        self.itemsize, self.segments, self.coded, self.row, self.least = itemsize, segments, coded, row, least
+        self.itemsize, self.segments, self.coded, self.row = itemsize, segments, coded, row
         self.uses = REUSE_LIMIT if grew else self.uses + 1 if reused else 0
 
 
@@ -724,8 +710,7 @@ REGROW = 1.02  # a training step grew payloads up to 1.3%; choosing afresh then 
 
 
 def encode_pieces(data, itemsize: int = 1, threads: int | None = None, out=None,
-                  layouts: Layouts | None = None, row: int = 0, at: int | None = None,
-                  least: float = 0.0) -> list:
+                  layouts: Layouts | None = None, row: int = 0, at: int | None = None) -> list:
     """The payload of `encode` as a list of buffers, in order: raw planes are views of one work
     array per call (no copy out of it, no join into one large freshly faulted buffer). `out`, a
     uint8 array of at least the data's size, is that work array when the caller has one to
@@ -737,22 +722,19 @@ def encode_pieces(data, itemsize: int = 1, threads: int | None = None, out=None,
     each raw plane at a file offset that is a multiple of ALIGN, zero bytes filling the gap:
     from a page-aligned `out`, a store writing with direct I/O then sends raw planes to disk
     from where they lie instead of copying them (segments are then, where rows allow, a
-    multiple of ALIGN elements, so that each of their planes starts page-aligned in `out`).
-    `least` (0 to 1) leaves raw every plane that would save less than that share of its bytes
-    (a save whose store writes a byte for about what coding one costs spends less that way)."""
+    multiple of ALIGN elements, so that each of their planes starts page-aligned in `out`)."""
     data, itemsize = _elements(data, itemsize)
     count = data.nbytes // itemsize
     row = row if itemsize in _WORDS and grid_fits(count, row) else 0
     per = _segment_elements(itemsize, row, aligned=at is not None)
     starts = list(range(0, count, per)) or [0]
     kept = np.empty(data.nbytes, np.uint8) if out is None else out[:data.nbytes]
-    reuse = layouts.segments if layouts is not None and layouts.fits(itemsize, len(starts), row, least) else None
-    kept_below = min(MIN_GAIN, 1 - least)
+    reuse = layouts.segments if layouts is not None and layouts.fits(itemsize, len(starts), row) else None
 
     def segment(j: int) -> tuple[tuple, list]:
         lo = starts[j]
         part = data[lo * itemsize:min(count, lo + per) * itemsize]
-        form, coders = reuse[j] if reuse is not None else choose(part, itemsize, row, SAMPLE_SHARE, least)[:2]
+        form, coders = reuse[j] if reuse is not None else choose(part, itemsize, row, SAMPLE_SHARE)[:2]
         planes = kept[lo * itemsize:lo * itemsize + part.nbytes].reshape(itemsize, -1)
         _to_planes(part, itemsize, bool(form & ROTATED), planes)
         shifts = None
@@ -763,7 +745,7 @@ def encode_pieces(data, itemsize: int = 1, threads: int | None = None, out=None,
             shifts = _match_rows(planes[-1])
         coded = [_encode_plane(plane, coder) for plane, coder in zip(planes, coders)]
         # raw where seven-bit packing met a set bit 0 the sample missed, or a reused coder no longer gains
-        kept_coded = [c is not None and (reuse is None or coder == RAW or len(c) < kept_below * plane.nbytes)
+        kept_coded = [c is not None and (reuse is None or coder == RAW or len(c) < MIN_GAIN * plane.nbytes)
                       for plane, coder, c in zip(planes, coders, coded)]
         coders = [coder if keep else RAW for coder, keep in zip(coders, kept_coded)]
         coded = [[c if keep else memoryview(plane)] for plane, c, keep in zip(planes, coded, kept_coded)]
@@ -779,7 +761,7 @@ def encode_pieces(data, itemsize: int = 1, threads: int | None = None, out=None,
     lengths = [sum(len(c) for c in plane) for _, planes in coded for plane in planes]
     if layouts is not None:
         layouts.update(itemsize, [(int(form), list(coders)) for (form, coders), _ in coded], sum(lengths),
-                       reused=reuse is not None, row=row, least=least)
+                       reused=reuse is not None, row=row)
     grid = any(form & GRID for (form, _), _ in coded)
     version = (ALIGNED_VERSION if at is not None else
                SPARSE_VERSION if any(SPARSE in coders for (_, coders), _ in coded) else
