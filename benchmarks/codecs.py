@@ -111,7 +111,7 @@ def main():
                          "(what a save's disk path loses to CPU work beside it, such as encoding)")
     ap.add_argument("--pacing-ab", action="store_true",
                     help="instead: same-process A/B of raw, paced lossless, paced without the last "
-                         "save's memory or coding every plane that gains, and adaptive=False")
+                         "save's memory, and adaptive=False")
     ap.add_argument("--parallel-speedup", action="store_true",
                     help="instead: what a second thread adds to blake3, the float codec and a "
                          "scalar loop (whether this machine's two cores are two cores' worth)")
@@ -405,12 +405,10 @@ def layouts_ab(scratch: str, repeats: int) -> None:
 def pacing_ab(scratch: str, repeats: int) -> None:
     """Same-process A/B of what paces a lossless save: raw; lossless paced (the default);
     paced without the memory of the last save (its first chunks find nothing waiting and go
-    raw); paced but coding every plane that gains 2% (PACED_LEAST_SAVING set to 0 around its
-    saves); and every chunk encoded (adaptive=False). A repository each, saves in turn (the
+    raw); and every chunk encoded (adaptive=False). A repository each, saves in turn (the
     order reversed every round), a training step before each. Medians of `repeats` after two
     saves each; "vs raw" is the median of each round's own ratio to the raw save; "copied" is
     what each save passed through the direct-I/O bounce buffer."""
-    from forkpoint.engine import save as save_module
     from forkpoint.storage import local
 
     copied = [0]
@@ -426,7 +424,6 @@ def pacing_ab(scratch: str, repeats: int) -> None:
     print("|---|---|---|---|---|---|---|")
     configs = {"raw": {"codec": "raw"}, "lossless (paced)": {"codec": "lossless"},
                "paced, no memory of the last save": {"codec": "lossless"},
-               "paced, coding planes that gain 2%": {"codec": "lossless"},
                "adaptive=False": {"codec": "lossless", "adaptive": False}}
     names = list(configs)
     for dtype in (torch.float32, torch.bfloat16):
@@ -438,12 +435,7 @@ def pacing_ab(scratch: str, repeats: int) -> None:
             for c in (names if rep % 2 else names[::-1]):
                 train_step(state, dtype)
                 copied[0] = 0
-                least = save_module.PACED_LEAST_SAVING
-                save_module.PACED_LEAST_SAVING = 0.0 if c == "paced, coding planes that gain 2%" else least
-                try:
-                    v, elapsed, core_s = timed(lambda: repos[c].save(state))
-                finally:
-                    save_module.PACED_LEAST_SAVING = least
+                v, elapsed, core_s = timed(lambda: repos[c].save(state))
                 if rep >= 2:
                     times[c].append(elapsed)
                     cpu[c].append(core_s)
