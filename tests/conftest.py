@@ -53,4 +53,3 @@ def race_before_publish(repo, other_save):
         return real(*args, **kwargs)
 
     repo._publish_ref = racing
-

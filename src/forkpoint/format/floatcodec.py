@@ -771,15 +771,15 @@ def encode_pieces(data, itemsize: int = 1, threads: int | None = None, out=None,
     head += _ROW.pack(row if grid else 0) if version >= GRID_VERSION else b""
     table = bytes(b for (form, coders), _ in coded for b in (form, *(_PAYLOAD_CODER[c] for c in coders)))
     pieces = [head, table, struct.pack(f"<{len(lengths)}I", *lengths)]
+    planes = [plane for _, segment_planes in coded for plane in segment_planes]
     if at is None:
-        return pieces + [c for _, planes in coded for plane in planes for c in plane]
-    pos = at + sum(len(p) for p in pieces)
-    for j, ((_, coders), planes) in enumerate(coded):
-        whole = (min(count, starts[j] + per) - starts[j]) % ALIGN == 0
-        for coder, plane in zip(coders, planes):
-            gap = -pos % ALIGN if coder == RAW and whole else 0
-            pieces += [_ZEROS[:gap]] * bool(gap) + plane
-            pos += gap + sum(len(c) for c in plane)
+        return pieces + [c for plane in planes for c in plane]
+    end = sum(len(p) for p in pieces)
+    offsets = _plane_offsets(end, lengths, [c for (_, coders), _ in coded for c in coders], version,
+                             at % ALIGN, [min(count, lo + per) - lo for lo in starts])
+    for start, length, plane in zip(offsets, lengths, planes):
+        pieces += [_ZEROS[:start - end]] * (start > end) + plane
+        end = start + length
     return pieces
 
 
