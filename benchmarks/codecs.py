@@ -15,6 +15,7 @@ written with O_DIRECT, so they are read from the disk).
     python benchmarks/codecs.py --repeated-saves --repeats 7  # one repo per codec, a save per step
     python benchmarks/codecs.py --repeated-saves --cores 1,2  # the same, bound to 1 core, then 2
     python benchmarks/codecs.py --pacing-ab --repeats 12  # what paces a lossless save, A/B
+    python benchmarks/codecs.py --pacing-ab --busy 2  # the same beside two busy processes
     python benchmarks/codecs.py --parallel-speedup --repeats 5  # are two cores two cores' worth
     python benchmarks/codecs.py --training-loop --repeats 3   # loop time with a save every 5 steps
     python benchmarks/codecs.py --compact --repeats 5         # encoding a raw repository afterwards
@@ -28,6 +29,7 @@ written with O_DIRECT, so they are read from the disk).
 """
 
 import argparse
+import atexit
 import copy
 import os
 import shutil
@@ -112,6 +114,9 @@ def main():
     ap.add_argument("--pacing-ab", action="store_true",
                     help="instead: same-process A/B of raw, paced lossless, paced without the last "
                          "save's memory, and adaptive=False")
+    ap.add_argument("--busy", type=int, default=0,
+                    help="run the chosen mode beside this many other processes, each keeping a core "
+                         "busy (a host whose cores other work shares)")
     ap.add_argument("--parallel-speedup", action="store_true",
                     help="instead: what a second thread adds to blake3, the float codec and a "
                          "scalar loop (whether this machine's two cores are two cores' worth)")
@@ -132,6 +137,8 @@ def main():
              "delta_sample_ab": delta_sample_ab, "raw_under_load": raw_under_load, "pacing_ab": pacing_ab,
              "parallel_speedup": parallel_speedup}
     chosen = [mode for name, mode in modes.items() if getattr(args, name)]
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
+    atexit.register(lambda: [p.kill() for p in busy])
     if chosen:
         if chosen[0] is training_loop:
             training_loop(scratch, args.repeats, args.steps, batch=args.batch, device=args.device)
@@ -404,11 +411,13 @@ def layouts_ab(scratch: str, repeats: int) -> None:
 
 def pacing_ab(scratch: str, repeats: int) -> None:
     """Same-process A/B of what paces a lossless save: raw; lossless paced (the default);
-    paced without the memory of the last save (its first chunks find nothing waiting and go
-    raw); and every chunk encoded (adaptive=False). A repository each, saves in turn (the
-    order reversed every round), a training step before each. Medians of `repeats` after two
-    saves each; "vs raw" is the median of each round's own ratio to the raw save; "copied" is
-    what each save passed through the direct-I/O bounce buffer."""
+    paced without the memory of past saves (its first chunks find nothing waiting and go
+    raw, and it does not learn whether raw saves measure faster); and every chunk encoded
+    (adaptive=False). A repository each, saves in turn (the order reversed every round), a
+    training step before each. Medians of `repeats` after two saves each; "vs raw" is the
+    median of each round's own ratio to the raw save; "copied" is what each save passed
+    through the direct-I/O bounce buffer; "written raw" the share of saves that encoded none
+    of their large chunks."""
     from forkpoint.storage import local
 
     copied = [0]
@@ -420,17 +429,17 @@ def pacing_ab(scratch: str, repeats: int) -> None:
 
     local._copy = counted
     print(f"forkpoint from {os.path.dirname(fp.__file__)}, {len(os.sched_getaffinity(0))} cores\n")
-    print("| dtype | codec | save (s) | vs raw | CPU (core-s) | ratio | copied (MB) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| dtype | codec | save (s) | vs raw | CPU (core-s) | ratio | copied (MB) | written raw |")
+    print("|---|---|---|---|---|---|---|---|")
     configs = {"raw": {"codec": "raw"}, "lossless (paced)": {"codec": "lossless"},
-               "paced, no memory of the last save": {"codec": "lossless"},
+               "paced, no memory of past saves": {"codec": "lossless"},
                "adaptive=False": {"codec": "lossless", "adaptive": False}}
     names = list(configs)
     for dtype in (torch.float32, torch.bfloat16):
         state = trained_state(dtype)
         repos = {c: fp.Repo(os.path.join(scratch, f"pacing-{i}"), create=True, **kw) for i, (c, kw) in enumerate(configs.items())}
-        repos["paced, no memory of the last save"]._pacing = None
-        times, cpu, ratios, copies = ({c: [] for c in names} for _ in range(4))
+        repos["paced, no memory of past saves"]._pacing = None
+        times, cpu, ratios, copies, unencoded = ({c: [] for c in names} for _ in range(5))
         for rep in range(repeats + 2):
             for c in (names if rep % 2 else names[::-1]):
                 train_step(state, dtype)
@@ -441,11 +450,13 @@ def pacing_ab(scratch: str, repeats: int) -> None:
                     cpu[c].append(core_s)
                     ratios[c].append(v.logical_bytes / v.stored_bytes)
                     copies[c].append(copied[0])
+                    unencoded[c].append(all(ch.codec == "raw" for leaf in repos[c].manifest(v.id).leaves
+                                            for ch in leaf.chunks if ch.size >= 1 << 20))
         for i, c in enumerate(names):
             paired = statistics.median(a / b for a, b in zip(times[c], times["raw"]))
             print(f"| {str(dtype).removeprefix('torch.')} | {c} | {statistics.median(times[c]):.3f} | {paired:.3f} | "
                   f"{statistics.median(cpu[c]):.2f} | {statistics.median(ratios[c]):.3f} | "
-                  f"{statistics.median(copies[c]) / 1e6:.0f} |")
+                  f"{statistics.median(copies[c]) / 1e6:.0f} | {statistics.mean(unencoded[c]):.0%} |")
             repos[c].close()
             shutil.rmtree(os.path.join(scratch, f"pacing-{i}"))
     local._copy = copy

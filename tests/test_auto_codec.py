@@ -47,7 +47,7 @@ def test_untried_ways_first_then_the_faster_with_explorations_spaced_out():
 
 def test_slow_stores_try_encoding_first_and_small_saves_teach_nothing():
     choice = AutoChoice()
-    assert choice.pick(slow_store=True) is True
+    assert choice.pick(encoded_first=True) is True
     choice.record(True, MiB, 0.001)
     assert choice.rates == {}, "1 MiB written: too little to measure"
 

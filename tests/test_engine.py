@@ -421,6 +421,50 @@ def test_after_a_save_the_store_bound_the_next_encodes_its_first_chunks():
     assert memory.store_bound  # a save that was not paced teaches nothing
 
 
+def _timed_saves(memory, seconds: dict, count: int) -> list[bool]:
+    """`count` saves of 16 chunks of 1 MiB paced with `memory`, each taking `seconds[way]`
+    (True: paced, False: written raw) by its clock; the way each took. Every chunk finds the
+    slots full, so a paced save encodes them all and a raw one none."""
+    from forkpoint.engine.pacing import EncodePacer
+
+    ways = []
+    for _ in range(count):
+        pacer = EncodePacer(slots=3, cores=1 << 10, memory=memory)
+        for _ in range(16):
+            pacer.add(1 << 20)
+        pacer.waiting = 3
+        decisions = {pacer.encodes() for _ in range(16)}
+        assert decisions == {pacer.paced}
+        pacer.started = time.perf_counter() - seconds[pacer.paced]
+        pacer.finish()
+        ways.append(pacer.paced)
+    return ways
+
+
+def test_a_repository_writes_raw_while_its_raw_saves_measure_faster_than_paced_ones():
+    """The process's first paced save is not timed, the second is, the third is written raw
+    to time that way. Raw 25% faster: the next saves are raw, paced tried again every 8th,
+    then every 16th while it stays slower. Raw only 5% faster (within PACED_MARGIN): saves
+    stay paced, raw retried every 8th, then 16th. Small saves time nothing."""
+    from forkpoint.engine.pacing import EncodePacer, PaceMemory
+
+    slower = PaceMemory()
+    ways = _timed_saves(slower, {True: 1.0, False: 0.8}, 28)
+    assert ways[:3] == [True, True, False]
+    assert [i for i, way in enumerate(ways) if way] == [0, 1, 10, 26]
+    near = PaceMemory()
+    ways = _timed_saves(near, {True: 1.0, False: 0.95}, 28)
+    assert [i for i, way in enumerate(ways) if not way] == [2, 10, 26]
+    small = PaceMemory()
+    for _ in range(4):
+        pacer = EncodePacer(slots=3, memory=small)
+        for _ in range(16):
+            pacer.add(256 << 10)  # 4 MiB in all: too little to time
+        assert pacer.paced
+        pacer.finish()
+    assert small.ways.rates == {}
+
+
 def test_the_pacer_writes_raw_while_the_process_keeps_its_cores_busy():
     """Full slots, but the process used all its cores (one, here) over the last window: the CPU
     is short, so the chunk is written raw; after an idle spell it is encoded again."""
@@ -504,6 +548,35 @@ def test_a_save_after_one_a_slow_store_bound_encodes_its_first_chunks(tmp_path, 
     assert before[:slots] == [False] * slots and all(before[2 * slots:])
     assert after[:slots] == [True] * slots
     for version, values, _ in saves:
+        loaded = repo.load(version.id)
+        assert all(torch.equal(loaded[k], v) for k, v in values.items())
+    repo.close()
+
+
+def test_where_encoding_makes_saves_slower_a_repository_writes_them_raw(tmp_path, monkeypatch):
+    """Object writes take 20 ms (the store bounds the save, so a paced save encodes) and each
+    encode 60 ms more (so encoding makes it slower than a raw save). The first two saves are
+    paced, the third is written raw and measures faster: the fourth is written raw too. Every
+    version restores exactly, and a raw way's chunks record codec raw."""
+    from forkpoint.engine import scheduler
+    from forkpoint.engine.save import ObjectWriter
+
+    monkeypatch.setattr(scheduler, "usable_cores", lambda: 1 << 10)
+    repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless")
+    write = repo.store.write
+    monkeypatch.setattr(repo.store, "write", lambda key, parts, durable=True: (
+        time.sleep(0.02) if key.startswith("objects/") else None, write(key, parts, durable))[1])
+    encode = ObjectWriter.encode_ahead
+    monkeypatch.setattr(ObjectWriter, "encode_ahead", lambda *a, **k: (time.sleep(0.06), encode(*a, **k))[1])
+    state = {f"w{i}": torch.randn(1 << 18) for i in range(4 * repo._sched.limit("io:tier0"))}
+    saves = []
+    for _ in range(4):
+        saves.append((repo.save(state), {k: v.clone() for k, v in state.items()}))
+        state = {k: v * 2 for k, v in state.items()}
+    encoded = [sum(c.codec != "raw" for leaf in repo.manifest(v.id).leaves for c in leaf.chunks) for v, _ in saves]
+    assert encoded[1] > 0 and encoded[2:] == [0, 0], encoded
+    assert repo._pacing.ways.rates[False] > repo._pacing.ways.rates[True]
+    for version, values in saves:
         loaded = repo.load(version.id)
         assert all(torch.equal(loaded[k], v) for k, v in values.items())
     repo.close()

@@ -52,9 +52,11 @@ class AutoChoice:
     auto chunks were encoded and of saves whose auto chunks were raw. An untried way is
     tried first (raw, then encoded; encoded first where the store is known to be slow); then
     each save takes the faster way, except that every `interval`-th save tries the other:
-    8, doubling up to 64 while it stays slower, back to 8 when it wins."""
+    8, doubling up to 64 while it stays slower, back to 8 when it wins. With a `margin`,
+    encoded counts as the faster way unless raw's rate is more than (1 + margin) times its."""
 
     rates: dict = field(default_factory=dict)
+    margin: float = 0.0
     interval: int = EXPLORE_FIRST
     since: int = 0
     store: object = field(default=None, repr=False)
@@ -83,12 +85,12 @@ class AutoChoice:
         """True when encoding measured faster, False when raw did, None until both measured."""
         if len(self.rates) < 2:
             return None
-        return self.rates[True] > self.rates[False]
+        return self.rates[True] * (1 + self.margin) >= self.rates[False]
 
-    def pick(self, slow_store: bool = False) -> bool:
-        """Whether the next save encodes its auto chunks."""
+    def pick(self, encoded_first: bool = False) -> bool:
+        """Whether the next save encodes its auto chunks (`encoded_first`: try that way first)."""
         with self.lock:
-            for encoded in ((True, False) if slow_store else (False, True)):
+            for encoded in ((True, False) if encoded_first else (False, True)):
                 if encoded not in self.rates:
                     return encoded
             best = self.faster()

@@ -8,6 +8,10 @@ busy thread beside a raw save made it about 1.18x slower: `benchmarks/codecs.py
 --raw-under-load`). Where the process keeps all its cores busy, the CPU is short even though
 the slots are full (their writes wait for a core). The pacer tells each chunk's capture which
 holds (as zstd --adapt lowers its level when output stalls).
+
+Neither rule sees what encoding costs the store's own path where both share a few cores, so
+a repository also times its paced saves against saves it writes raw, now and then, and writes
+raw while those measure faster (engine.autocodec's AutoChoice, with a margin for the paced way).
 """
 
 import threading
@@ -15,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import scheduler
+from .autocodec import AutoChoice
 
 CPU_BUSY = 0.9
 """The share of its cores a process uses at which the pacer takes the CPU for short."""
@@ -24,15 +29,22 @@ STORE_BOUND_SHARE = 0.9
 """The share of chunks past its start-up a save must encode for the next to count the store as
 its bound. (Half: on this VM's fast local disk, fp32 saves that encoded 80-88% primed the next
 and took 2-5% longer than saves without the memory.)"""
+PACED_MARGIN = 0.1
+"""How much faster (as a share of the paced way's rate) saves written raw must measure before a
+repository writes its lossless saves raw: within it, the smaller checkpoint wins."""
 
 
 @dataclass
 class PaceMemory:
-    """What a repository's last paced save found, for the next one: `store_bound` where, past
-    its start-up (its first twice the slots' chunks), it encoded STORE_BOUND_SHARE of the chunks
-    it paced (the store bound it nearly throughout)."""
+    """What a repository's paced saves found, for the next one: `store_bound` where, past its
+    start-up (its first twice the slots' chunks), the last one encoded STORE_BOUND_SHARE of the
+    chunks it paced (the store bound it nearly throughout); `ways`, the rates (bytes a second,
+    start to last write) of saves paced and of saves written raw, which picks each save's way
+    (the process's first save, which pays for warming up, is not timed)."""
 
     store_bound: bool = False
+    ways: AutoChoice = field(default_factory=lambda: AutoChoice(margin=PACED_MARGIN))
+    warm: bool = False
 
 
 @dataclass
@@ -50,7 +62,8 @@ class EncodePacer:
     next that the store bound it); `finish` records this save in it. (A rule that encoded
     wherever the waiting bytes kept the store busy through the encode, at the rates the save
     measured, encoded 90% of the chunks and was as slow as encoding them all: the store did not
-    idle, the CPU was short.)"""
+    idle, the CPU was short.) Where the memory's `ways` pick raw for this save (`paced` False),
+    every such chunk is written raw."""
 
     slots: int
     enabled: bool = True
@@ -66,16 +79,22 @@ class EncodePacer:
     memory: PaceMemory | None = None
     cpu_mark: tuple | None = None
     cpu_short: bool = False
+    paced: bool = True
+    nbytes: int = 0
+    started: float = field(default_factory=time.perf_counter)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self):
         self.least = self.least or 2 * self.slots
         self.cores = self.cores or scheduler.usable_cores()
+        if self.enabled and self.memory is not None:
+            self.paced = self.memory.ways.pick(encoded_first=True)
 
-    def add(self) -> None:
-        """Count one more chunk of the save that may be encoded ahead of its write."""
+    def add(self, nbytes: int = 0) -> None:
+        """Count one more chunk (of `nbytes`) of the save that may be encoded ahead of its write."""
         with self.lock:
             self.chunks += 1
+            self.nbytes += nbytes
 
     def encodes(self) -> bool:
         """Whether the chunk whose capture starts now is encoded (else it is written raw)."""
@@ -83,7 +102,7 @@ class EncodePacer:
             decided = self.encoded + self.raw
             primed = self.memory is not None and self.memory.store_bound and decided < 2 * self.slots
             backlog = self.waiting + (self.capturing if primed else 0)
-            encode = not self.enabled or self.chunks < self.least or (
+            encode = not self.enabled or self.chunks < self.least or self.paced and (
                 (backlog >= self.slots or primed and decided < self.slots) and not self._cpu_is_short())
             self.capturing += 1
             if encode:
@@ -118,6 +137,13 @@ class EncodePacer:
             self.waiting -= 1
 
     def finish(self) -> None:
-        """Record in `memory` whether the store bound this save (where it was paced)."""
-        if self.memory is not None and self.enabled and self.chunks >= self.least:
-            self.memory.store_bound = self.steady_encoded >= STORE_BOUND_SHARE * self.steady > 0
+        """Record in `memory` (where this save was paced or written raw by its choice) whether
+        the store bound it, and its rate, unless it is the process's first."""
+        memory = self.memory
+        if memory is None or not self.enabled or self.chunks < self.least:
+            return
+        if self.paced:
+            memory.store_bound = self.steady_encoded >= STORE_BOUND_SHARE * self.steady > 0
+        if memory.warm:
+            memory.ways.record(self.paced, self.nbytes, time.perf_counter() - self.started, keep=False)
+        memory.warm = True

@@ -134,7 +134,7 @@ class PlacementMixin:
             return None
         wanted = set(keys)
         items = {key: item for key, item in encodable_objects(m, rules, ("auto",)).items() if key in wanted}
-        return FlushWay(items, choice_for(dst).pick(slow_store=dst.bandwidth_hint is not None))
+        return FlushWay(items, choice_for(dst).pick(encoded_first=dst.bandwidth_hint is not None))
 
     def _copy_down(self, k: int, dst: Store, key: str, way) -> int:
         """Copy one object of a flush from tier k (or the tiers below it) to `dst`, encoded
