@@ -2,9 +2,11 @@
 by timing both on the saves themselves (no model of the disk, the cores or the codec). What
 was learnt is kept in the store (STATE_KEY), so that the next job of a chain starts from it."""
 
+import collections
 import json
 import logging
 import math
+import statistics
 import threading
 import time
 from dataclasses import dataclass, field
@@ -53,10 +55,14 @@ class AutoChoice:
     tried first (raw, then encoded; encoded first where the store is known to be slow); then
     each save takes the faster way, except that every `interval`-th save tries the other:
     8, doubling up to 64 while it stays slower, back to 8 when it wins. With a `margin`,
-    encoded counts as the faster way unless raw's rate is more than (1 + margin) times its."""
+    encoded counts as the faster way unless raw's rate is more than (1 + margin) times its.
+    A way's rate is smoothed over its saves, or with a `window`, the median of its last
+    `window` saves (one slow or fast save then moves nothing)."""
 
     rates: dict = field(default_factory=dict)
     margin: float = 0.0
+    window: int = 0
+    samples: dict = field(default_factory=dict, repr=False)
     interval: int = EXPLORE_FIRST
     since: int = 0
     store: object = field(default=None, repr=False)
@@ -109,7 +115,12 @@ class AutoChoice:
             before = self.faster()
             last = self.rates.get(encoded)
             rate = nbytes / seconds
-            self.rates[encoded] = rate if last is None else SMOOTHING * last + (1 - SMOOTHING) * rate
+            if self.window:
+                recent = self.samples.setdefault(encoded, collections.deque(maxlen=self.window))
+                recent.append(rate)
+                self.rates[encoded] = statistics.median(recent)
+            else:
+                self.rates[encoded] = rate if last is None else SMOOTHING * last + (1 - SMOOTHING) * rate
             after = self.faster()
             if before is not None and encoded != before:
                 self.interval = EXPLORE_FIRST if after != before else min(EXPLORE_MAX, 2 * self.interval)

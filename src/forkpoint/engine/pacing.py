@@ -29,9 +29,11 @@ STORE_BOUND_SHARE = 0.9
 """The share of chunks past its start-up a save must encode for the next to count the store as
 its bound. (Half: on this VM's fast local disk, fp32 saves that encoded 80-88% primed the next
 and took 2-5% longer than saves without the memory.)"""
-PACED_MARGIN = 0.1
+PACED_MARGIN = 0.15
 """How much faster (as a share of the paced way's rate) saves written raw must measure before a
 repository writes its lossless saves raw: within it, the smaller checkpoint wins."""
+PACED_WINDOW = 5
+"""The saves of each way (the last ones) whose median rate it is judged by."""
 
 
 @dataclass
@@ -39,11 +41,14 @@ class PaceMemory:
     """What a repository's paced saves found, for the next one: `store_bound` where, past its
     start-up (its first twice the slots' chunks), the last one encoded STORE_BOUND_SHARE of the
     chunks it paced (the store bound it nearly throughout); `ways`, the rates (bytes a second,
-    start to last write) of saves paced and of saves written raw, which picks each save's way
-    (the process's first save, which pays for warming up, is not timed)."""
+    start to last write, the median of each way's last PACED_WINDOW saves) of saves paced and
+    of saves written raw, which picks each save's way: the process's first save, which pays
+    for warming up (the codec chooses its layouts), is paced and not timed; the second is paced
+    and the third written raw, each timed (a way never timed, as in saves too small to time,
+    is not taken)."""
 
     store_bound: bool = False
-    ways: AutoChoice = field(default_factory=lambda: AutoChoice(margin=PACED_MARGIN))
+    ways: AutoChoice = field(default_factory=lambda: AutoChoice(margin=PACED_MARGIN, window=PACED_WINDOW))
     warm: bool = False
 
 
@@ -87,7 +92,7 @@ class EncodePacer:
     def __post_init__(self):
         self.least = self.least or 2 * self.slots
         self.cores = self.cores or scheduler.usable_cores()
-        if self.enabled and self.memory is not None:
+        if self.enabled and self.memory is not None and self.memory.warm:
             self.paced = self.memory.ways.pick(encoded_first=True)
 
     def add(self, nbytes: int = 0) -> None:

@@ -54,7 +54,7 @@ class SaveOptions:
     least its I/O slots' worth of chunks waiting for or in their writes and the process is not
     keeping its cores busy (the store, not the CPU, bounds the save then), else write it raw
     (engine.pacing), so that encoding does not make the save slower than a raw one; and, where
-    a repository's saves written raw now and then measure more than 10% faster than its paced
+    a repository's saves written raw now and then measure more than 15% faster than its paced
     ones, write the next saves raw (retrying paced every 8 to 64 saves). Saves of fewer than
     twice the slots of such chunks encode them all; memory and remote stores are not paced.
     False encodes every chunk (the smallest checkpoint, whatever it costs)."""
