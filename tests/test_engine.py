@@ -558,7 +558,8 @@ def test_a_save_after_one_a_slow_store_bound_encodes_its_first_chunks(tmp_path, 
 def test_where_encoding_makes_saves_slower_a_repository_writes_them_raw(tmp_path, monkeypatch):
     """Object writes take 20 ms (the store bounds the save, so a paced save encodes) and each
     encode 60 ms more (so encoding makes it slower than a raw save). The first two saves are
-    paced, the third is written raw and measures faster: the fourth is written raw too. Every version restores exactly, and a raw way's chunks record codec raw."""
+    paced, the third is written raw and measures faster: the fourth is written raw too. Every
+    version restores exactly, and a raw way's chunks record codec raw."""
     from forkpoint.engine import scheduler
     from forkpoint.engine.save import ObjectWriter
 

@@ -56,7 +56,8 @@ class SaveOptions:
     (engine.pacing), so that encoding does not make the save slower than a raw one; and, where
     a repository's saves written raw now and then measure more than 15% faster than its paced
     ones, write the next saves raw (retrying paced every 8 to 64 saves). Saves of fewer than
-    twice the slots of such chunks encode them all; memory and remote stores are not paced.
+    twice the slots of such chunks encode them all (unless the timing has the save written
+    raw); memory and remote stores are not paced.
     False encodes every chunk (the smallest checkpoint, whatever it costs)."""
     max_pending: int = 2
     """Asynchronous saves in flight (scheduled, not committed) at most: a further
