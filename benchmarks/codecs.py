@@ -54,6 +54,11 @@ def train_step(state, dtype, batch: int = 32):
     opt.step()
 
 
+def large_chunks(repo, vid: str) -> list:
+    """The chunk records of version `vid` of 1 MiB or more (what pacing and deltas decide on)."""
+    return [ch for leaf in repo.manifest(vid).leaves for ch in leaf.chunks if ch.size >= 1 << 20]
+
+
 def stored_now(repo, vid: str) -> int:
     """Bytes the objects of version `vid` take in the store now (after any encoding that
     followed the commit)."""
@@ -273,9 +278,8 @@ def repeated_saves(scratch: str, repeats: int) -> None:
                 later[c].append(after)
                 cpu[c].append(core_s + after_core_s)
                 ratios[c].append(v.logical_bytes / stored_now(repos[c], v.id))
-                large = [ch.codec for leaf in repos[c].manifest(v.id).leaves for ch in leaf.chunks
-                         if ch.size >= 1 << 20]
-                encoded[c].append(sum(codec != "raw" for codec in large) / max(1, len(large)))
+                large = large_chunks(repos[c], v.id)
+                encoded[c].append(sum(ch.codec != "raw" for ch in large) / max(1, len(large)))
         for i, c in enumerate(names):
             print(f"| {str(dtype).removeprefix('torch.')} | {c} | {first[c]:.2f} | "
                   f"{statistics.median(times[c]):.3f} | {statistics.median(later[c]):.3f} | "
@@ -450,8 +454,7 @@ def pacing_ab(scratch: str, repeats: int) -> None:
                     cpu[c].append(core_s)
                     ratios[c].append(v.logical_bytes / v.stored_bytes)
                     copies[c].append(copied[0])
-                    unencoded[c].append(all(ch.codec == "raw" for leaf in repos[c].manifest(v.id).leaves
-                                            for ch in leaf.chunks if ch.size >= 1 << 20))
+                    unencoded[c].append(all(ch.codec == "raw" for ch in large_chunks(repos[c], v.id)))
         for i, c in enumerate(names):
             paired = statistics.median(a / b for a, b in zip(times[c], times["raw"]))
             print(f"| {str(dtype).removeprefix('torch.')} | {c} | {statistics.median(times[c]):.3f} | {paired:.3f} | "
@@ -524,7 +527,7 @@ def alternating_delta_saves(scratch: str, state, dtype, repeats: int, gap: int, 
         for way in order if rep % 2 == 0 else order[::-1]:
             before[way]()
             v, elapsed, core_s = timed(lambda: repos[way].save(state))
-            chunks = [c for leaf in repos[way].manifest(v.id).leaves for c in leaf.chunks if c.size >= 1 << 20]
+            chunks = large_chunks(repos[way], v.id)
             for key, value in (("save", elapsed), ("cpu", core_s), ("logical", v.logical_bytes),
                                ("stored", v.stored_bytes),
                                ("deltas", sum(c.delta is not None for c in chunks) / len(chunks))):
@@ -598,8 +601,7 @@ def auto_ab(scratch: str, repeats: int) -> None:
                 train_step(state, dtype)
                 v, elapsed, _ = timed(lambda: repo.save(state))
                 repo.drain()
-                encoded = any(ch.codec != "raw" for leaf in repo.manifest(v.id).leaves for ch in leaf.chunks
-                              if ch.size >= 1 << 20)
+                encoded = any(ch.codec != "raw" for ch in large_chunks(repo, v.id))
                 if rep:
                     times[c].append((elapsed, encoded))
         for c, repo in repos.items():
