@@ -495,6 +495,76 @@ def test_the_pacer_writes_raw_while_the_process_keeps_its_cores_busy():
     assert pacer.encodes()
 
 
+class _SetLoad:
+    """A CoreLoad whose measure the test sets."""
+
+    def __init__(self, measure):
+        self.last = measure
+
+    def measure(self):
+        return self.last
+
+
+def test_the_pacer_counts_what_other_processes_take_of_its_cores():
+    """Full slots and an idle process: a measure within the save of two cores all busy has the
+    chunk written raw; one begun before the save counts only the others' part (a training step
+    of this process between saves is not the save's load): 1.9 cores busy, 0.2 of them others,
+    encodes; 1.9 others does not."""
+    from forkpoint.engine.cpuload import LoadMeasure
+    from forkpoint.engine.pacing import CPU_WINDOW, EncodePacer
+
+    def verdict(measure_at):
+        pacer = EncodePacer(slots=1, least=1, cores=2, load=_SetLoad(None))
+        pacer.load.last = measure_at(pacer.started)
+        pacer.add()
+        pacer.ready()
+        pacer.encodes()
+        time.sleep(2 * CPU_WINDOW)
+        return pacer.encodes()
+
+    assert verdict(lambda t0: LoadMeasure(t0, others=0.1, total=0.3))
+    assert not verdict(lambda t0: LoadMeasure(t0 + 0.01, others=0.2, total=1.9))
+    assert verdict(lambda t0: LoadMeasure(t0 - 1.0, others=0.2, total=1.9))
+    assert not verdict(lambda t0: LoadMeasure(t0 - 1.0, others=1.9, total=1.95))
+
+
+def test_the_pacer_writes_raw_while_other_processes_keep_its_cores_busy():
+    """Real processes spinning on every core this process may use: the measure of the cores
+    shows them busy though this process idles, and a paced chunk with every slot full is
+    written raw; once they are gone, chunks are encoded again."""
+    import subprocess
+    import sys
+
+    from forkpoint.engine import scheduler
+    from forkpoint.engine.cpuload import OTHERS_WINDOW, CoreLoad
+    from forkpoint.engine.pacing import EncodePacer
+
+    def paced_chunk_encodes(load):
+        pacer = EncodePacer(slots=1, least=1, load=load)
+        pacer.add()
+        pacer.ready()
+        pacer.encodes()
+        time.sleep(3 * OTHERS_WINDOW)
+        return pacer.encodes()
+
+    cores = scheduler.usable_cores()
+    load = CoreLoad()
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
+    try:
+        time.sleep(0.5)
+        load.measure()
+        time.sleep(3 * OTHERS_WINDOW)
+        assert load.measure().others >= 0.7 * cores
+        assert not paced_chunk_encodes(load)
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+    time.sleep(3 * OTHERS_WINDOW)
+    load.measure()
+    assert paced_chunk_encodes(load)
+
+
 @pytest.mark.parametrize("sync", [True, False])
 def test_a_paced_save_writes_raw_what_its_turn_finds_the_store_idle_for(tmp_path, monkeypatch, sync):
     """With every object write held back, the backlog grows one chunk per capture: the first

@@ -6,8 +6,9 @@ work off it. Where a slot is free, the CPU side is the bound: encoding would add
 a machine with few cores it slows the store's own path too (on this project's 2-core VMs, one
 busy thread beside a raw save made it about 1.18x slower: `benchmarks/codecs.py
 --raw-under-load`). Where the process keeps all its cores busy, the CPU is short even though
-the slots are full (their writes wait for a core). The pacer tells each chunk's capture which
-holds (as zstd --adapt lowers its level when output stalls).
+the slots are full (their writes wait for a core); other processes and a hypervisor's steal
+take from the same cores, so they count too (engine.cpuload). The pacer tells each chunk's
+capture which holds (as zstd --adapt lowers its level when output stalls).
 
 Neither rule sees what encoding costs the store's own path where both share a few cores, so
 a repository also times its paced saves against saves it writes raw, now and then, and writes
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 
 from . import scheduler
 from .autocodec import AutoChoice
+from .cpuload import CORES, CoreLoad
 
 CPU_BUSY = 0.9
 """The share of its cores a process uses at which the pacer takes the CPU for short."""
@@ -56,9 +58,10 @@ class PaceMemory:
 class EncodePacer:
     """The chunks of one save that may be encoded before their write: `slots`, the store's
     I/O slots; a chunk whose turn comes while fewer than that many chunks wait for or are in
-    their write, or while the process used CPU_BUSY of its `cores` over the last CPU_WINDOW,
-    is written raw. Saves of fewer than `least` such chunks always encode (a few
-    chunks' encodes cost little, and the first of them would find nothing waiting);
+    their write, or while the process used CPU_BUSY of its `cores` over the last CPU_WINDOW
+    (or all processes, steal included, kept them that busy by `load`), is written raw. Saves
+    of fewer than `least` such chunks always encode (a few chunks' encodes cost little, and the
+    first of them would find nothing waiting);
     `enabled=False` encodes every chunk. With a `memory` of a save the store bound, the first
     `slots` chunks need nothing waiting (they never find any; on a slow disk they went raw for
     nothing), and up to twice that many, chunks still in their capture count as waiting (they
@@ -84,6 +87,7 @@ class EncodePacer:
     memory: PaceMemory | None = None
     cpu_mark: tuple | None = None
     cpu_short: bool = False
+    load: CoreLoad = field(default_factory=lambda: CORES)
     paced: bool = True
     nbytes: int = 0
     started: float = field(default_factory=time.perf_counter)
@@ -94,6 +98,8 @@ class EncodePacer:
         self.cores = self.cores or scheduler.usable_cores()
         if self.enabled and self.memory is not None and self.memory.warm:
             self.paced = self.memory.ways.pick(encoded_first=True)
+        if self.enabled:
+            self.load.measure()
 
     def add(self, nbytes: int = 0) -> None:
         """Count one more chunk (of `nbytes`) of the save that may be encoded ahead of its write."""
@@ -121,12 +127,17 @@ class EncodePacer:
 
     def _cpu_is_short(self) -> bool:
         """Whether the process used CPU_BUSY of its cores since the last measure (taken at
-        least CPU_WINDOW before; until then, the last verdict)."""
+        least CPU_WINDOW before; until then, the last verdict), or all processes did by `load`'s
+        last measure (one begun before this save counts this process's use since the last
+        measure, not the spell's: a training step between saves is not the save's load)."""
         now, cpu = time.perf_counter(), time.process_time()
         if self.cpu_mark is None:
             self.cpu_mark = (now, cpu)
         elif now - self.cpu_mark[0] >= CPU_WINDOW:
-            self.cpu_short = (cpu - self.cpu_mark[1]) / (now - self.cpu_mark[0]) >= CPU_BUSY * self.cores
+            own = (cpu - self.cpu_mark[1]) / (now - self.cpu_mark[0])
+            seen = self.load.measure()
+            busy = seen.total if seen.start >= self.started else own + seen.others
+            self.cpu_short = max(own, busy) >= CPU_BUSY * self.cores
             self.cpu_mark = (now, cpu)
         return self.cpu_short
 
