@@ -31,7 +31,9 @@ written with O_DIRECT, so they are read from the disk).
 import argparse
 import atexit
 import copy
+import math
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -74,6 +76,15 @@ def timed(fn):
     out = fn()
     elapsed, c1 = time.perf_counter() - t0, os.times()
     return out, elapsed, c1.user - c0.user + c1.system - c0.system
+
+
+def median_interval(values, level: float = 0.95) -> tuple[float, float]:
+    """A distribution-free interval holding the median of what `values` sample with at least
+    `level` confidence: the order statistics the binomial law puts there (no resampling)."""
+    x, n = sorted(values), len(values)
+    tail = [sum(math.comb(n, i) for i in range(j)) / 2 ** n for j in range(n // 2 + 1)]
+    j = max((j for j in range(1, n // 2 + 1) if 2 * tail[j] <= 1 - level), default=0)
+    return (x[j - 1], x[n - j]) if j else (x[0], x[-1])
 
 
 def trained_state(dtype, device: str = "cpu", steps: int = 20):
@@ -417,11 +428,14 @@ def pacing_ab(scratch: str, repeats: int) -> None:
     """Same-process A/B of what paces a lossless save: raw; lossless paced (the default);
     paced without the memory of past saves (its first chunks find nothing waiting and go
     raw, and it does not learn whether raw saves measure faster); and every chunk encoded
-    (adaptive=False). A repository each, saves in turn (the order reversed every round), a
-    training step before each. Medians of `repeats` after two saves each; "vs raw" is the
+    (adaptive=False); and a second raw repository, whose ratio to the first shows what the
+    comparison itself resolves. A repository each, saves in turn (in an order shuffled each
+    round, so that no arm keeps a place), a training step before each. Medians of `repeats`
+    after two saves each; "vs raw" is the
     median of each round's own ratio to the raw save; "copied" is what each save passed
     through the direct-I/O bounce buffer; "written raw" the share of saves that encoded none
-    of their large chunks."""
+    of their large chunks; "95% interval" where the median of the rounds' ratios lies
+    (median_interval)."""
     from forkpoint.storage import local
 
     copied = [0]
@@ -433,19 +447,20 @@ def pacing_ab(scratch: str, repeats: int) -> None:
 
     local._copy = counted
     print(f"forkpoint from {os.path.dirname(fp.__file__)}, {len(os.sched_getaffinity(0))} cores\n")
-    print("| dtype | codec | save (s) | vs raw | CPU (core-s) | ratio | copied (MB) | written raw |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| dtype | codec | save (s) | vs raw | 95% interval | CPU (core-s) | ratio | copied (MB) | written raw |")
+    print("|---|---|---|---|---|---|---|---|---|")
     configs = {"raw": {"codec": "raw"}, "lossless (paced)": {"codec": "lossless"},
                "paced, no memory of past saves": {"codec": "lossless"},
-               "adaptive=False": {"codec": "lossless", "adaptive": False}}
+               "adaptive=False": {"codec": "lossless", "adaptive": False}, "raw again (control)": {"codec": "raw"}}
     names = list(configs)
+    order = random.Random(0)
     for dtype in (torch.float32, torch.bfloat16):
         state = trained_state(dtype)
         repos = {c: fp.Repo(os.path.join(scratch, f"pacing-{i}"), create=True, **kw) for i, (c, kw) in enumerate(configs.items())}
         repos["paced, no memory of past saves"]._pacing = None
         times, cpu, ratios, copies, unencoded = ({c: [] for c in names} for _ in range(5))
         for rep in range(repeats + 2):
-            for c in (names if rep % 2 else names[::-1]):
+            for c in order.sample(names, len(names)):
                 train_step(state, dtype)
                 copied[0] = 0
                 v, elapsed, core_s = timed(lambda: repos[c].save(state))
@@ -456,8 +471,10 @@ def pacing_ab(scratch: str, repeats: int) -> None:
                     copies[c].append(copied[0])
                     unencoded[c].append(all(ch.codec == "raw" for ch in large_chunks(repos[c], v.id)))
         for i, c in enumerate(names):
-            paired = statistics.median(a / b for a, b in zip(times[c], times["raw"]))
-            print(f"| {str(dtype).removeprefix('torch.')} | {c} | {statistics.median(times[c]):.3f} | {paired:.3f} | "
+            rounds = [a / b for a, b in zip(times[c], times["raw"])]
+            low, high = median_interval(rounds)
+            print(f"| {str(dtype).removeprefix('torch.')} | {c} | {statistics.median(times[c]):.3f} | "
+                  f"{statistics.median(rounds):.3f} | {low:.3f}–{high:.3f} | "
                   f"{statistics.median(cpu[c]):.2f} | {statistics.median(ratios[c]):.3f} | "
                   f"{statistics.median(copies[c]) / 1e6:.0f} | {statistics.mean(unencoded[c]):.0%} |")
             repos[c].close()

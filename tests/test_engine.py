@@ -536,7 +536,7 @@ def test_the_pacer_writes_raw_while_other_processes_keep_its_cores_busy():
     import sys
 
     from forkpoint.engine import scheduler
-    from forkpoint.engine.cpuload import OTHERS_WINDOW, CoreLoad
+    from forkpoint.engine.cpuload import LOAD_WINDOW, CoreLoad
     from forkpoint.engine.pacing import EncodePacer
 
     def paced_chunk_encodes(load):
@@ -544,7 +544,7 @@ def test_the_pacer_writes_raw_while_other_processes_keep_its_cores_busy():
         pacer.add()
         pacer.ready()
         pacer.encodes()
-        time.sleep(3 * OTHERS_WINDOW)
+        time.sleep(3 * LOAD_WINDOW)
         return pacer.encodes()
 
     cores = scheduler.usable_cores()
@@ -553,14 +553,14 @@ def test_the_pacer_writes_raw_while_other_processes_keep_its_cores_busy():
     try:
         time.sleep(0.5)
         load.measure()
-        time.sleep(3 * OTHERS_WINDOW)
+        time.sleep(3 * LOAD_WINDOW)
         assert load.measure().others >= 0.7 * cores
         assert not paced_chunk_encodes(load)
     finally:
         for spinner in spinners:
             spinner.kill()
             spinner.wait()
-    time.sleep(3 * OTHERS_WINDOW)
+    time.sleep(3 * LOAD_WINDOW)
     load.measure()
     assert paced_chunk_encodes(load)
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
-OTHERS_WINDOW = 0.05
-"""Seconds over which the others' use of the cores is measured (the kernel counts in 10 ms
+LOAD_WINDOW = 0.05
+"""Seconds over which the use of the cores is measured (the kernel counts in 10 ms
 ticks per core, and a measure of two cores over 50 ms may be off by about a tenth of a core)."""
 
 
@@ -48,10 +48,10 @@ class LoadMeasure:
 @dataclass
 class CoreLoad:
     """How busy this process's cores were (the window's length less their idle time, and the
-    same less this process's CPU time) over the last window of at least OTHERS_WINDOW, on `cpus` (None: the process's
-    affinity at each measure); a measure of nothing where the system keeps no count. One per
-    process: its mark carries from save to save, so a save's first look covers the spell before
-    it."""
+    same less this process's CPU time) over the last window of at least LOAD_WINDOW, on `cpus`
+    (None: the process's affinity at each measure); a measure of nothing where the system keeps
+    no count. One per process: its mark carries from save to save, so a save's first look
+    covers the spell before it."""
 
     cpus: tuple[int, ...] | None = None
     mark: tuple | None = None
@@ -62,7 +62,7 @@ class CoreLoad:
         """The last measure, taking a new one where it is due."""
         with self.lock:
             now = time.perf_counter()
-            if self.mark is not None and now - self.mark[0] < OTHERS_WINDOW:
+            if self.mark is not None and now - self.mark[0] < LOAD_WINDOW:
                 return self.last
             cpus = _affinity() if self.cpus is None else self.cpus
             counted = idle_seconds(cpus)
