@@ -433,7 +433,8 @@ def pacing_ab(scratch: str, repeats: int) -> None:
     round, so that no arm keeps a place), a training step before each. Medians of `repeats`
     after two saves each; "vs raw" is the
     median of each round's own ratio to the raw save; "copied" is what each save passed
-    through the direct-I/O bounce buffer; "written raw" the share of saves that encoded none
+    through the direct-I/O bounce buffer (each repository keeps only its last version, pruned
+    after each save, untimed); "written raw" the share of saves that encoded none
     of their large chunks; "95% interval" where the median of the rounds' ratios lies
     (median_interval)."""
     from forkpoint.storage import local
@@ -470,6 +471,7 @@ def pacing_ab(scratch: str, repeats: int) -> None:
                     ratios[c].append(v.logical_bytes / v.stored_bytes)
                     copies[c].append(copied[0])
                     unencoded[c].append(all(ch.codec == "raw" for ch in large_chunks(repos[c], v.id)))
+                repos[c].gc(keep=fp.Keep(last=1), grace=0)
         for i, c in enumerate(names):
             rounds = [a / b for a, b in zip(times[c], times["raw"])]
             low, high = median_interval(rounds)
