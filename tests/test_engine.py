@@ -467,14 +467,25 @@ def test_a_repository_writes_raw_while_its_raw_saves_measure_faster_than_paced_o
     assert small.ways.rates == {}
 
 
+class _SetLoad:
+    """A CoreLoad whose measure the test sets."""
+
+    def __init__(self, measure):
+        self.last = measure
+
+    def measure(self):
+        return self.last
+
+
 def test_the_pacer_writes_raw_while_the_process_keeps_its_cores_busy():
     """Full slots, but the process used all its cores (one, here) over the last window: the CPU
     is short, so the chunk is written raw; after an idle spell it is encoded again."""
+    from forkpoint.engine.cpuload import LoadMeasure
     from forkpoint.engine.pacing import CPU_WINDOW, EncodePacer
 
     import blake3
 
-    pacer = EncodePacer(slots=1, least=1, cores=1)
+    pacer = EncodePacer(slots=1, least=1, cores=1, load=_SetLoad(LoadMeasure()))  # this process's use alone
     pacer.add()
     pacer.ready()
     assert pacer.encodes()  # the first look only marks the clocks
@@ -493,16 +504,6 @@ def test_the_pacer_writes_raw_while_the_process_keeps_its_cores_busy():
     assert not pacer.encodes()
     time.sleep(5 * CPU_WINDOW)
     assert pacer.encodes()
-
-
-class _SetLoad:
-    """A CoreLoad whose measure the test sets."""
-
-    def __init__(self, measure):
-        self.last = measure
-
-    def measure(self):
-        return self.last
 
 
 def test_the_pacer_counts_what_other_processes_take_of_its_cores():
