@@ -1,4 +1,4 @@
-"""The CPU that others take from this process's cores: other processes, and the hypervisor.
+"""How busy this process's cores are: its own use, other processes', the hypervisor's steal.
 
 The pacer's CPU rule reads this process's own CPU time, which cannot see a data loader, a
 neighbouring job or a hypervisor's steal on the same cores. The kernel's per-core counters
@@ -14,7 +14,7 @@ import psutil
 
 LOAD_WINDOW = 0.05
 """Seconds over which the use of the cores is measured (the kernel counts in 10 ms
-ticks per core, and a measure of two cores over 50 ms may be off by about a tenth of a core)."""
+ticks per core: a measure of two cores over 50 ms may be off by about a quarter of a core)."""
 
 
 def _affinity() -> tuple[int, ...]:
