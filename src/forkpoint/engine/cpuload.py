@@ -48,12 +48,11 @@ class LoadMeasure:
 @dataclass
 class CoreLoad:
     """How busy this process's cores were (the window's length less their idle time, and the
-    same less this process's CPU time) over the last window of at least LOAD_WINDOW, on `cpus`
-    (None: the process's affinity at each measure); a measure of nothing where the system keeps
-    no count. One per process: its mark carries from save to save, so a save's first look
+    same less this process's CPU time) over the last window of at least LOAD_WINDOW, on the
+    cores of the process's affinity at each measure; a measure of nothing where the system
+    keeps no count. One per process: its mark carries from save to save, so a save's first look
     covers the spell before it."""
 
-    cpus: tuple[int, ...] | None = None
     mark: tuple | None = None
     last: LoadMeasure = LoadMeasure()
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -64,8 +63,7 @@ class CoreLoad:
             now = time.perf_counter()
             if self.mark is not None and now - self.mark[0] < LOAD_WINDOW:
                 return self.last
-            cpus = _affinity() if self.cpus is None else self.cpus
-            counted = idle_seconds(cpus)
+            counted = idle_seconds(_affinity())
             if counted is None:
                 return self.last
             (idle, ncores), own = counted, time.process_time()
