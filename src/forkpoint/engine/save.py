@@ -51,9 +51,10 @@ class SaveOptions:
     background (for hosts whose cores are idle while training runs on accelerators)."""
     adaptive: bool = True
     """Under lossless, zstd and lossy policies, encode a chunk only while the store has at
-    least its I/O slots' worth of chunks waiting for or in their writes and the process is not
-    keeping its cores busy (the store, not the CPU, bounds the save then), else write it raw
-    (engine.pacing), so that encoding does not make the save slower than a raw one; and, where
+    least its I/O slots' worth of chunks waiting for or in their writes and its cores are not
+    kept busy, by this process or others (the store, not the CPU, bounds the save then), else
+    write it raw (engine.pacing), so that encoding does not make the save slower than a raw
+    one; and, where
     a repository's saves written raw now and then measure more than 15% faster than its paced
     ones, write the next saves raw (retrying paced every 8 to 64 saves). Saves of fewer than
     twice the slots of such chunks encode them all (unless the timing has the save written
