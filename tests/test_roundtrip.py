@@ -47,7 +47,9 @@ keys = st.one_of(st.text(min_size=1, max_size=8), st.integers(0, 50))
 trees = st.recursive(st.one_of(scalars, arrays, tensors),
                      lambda children: st.one_of(st.lists(children, max_size=4),
                                                 st.tuples(children, children),
-                                                st.dictionaries(keys, children, max_size=4)),
+                                                # keys 0 and "0" share a state path: refused by design
+                                                st.lists(st.tuples(keys, children), max_size=4,
+                                                         unique_by=lambda kv: str(kv[0])).map(dict)),
                      max_leaves=12)
 
 

@@ -47,3 +47,11 @@ class ConflictError(ForkpointError):
 
 class PrunedVersionError(ForkpointError):
     """The version's data was removed by retention; only its record remains."""
+
+
+class UnsafePathError(ForkpointError):
+    """A storage key would reach outside the repository's root (through `..` or a symlink)."""
+
+
+class OutOfMemoryError(ForkpointError, MemoryError):
+    """A leaf declared by a manifest is larger than this process can allocate."""

@@ -190,6 +190,30 @@ def tag(name, ref, force, delete, repo_url):
     click.echo(f"tag {name} -> {v.id} (step {v.step})")
 
 
+@cli.group()
+def branch():
+    """Repair or remove a branch."""
+
+
+@branch.command("reset")
+@click.argument("name")
+@click.argument("ref")
+@repo_option
+def branch_reset(name, ref, repo_url):
+    """Point branch NAME at REF (e.g. its last intact version), whatever its head holds now."""
+    v = _open(repo_url).reset_branch(name, ref)
+    click.echo(f"branch {name} -> {v.id} (step {v.step})")
+
+
+@branch.command("delete")
+@click.argument("name")
+@repo_option
+def branch_delete(name, repo_url):
+    """Delete branch NAME (its versions stay until gc finds them unreachable)."""
+    _open(repo_url).delete_branch(name)
+    click.echo(f"branch {name} deleted")
+
+
 @cli.command()
 @repo_option
 @json_option
@@ -212,8 +236,12 @@ def verify(ref, repo_url, as_json):
     """Re-hash every object of REF (default: of every version)."""
     repo = _open(repo_url)
     ids = [repo.resolve(ref)] if ref else None
-    total = sum(leaf.nbytes for vid in (ids or [v.id for v in repo.versions()])
-                for leaf in repo.manifest(vid).leaves if leaf.alias_of is None)
+    total = 0
+    for vid in ids or repo.version_ids():
+        try:
+            total += sum(leaf.nbytes for leaf in repo.manifest(vid).leaves if leaf.alias_of is None)
+        except ForkpointError:
+            pass  # a damaged manifest: verify reports it
     progress, total, label = _progress(total, "verifying")
     with progress:
         task = progress.add_task(label, total=total)

@@ -22,7 +22,7 @@ from ..format.codecs import codec_by_id
 from ..format.delta import OPS, apply_delta
 from ..format.manifest import Chunk, Leaf
 from ..format.objects import (ALIGNED_HEADER_SIZE, BLOCK_BYTES, DIGEST_BYTES, OBJECT_HEADER_SIZE,
-                              block_table, content_hash, decode_object, unpack_header)
+                              block_table, content_hash, decode_limit, decode_object, unpack_header)
 from ..storage.base import Store
 from .save import object_key, stored_codec
 
@@ -94,10 +94,11 @@ class _Reader:
         except FileNotFoundError:
             raise MissingObjectError(f"{self.where(leaf, key)} is missing") from None
 
-    def read_object(self, digest: str, leaf: Leaf) -> bytes:
-        """Read, decode and verify a whole object."""
+    def read_object(self, digest: str, leaf: Leaf, limit: int) -> bytes:
+        """Read, decode and verify a whole object of at most `limit` decoded bytes."""
         key = object_key(digest)
-        return decode_object(self.read_stored(key, leaf), digest, self.where(leaf, key), verify=self.rehash)
+        return decode_object(self.read_stored(key, leaf), digest, self.where(leaf, key), verify=self.rehash,
+                             limit=limit)
 
     def read_direct(self, leaf: Leaf, chunk: Chunk, dest: np.ndarray) -> None:
         """Read a raw standalone chunk straight into `dest` and verify it (unless it comes from
@@ -153,7 +154,7 @@ class _Reader:
         """The verified decoded bytes of a chunk, out of its (possibly packed, encoded or delta)
         object; `data` is that object's decoded bytes when the caller has read them (a whole
         verified object is not hashed again)."""
-        data = self.read_object(chunk.object, leaf) if data is None else data
+        data = self.read_object(chunk.object, leaf, decode_limit(chunk)) if data is None else data
         piece = np.frombuffer(data, dtype=np.uint8, count=chunk.size, offset=chunk.start)
         if chunk.delta is not None:
             piece = self.undelta(leaf, chunk, piece)
@@ -172,7 +173,7 @@ class _Reader:
         item = _itemsize(leaf)
         acc = None
         for digest in chain:
-            part = np.frombuffer(self.read_object(digest, leaf), dtype=np.uint8)
+            part = np.frombuffer(self.read_object(digest, leaf, chunk.size), dtype=np.uint8)
             if part.nbytes != chunk.size:
                 raise CorruptObjectError(
                     f"{self.where(leaf, object_key(digest))} holds {part.nbytes} bytes, its delta chain needs {chunk.size}")
@@ -182,10 +183,6 @@ class _Reader:
                 apply_delta(op, acc, part, item)
         apply_delta(op, acc, last, item)
         return acc
-
-    def copy_from_object(self, leaf: Leaf, chunk: Chunk, dest, data=None) -> None:
-        """Copy a whole chunk out of its object into `dest`."""
-        dest[...] = self.chunk_bytes(leaf, chunk, data).reshape(dest.shape)
 
     def read_rows(self, leaf: Leaf, chunk: Chunk, lo: int, hi: int) -> np.ndarray:
         """Bytes [lo, hi) of a chunk, reading only the blocks that cover them when the object
@@ -264,7 +261,7 @@ def read_leaves(store: Store, requests: list[ReadRequest], version_id: str,
                 shared.setdefault(chunk.object, []).append((req.leaf, chunk, region))
 
     def fill_from(obj: str, items):
-        data = reader.read_object(obj, items[0][0])
+        data = reader.read_object(obj, items[0][0], max(decode_limit(c) for _, c, _ in items))
         for leaf, chunk, region in items:
             reader.fill_region(leaf, chunk, region, data)
 

@@ -16,7 +16,7 @@ from ..format.codecs import POLICIES, codec_by_id, codec_by_name, codec_for
 from ..format.delta import Delta
 from ..format.lossy import Lossy, round_significand, supports
 from ..format.manifest import Chunk, Leaf
-from ..format.objects import (BLOCK_BYTES, DIGEST_BYTES, OBJECT_HEADER_SIZE, block_digests, block_root, content_hash, object_key,
+from ..format.objects import (BLOCK_BYTES, MAX_PACK_BYTES, DIGEST_BYTES, OBJECT_HEADER_SIZE, block_digests, block_root, content_hash, object_key,
                               pack_header, table_header_size, unpack_header)
 from ..state.flatten import FlatLeaf
 from ..storage.base import Store
@@ -71,6 +71,9 @@ class SaveOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"SaveOptions.{name} must be an int >= {least}, got {value!r}")
+        if self.pack_bytes + self.small_leaf_bytes > MAX_PACK_BYTES:
+            raise ValueError(f"SaveOptions.pack_bytes + small_leaf_bytes must be at most {MAX_PACK_BYTES} (readers "
+                             f"refuse longer packs), got {self.pack_bytes} + {self.small_leaf_bytes}")
 
 
 @dataclass
@@ -176,7 +179,10 @@ class ObjectWriter:
             with self.guard:
                 present = encoded is None and self.store.exists(key)  # encode_ahead looked already
                 if present:
-                    self.store.touch(key)
+                    try:  # refreshed, so that a gc in another process spares it (docs/FORMAT.md)
+                        self.store.touch(key)
+                    except FileNotFoundError:  # deleted by a gc since: written anew below
+                        present = False
             policy = policy or self.policy
             if present:
                 if owned is not None:

@@ -10,7 +10,7 @@ import numpy as np
 import zstandard
 
 from ..errors import FormatError
-from . import floatcodec
+from . import floatcodec, zstdframe
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def _zstd_encode(data: memoryview, itemsize: int = 1, threads: int | None = None
 
 
 def _zstd_decode(payload, decoded_length: int) -> bytes:
-    return zstandard.ZstdDecompressor().decompress(payload, max_output_size=decoded_length)
+    return zstdframe.decompress(payload, decoded_length)
 
 
 def _planes_encode(data: memoryview, itemsize: int = 1, threads: int | None = None) -> bytes:
@@ -67,7 +67,7 @@ def _planes_encode(data: memoryview, itemsize: int = 1, threads: int | None = No
 def _planes_decode(payload, decoded_length: int) -> bytes:
     view = memoryview(payload)
     itemsize = view[0]
-    raw = zstandard.ZstdDecompressor().decompress(view[1:], max_output_size=decoded_length)
+    raw = zstdframe.decompress(view[1:], decoded_length)
     if itemsize <= 1:
         return raw
     return np.frombuffer(raw, np.uint8).reshape(itemsize, -1).T.tobytes()

@@ -54,6 +54,7 @@ import numpy as np
 import zstandard
 
 from ..errors import FormatError
+from . import zstdframe
 
 try:
     from zlib_ng import zlib_ng as _deflate
@@ -262,7 +263,7 @@ def _decode_plane(coded, coder: int, out: np.ndarray) -> None:
     elif coder == SPARSE:
         _unpack_sparse(coded, out)
     elif coder == ZSTD:
-        out[...] = np.frombuffer(zstandard.ZstdDecompressor().decompress(coded, max_output_size=out.nbytes), np.uint8)
+        out[...] = np.frombuffer(zstdframe.decompress(coded, out.nbytes), np.uint8)
     elif coder == HUFFMAN and _native is not None:
         _native.inflate_into(coded, out)
     elif coder == HUFFMAN:
@@ -824,6 +825,9 @@ def decode(payload, decoded_length: int, threads: int | None = None, out=None) -
         pos += _ROW.size
         if row and (per % row or count % row):
             raise ValueError(f"float codec payload: rows of {row} elements do not tile {count} in segments of {per}")
+    segments = max(1, -(-count // per))
+    if segments * itemsize * 4 > len(view):  # each segment's coded lengths alone take 4 bytes a plane
+        raise ValueError(f"float codec payload of {len(view)} bytes cannot hold the table of {segments} segments")
     starts = list(range(0, count, per)) or [0]
     if version == 1:
         layouts = [(int(rotated), list(view[pos:pos + itemsize]))] * len(starts)

@@ -11,8 +11,10 @@ from typing import Any
 import blake3
 
 from ..errors import CorruptObjectError, FormatError
+from .validate import check_manifest, check_record
 
-FORMAT_VERSION = (1, 2)
+FORMAT_VERSION = (1, 3)
+MAX_MANIFEST_BYTES = 1 << 30
 MANIFEST_KIND = "forkpoint.version"
 
 
@@ -21,7 +23,8 @@ def check_format(record: dict, kind: str, where: str) -> None:
     if not isinstance(record, dict) or record.get("format") != kind:
         raise FormatError(f"{where} is not a {kind} record")
     version = record.get("format_version")
-    if not (isinstance(version, list) and len(version) == 2):
+    if not (isinstance(version, list) and len(version) == 2
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in version)):
         raise FormatError(f"{where} has no valid format_version")
     if version[0] > FORMAT_VERSION[0]:
         raise FormatError(
@@ -229,11 +232,9 @@ class Manifest:
         data = data if isinstance(data, bytes) else bytes(data)
         record = _parsed(data, where)
         _check_id(record, data, where)
-        try:
-            version = _version_of(record)
-            leaves = [Leaf.from_json(d) for d in record.get("leaves", [])]
-        except TypeError as e:
-            raise FormatError(f"manifest {where} has malformed fields: {e}") from None
+        check_manifest(record, where)
+        version = _version_of(record)
+        leaves = [Leaf.from_json(d) for d in record.get("leaves", [])]
         return Manifest(version, record.get("tree"), leaves, bool(record.get("pickle", False)))
 
 
@@ -246,17 +247,19 @@ def version_from_bytes(data: bytes, where: str) -> Version:
         return Manifest.from_bytes(data, where).version
     record = _parsed(cut, where)
     _check_id(record, data, where)
-    try:
-        return _version_of(record)
-    except TypeError as e:
-        raise FormatError(f"manifest {where} has malformed fields: {e}") from None
+    check_record(record, where)
+    return _version_of(record)
 
 
 def _parsed(data: bytes, where: str) -> dict:
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise FormatError(f"manifest {where} is {len(data)} bytes, over the limit of {MAX_MANIFEST_BYTES}")
     try:
         record = json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
         raise FormatError(f"manifest {where} is not valid JSON ({e}); it may be truncated") from None
+    except RecursionError:
+        raise FormatError(f"manifest {where} is nested too deeply to be a manifest") from None
     check_format(record, MANIFEST_KIND, f"manifest {where}")
     return record
 
@@ -281,11 +284,32 @@ def _without_leaves(data: bytes) -> bytes | None:
     return data[:start + len(_LEAVES_START)] + data[end:]
 
 
+def stub_bytes(version: Version) -> bytes:
+    """The record that replaces a pruned version's manifest: its lineage fields, no tree or
+    leaves, and `stub_hash` (format 1.3), blake3 of the stub's canonical JSON with that field
+    empty, so that damage to a stub is found (it keeps the id of the version it replaces)."""
+    version = Version(**{**asdict(version), "pruned": True})
+    record = json.loads(Manifest(version, None, [], False).to_bytes())
+    record["stub_hash"] = blake3.blake3(_canonical({**record, "stub_hash": ""})).hexdigest()
+    return _canonical(record)
+
+
+def _check_stub(record: dict, where: str) -> None:
+    """Raise CorruptObjectError unless a stub's `stub_hash` matches it (stubs written before
+    format 1.3 have none and are only checked against the schema)."""
+    if "stub_hash" not in record:
+        return
+    if blake3.blake3(_canonical({**record, "stub_hash": ""})).hexdigest() != record["stub_hash"]:
+        raise CorruptObjectError(f"pruned record {where} does not match its stub_hash: it was corrupted or "
+                                 "edited, and the history behind it cannot be trusted")
+
+
 def _check_id(record: dict, data: bytes, where: str) -> None:
     """Raise CorruptObjectError unless the manifest's bytes hash to its id (stubs of pruned
-    versions carry their version's id and are not checked). Canonical bytes are hashed as they
-    are, the id's value left out; other layouts are re-encoded first."""
-    if record.get("pruned"):
+    versions carry their version's id and are checked by their stub_hash). Canonical bytes are
+    hashed as they are, the id's value left out; other layouts are re-encoded first."""
+    if record.get("pruned") is True:
+        _check_stub(record, where)
         return
     vid = record.get("id")
     if isinstance(vid, str):
@@ -296,5 +320,9 @@ def _check_id(record: dict, data: bytes, where: str) -> None:
             hasher.update(data[at + len(marker) - 1:])
             if hasher.hexdigest()[:24] == vid:
                 return
-    if _record_id(record) != vid:
+    try:
+        recomputed = _record_id(record)
+    except ValueError:  # NaN or infinities, which the canonical form refuses
+        recomputed = None
+    if recomputed != vid:
         raise CorruptObjectError(f"manifest {where} does not match its id {vid!r}: it was corrupted or edited")

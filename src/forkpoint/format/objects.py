@@ -22,6 +22,9 @@ HASH_THREADS_MIN_BYTES = 4 << 20
 BLOCK_BYTES = 1 << 20
 MAX_HEADER_SIZE = 15 * ALIGNED_HEADER_SIZE
 DIGEST_BYTES = 32
+MAX_PACK_BYTES = 256 << 20
+"""The most decoded bytes a pack (an object holding several leaves' chunks) may declare
+beyond what a manifest reads of it: a reader refuses longer ones before decoding them."""
 _ROOT_PREFIX = b"FPB1"
 _HEX = frozenset("0123456789abcdef")
 _hash_pool: ThreadPoolExecutor | None = None
@@ -82,11 +85,17 @@ def table_header_size(length: int) -> int:
     return size if size <= MAX_HEADER_SIZE else ALIGNED_HEADER_SIZE
 
 
-def decode_object(blob, digest: str, where: str, verify: bool = True):
+def decode_object(blob, digest: str, where: str, verify: bool = True, limit: int | None = None):
     """The decoded bytes of a whole object file `blob` named `digest`; CorruptObjectError
-    (naming `where`) when it cannot be decoded or, with `verify`, does not match its name,
-    FormatError when its payload is of a newer version than this reader knows."""
+    (naming `where`) when it cannot be decoded, when its header declares more than `limit`
+    decoded bytes (checked before anything is allocated) or, with `verify`, when it does not
+    match its name; FormatError when its payload is of a newer version than this reader knows."""
     codec_id, length, header_size = unpack_header(bytes(memoryview(blob)[:OBJECT_HEADER_SIZE]), where)
+    if limit is not None and length > limit:
+        raise CorruptObjectError(f"{where} declares {length} decoded bytes, more than the {limit} its manifest "
+                                 "allows: corrupted or crafted")
+    if header_size > len(blob):
+        raise CorruptObjectError(f"{where} is truncated: its header of {header_size} bytes is longer than the file")
     codec = codec_by_id(codec_id, where)
     try:
         data = codec.decode(memoryview(blob)[header_size:], length)
@@ -97,6 +106,14 @@ def decode_object(blob, digest: str, where: str, verify: bool = True):
     if len(data) != length or (verify and content_hash(data) != digest):
         raise CorruptObjectError(f"{where} does not match its hash: corrupted")
     return data
+
+
+def decode_limit(chunk) -> int:
+    """The most decoded bytes the object of `chunk` (a manifest's Chunk) may declare: its size
+    for a standalone or delta chunk, else (a pack) MAX_PACK_BYTES or the end of the chunk."""
+    if chunk.object == chunk.hash or chunk.delta is not None:
+        return chunk.size
+    return max(MAX_PACK_BYTES, chunk.start + chunk.size)
 
 
 def pack_header(codec_id: int, decoded_length: int, header_size: int = OBJECT_HEADER_SIZE,

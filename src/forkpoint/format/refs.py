@@ -10,10 +10,13 @@ import re
 
 from ..errors import FormatError
 from .manifest import FORMAT_VERSION, check_format
+from .validate import is_version_id
 
 REF_KIND = "forkpoint.ref"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 REF_EXPR_RE = re.compile(r"^(?P<base>.+?)(?P<ups>(~\d*)*)$")
+REPAIR_HINT = ("the ref is damaged: point it at an intact version with `forkpoint branch reset BRANCH REF` "
+               "(or `forkpoint tag --force`), after `forkpoint log --all` shows which")
 
 
 def check_name(name: str, what: str) -> str:
@@ -47,13 +50,21 @@ def encode_record(seq: int, target: str | None, time: float, writer: str) -> byt
     }, sort_keys=True).encode()
 
 
-def decode_record(data: bytes, where: str) -> dict:
-    """Parse a ref record, raising FormatError naming `where` when it is unusable."""
+def decode_record(data: bytes, where: str, seq: int | None = None) -> dict:
+    """Parse a ref record, raising FormatError naming `where` when it is unusable: not JSON,
+    not a ref record, a target that is not a version id (or null), or (given the `seq` its key
+    names) another seq."""
     try:
         record = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        raise FormatError(f"ref record {where} is not valid JSON") from None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise FormatError(f"ref record {where} is not valid JSON; {REPAIR_HINT}") from None
     check_format(record, REF_KIND, f"ref record {where}")
+    target = record.get("target")
+    if target is not None and not is_version_id(target):
+        raise FormatError(f"ref record {where} names {str(target)[:80]!r}, not a version id; {REPAIR_HINT}")
+    if seq is not None and record.get("seq") != seq:
+        raise FormatError(f"ref record {where} holds seq {str(record.get('seq'))[:40]}, its name says {seq}; "
+                          f"{REPAIR_HINT}")
     return record
 
 

@@ -4,7 +4,7 @@ import collections
 import itertools
 import threading
 
-from ..errors import FormatError, RefNotFoundError
+from ..errors import FormatError, MissingObjectError, RefNotFoundError
 from ..format.manifest import Manifest, Version, version_from_bytes
 from ..format.refs import parse_ref_expr
 from ..storage import Store
@@ -126,9 +126,9 @@ class HistoryMixin:
         base, ups = parse_ref_expr(ref)
         vid = None
         if base.replace(".", "").replace("_", "").replace("-", "").isalnum() and "/" not in base:
-            vid = self._ref_state("heads", base)[1]
+            vid = self._ref_target("heads", base)
             if vid is None:
-                vid = self._ref_state("tags", base)[1]
+                vid = self._ref_target("tags", base)
         if vid is None and len(base) >= 4 and all(c in "0123456789abcdef" for c in base):
             matches = [v for v in self._version_ids() if v.startswith(base)]
             if len(matches) > 1:
@@ -145,6 +145,22 @@ class HistoryMixin:
             vid = parents[0]
         return vid
 
+    def _ref_target(self, kind: str, name: str) -> str | None:
+        """The version a branch or tag names, or None when there is no such ref; MissingObjectError
+        naming the ref when its version is on no tier (a partial copy, a damaged record)."""
+        vid = self._ref_state(kind, name)[1]
+        if vid is not None and not self._has_manifest(vid):
+            noun = "branch" if kind == "heads" else "tag"
+            raise MissingObjectError(
+                f"{noun} {name!r} of {self.url} points at version {vid}, which is on no tier: the repository "
+                f"is a partial copy or the ref's newest record (refs/{kind}/{name}/) is damaged. Point it at "
+                f"an intact version with `forkpoint branch reset {name} REF` (tags: `forkpoint tag --force`)")
+        return vid
+
+    def _has_manifest(self, vid: str) -> bool:
+        key = f"versions/{vid}.json"
+        return self._manifests.record(vid) is not None or any(st.exists(key) for st in self.stores)
+
     def version(self, ref: str = "main") -> Version:
         """Return the Version record `ref` names."""
         return self._version_by_id(self.resolve(ref))
@@ -157,16 +173,35 @@ class HistoryMixin:
         """Return the first-parent history of `ref`, newest first (pruned records included)."""
         return list(itertools.islice(self._first_parents(self.resolve(ref)), limit))
 
-    def _first_parents(self, vid: str | None):
-        """Yield the records of `vid` and its first-parent ancestors, newest first, lazily
-        (stopping where a record is missing)."""
+    def _first_parents(self, vid: str | None, strict: bool = True):
+        """Yield the records of `vid` and its first-parent ancestors, newest first, lazily.
+        A missing ancestor raises MissingObjectError and a cycle FormatError, naming the version
+        that leads there (with strict=False the walk stops at either)."""
+        seen, child = set(), None
         while vid is not None:
+            if vid in seen:
+                if not strict:
+                    return
+                raise FormatError(f"the history of {self.url} loops: version {child} names {vid}, an "
+                                  "ancestor of itself, as its parent; a manifest was crafted or damaged")
+            seen.add(vid)
             try:
                 v = self._version_by_id(vid)
             except RefNotFoundError:
-                return
+                if not strict or child is None:
+                    if child is None:
+                        raise
+                    return
+                raise MissingObjectError(
+                    f"version {child} of {self.url} names parent {vid}, which is on no tier: the history is "
+                    "cut there (a partial copy of the repository, or a lost manifest); gc refuses to run "
+                    "until it is restored or the branch is reset past it") from None
             yield v
-            vid = v.parents[0] if v.parents else None
+            child, vid = vid, (v.parents[0] if v.parents else None)
+
+    def version_ids(self) -> list[str]:
+        """The ids of every version record on any tier (stubs included), without reading them."""
+        return self._version_ids()
 
     def versions(self) -> list[Version]:
         """Return every version record in the repository, oldest first."""

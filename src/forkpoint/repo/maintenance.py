@@ -1,13 +1,12 @@
 """Integrity and space: verify, retention, gc, usage."""
 
-import dataclasses
 import time
 
 
 from ..engine.restore import ReadRequest, read_leaves
 from ..engine.save import stored_codec
-from ..errors import CorruptObjectError, FormatError
-from ..format.manifest import Manifest, Version
+from ..errors import CorruptObjectError, FormatError, ForkpointError
+from ..format.manifest import Manifest, Version, stub_bytes
 from ..format.objects import object_key
 from ..format.refs import decode_record, record_key, seq_of
 from ..state.leaves import empty_leaf
@@ -23,6 +22,8 @@ class MaintenanceMixin:
         """Re-read and re-hash every object of `ref` (or of every version) on every tier holding it."""
         wanted = {self.resolve(ref)} if ref is not None else None
         report = VerifyReport()
+        if ref is None:
+            report.problems.extend(self._lineage_problems())
         seen = set()
         for store in self.stores:
             for vid in self._version_ids(store):
@@ -34,7 +35,7 @@ class MaintenanceMixin:
                 except Exception as e:  # a broken manifest is a problem to report, not to stop at
                     report.problems.append(str(e))
                     continue
-                if vid not in seen:
+                if vid not in seen and not m.version.pruned:
                     seen.add(vid)
                     report.versions += 1
                 for leaf in m.leaves:
@@ -50,6 +51,27 @@ class MaintenanceMixin:
                     if progress is not None:
                         progress(leaf.nbytes)
         return report
+
+    def _lineage_problems(self) -> list[str]:
+        """What is wrong with the refs and the histories they reach, one line each: ref records
+        that cannot be read, refs to versions on no tier, and ancestors that are missing,
+        damaged or loop (the breaks that make gc refuse to run)."""
+        problems, walked = [], set()
+        for kind, noun in (("heads", "branch"), ("tags", "tag")):
+            names = sorted({key.split("/")[2] for store in self.stores
+                            for key in store.list(f"refs/{kind}") if key.count("/") == 3})
+            for name in names:
+                try:
+                    vid = self._ref_target(kind, name)
+                    if vid is None or vid in walked:
+                        continue
+                    for v in self._first_parents(vid):
+                        if v.id in walked:
+                            break
+                        walked.add(v.id)
+                except ForkpointError as e:
+                    problems.append(f"{noun} {name}: {e}")
+        return problems
 
     # ----------------------------------------------------------------- retention and gc
     def _chains(self) -> dict[str, list[Version]]:
@@ -74,8 +96,7 @@ class MaintenanceMixin:
     def _prune(self, vid: str, store: Store | None = None, barrier: bool = True) -> list[Store]:
         """Replace the version's manifest on `store` (default: every tier holding it) by a stub;
         return the stores written (without `barrier`, the caller makes the stubs durable)."""
-        record = dataclasses.replace(self._version_by_id(vid), pruned=True)
-        stub = Manifest(record, None, [], False).to_bytes()
+        stub = stub_bytes(self._version_by_id(vid))
         key = f"versions/{vid}.json"
         targets = [store] if store is not None else [st for st in self.stores if st.exists(key)]
         for st in targets:
@@ -99,6 +120,7 @@ class MaintenanceMixin:
         report = GcReport(dry_run=dry_run)
         with self._lock:
             since = self._commit_seq
+        self._live_versions()
         if keep is not None:
             report.pruned_versions = self.prune_plan(keep, branches)
         pruned = set(report.pruned_versions)
@@ -112,11 +134,25 @@ class MaintenanceMixin:
                 st.barrier(keys)
         pruning = time.thread_time() - pruning
         now = time.time()
-        reachable = self._reachable(set(self.branches().values()) | set(self.tags().values()))
+        reachable = self._live_versions()
         for store in self.stores:
             pruning += self._gc_store(store, reachable, pruned, now, grace, dry_run, report, since)
         report.scan_cpu_seconds = round(time.thread_time() - started - pruning, 6)
         return report
+
+    def _live_versions(self) -> set[str]:
+        """Every version a branch or tag reaches through first parents. Raises (naming the ref,
+        record or version, before gc deletes anything) where a ref record is unreadable, a ref's
+        version or an ancestor is on no tier, a record is damaged or the parents loop: what lies
+        behind such a break cannot be proven unreachable."""
+        try:
+            targets = set()
+            for kind in ("heads", "tags"):
+                for name, vid in self._names(kind).items():
+                    targets.add(vid if self._has_manifest(vid) else self._ref_target(kind, name))
+            return self._reachable(targets, strict=True)
+        except ForkpointError as e:
+            raise type(e)(f"gc refused to run and deleted nothing: {e}") from None
 
     def _gc_store(self, store, reachable: set, pruned: set, now: float, grace: float,
                   dry_run: bool, report: GcReport, since: int) -> float:
@@ -161,6 +197,11 @@ class MaintenanceMixin:
                 continue
             with self._evict_lock:
                 if self._pinned(name) or self._committed_since(since, name):
+                    continue
+                try:  # a save of another process may have reused (touched) it since the listing
+                    if store.fresh_mtime(key) >= deadline:
+                        continue
+                except FileNotFoundError:
                     continue
                 report.deleted_objects += 1
                 report.freed_bytes += size

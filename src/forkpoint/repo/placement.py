@@ -186,7 +186,7 @@ class PlacementMixin:
 
     def _descends(self, vid: str, ancestor: str) -> bool:
         """True when `ancestor` is `vid` or on its first-parent line (walked only as far as it)."""
-        return any(v.id == ancestor for v in self._first_parents(vid))
+        return any(v.id == ancestor for v in self._first_parents(vid, strict=False))
 
     def _forget_writer(self, writer) -> None:
         with self._evict_lock:
@@ -198,12 +198,19 @@ class PlacementMixin:
                 or any(digest in pins for pins in self._flush_pins.values())
                 or object_key(digest) in self._encoding_now)
 
-    def _reachable(self, heads: set[str]) -> set[str]:
+    def _reachable(self, heads: set[str], strict: bool = False) -> set[str]:
         """Versions reachable from `heads` through first parents. A manifest that no ref reaches
         yet belongs to a commit in flight (or to an abandoned one, which gc removes): never
-        evict it."""
+        evict it. With `strict` (gc), a head or ancestor that is missing, unreadable or part of
+        a loop raises instead of ending the walk: what lies behind it cannot be proven unreachable."""
         seen: set[str] = set()
         for vid in heads:
+            if strict:
+                for v in self._first_parents(vid):
+                    if v.id in seen:
+                        break
+                    seen.add(v.id)
+                continue
             while vid and vid not in seen:
                 seen.add(vid)
                 try:

@@ -29,7 +29,7 @@ class RefsMixin:
                 return -1, None
             key = record_key(kind, name, seqs[-1])
             try:
-                return seqs[-1], decode_record(store.read(key), f"{store.url}/{key}")["target"]
+                return seqs[-1], decode_record(store.read(key), f"{store.url}/{key}", seqs[-1])["target"]
             except FileNotFoundError:
                 continue  # deleted as old by writers that published newer records meanwhile
         raise ConflictError(f"could not read {_REF_NOUN.get(kind, kind)} {name!r} in {store.url}: too many concurrent writers")
@@ -60,18 +60,27 @@ class RefsMixin:
             drop_old_records(store, kind, name, seqs)
         return True
 
-    def _set_ref(self, kind: str, name: str, target: str | None, must_exist: bool | None) -> None:
-        current = self._ref_state(kind, name)[1]
+    def _set_ref(self, kind: str, name: str, target: str | None, must_exist: bool | None,
+                 repair: bool = False) -> None:
+        """Move a ref on every tier; with `repair`, whatever its newest records hold (damaged
+        records are passed over, not read)."""
+        if repair:
+            current = "?" if any(ref_seqs(st, kind, name) for st in self.stores) else None
+        else:
+            current = self._ref_state(kind, name)[1]
         if must_exist is True and current is None:
             raise RefNotFoundError(f"no {_REF_NOUN.get(kind, kind)} {name!r} in {self.url}")
         if must_exist is False and current is not None:
             raise ValueError(f"{_REF_NOUN.get(kind, kind)} {name!r} already exists in {self.url} (at {current})")
         for store in reversed(self.stores):
-            self._move_ref(store, kind, name, target)
+            self._move_ref(store, kind, name, target, repair)
 
-    def _move_ref(self, store: Store, kind: str, name: str, target: str | None) -> None:
+    def _move_ref(self, store: Store, kind: str, name: str, target: str | None, repair: bool = False) -> None:
         for _ in range(100):
-            seq, _ = self._ref_state_in(store, kind, name)
+            if repair:
+                seq = max(ref_seqs(store, kind, name), default=-1)
+            else:
+                seq, _ = self._ref_state_in(store, kind, name)
             if self._publish_ref(kind, name, seq + 1, target, store):
                 return
         raise ConflictError(f"could not update {_REF_NOUN.get(kind, kind)} {name!r} in {store.url}: too many concurrent writers")
@@ -115,8 +124,17 @@ class RefsMixin:
         self._set_ref("tags", check_name(name, "tag"), None, must_exist=True)
 
     def delete_branch(self, name: str) -> None:
-        """Remove a branch ref (its versions stay until gc finds them unreachable)."""
-        self._set_ref("heads", check_name(name, "branch"), None, must_exist=True)
+        """Remove a branch ref (its versions stay until gc finds them unreachable), even one
+        whose newest record is damaged."""
+        self._set_ref("heads", check_name(name, "branch"), None, must_exist=True, repair=True)
+
+    def reset_branch(self, name: str, ref: str) -> Version:
+        """Point branch `name` at the version `ref` names, creating the branch if absent: the
+        repair for a branch whose head record is damaged or names a lost version (versions
+        after `ref` stay until gc finds them unreachable)."""
+        version = self.version(ref)
+        self._set_ref("heads", check_name(name, "branch"), version.id, must_exist=None, repair=True)
+        return version
 
 
 def ref_seqs(store: Store, kind: str, name: str) -> list[int]:

@@ -5,7 +5,6 @@ arrays, large bytes and (opt-in) pickled objects become leaves referenced by ind
 """
 
 import base64
-import math
 import pickle
 import sys
 from collections import OrderedDict
@@ -15,7 +14,8 @@ import numpy as np
 
 from ..errors import FormatError, UnsupportedTypeError
 from ..format.paths import child_path
-from .leaves import LeafData, is_dtensor, numpy_leaf, torch_leaf
+from ..format.validate import MAX_TREE_DEPTH
+from .leaves import LeafData, is_dtensor, numpy_leaf, torch_dtype, torch_leaf
 
 INLINE_BYTES_MAX = 4096
 CONTAINER_NODES = frozenset(("dict", "odict", "list", "tuple", "ranks"))
@@ -102,6 +102,9 @@ def flatten(tree, allow_pickle: bool = False, copy: bool = False,
                 return {"t": "bytes", "v": base64.b64encode(bytes(obj)).decode()}
             data = np.frombuffer(bytes(obj), dtype=np.uint8)
             return add_leaf(path, keys, lambda: LeafData("bytes", "uint8", (len(obj),), "cpu", data), None)
+        if isinstance(obj, (dict, list, tuple)) and len(keys) >= MAX_TREE_DEPTH:
+            raise UnsupportedTypeError(f"state path {path!r} is nested deeper than {MAX_TREE_DEPTH} containers, "
+                                       "the format's limit: flatten the state")
         if isinstance(obj, dict):
             ks = list(obj.keys())
             for k in ks:
@@ -171,11 +174,9 @@ def unflatten(node, values: list, where: str = "manifest"):
     if t == "complex":
         return complex(float.fromhex(node["v"][0]), float.fromhex(node["v"][1]))
     if t == "bytes":
-        return base64.b64decode(node["v"])
+        return base64.b64decode(node["v"], validate=True)
     if t == "torch.dtype":
-        import torch
-
-        return getattr(torch, node["v"])
+        return torch_dtype(node["v"], where)
     if t == "torch.device":
         import torch
 
@@ -197,8 +198,3 @@ def walk_skeleton(node, path: str = "", keys: tuple = (), containers: bool = Fal
             yield from walk_skeleton(v, child_path(path, i), keys + (i,), containers)
     else:
         yield path, keys, node
-
-
-def is_finite_json(x) -> bool:
-    """True when a metric value can be written as plain JSON."""
-    return not isinstance(x, float) or math.isfinite(x)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import UnsupportedTypeError
+from ..errors import OutOfMemoryError, UnsupportedTypeError
 
 NUMPY_KINDS = "biufc"
 
@@ -216,7 +216,18 @@ def torch_dtype(name: str, path: str):
 
 
 def empty_leaf(kind: str, dtype: str, shape, device: str, path: str):
-    """Allocate an uninitialised leaf; return (object, its bytes as a writable uint8 array)."""
+    """Allocate an uninitialised leaf; return (object, its bytes as a writable uint8 array).
+    OutOfMemoryError naming the leaf where this process cannot allocate it."""
+    try:
+        return _empty_leaf(kind, dtype, shape, path)
+    except (MemoryError, RuntimeError, ValueError) as e:
+        if isinstance(e, OutOfMemoryError) or "memory" not in str(e).lower() and "too big" not in str(e).lower():
+            raise
+        raise OutOfMemoryError(f"leaf {path!r} ({dtype}, shape {list(shape)}) cannot be allocated in this "
+                               f"process ({e}); load a part of it (paths=, or a box) or use more memory") from None
+
+
+def _empty_leaf(kind: str, dtype: str, shape, path: str):
     if kind == "torch":
         import torch
 

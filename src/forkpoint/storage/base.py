@@ -66,6 +66,11 @@ class Store(ABC):
     def mtime(self, key: str) -> float:
         """Return the object's last-modified time (seconds since the epoch)."""
 
+    def fresh_mtime(self, key: str) -> float:
+        """`mtime` as the store tells it now, not from a listing cached earlier (what gc checks
+        right before it deletes an object that another process may have just reused)."""
+        return self.mtime(key)
+
     def signature(self, key: str) -> tuple | None:
         """A token that changes whenever `key` is replaced (say its mtime and size), or None
         where one costs about as much as reading a small object; FileNotFoundError when absent."""

@@ -11,7 +11,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from ..errors import StorageFullError
+from ..errors import StorageFullError, UnsafePathError
 from .base import Store
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -166,6 +166,7 @@ class LocalStore(Store):
     def __init__(self, root: str, direct_io: bool = True):
         self.root = os.path.abspath(os.path.expanduser(root))
         self.url = self.root
+        self._real_root: str | None = None
         self.direct_io = direct_io and hasattr(os, "O_DIRECT")
         self._made_dirs: set[str] = set()
 
@@ -194,6 +195,19 @@ class LocalStore(Store):
         if key.startswith("/") or ".." in key.split("/"):
             raise ValueError(f"refusing unsafe storage key {key!r}")
         return os.path.join(self.root, key)
+
+    def _contained(self, path: str) -> str:
+        """`path` when the directory it names a file in resolves inside the root (no symlink
+        leads out of the repository); else UnsafePathError. Deletes and replacing writes go
+        through here, so that no maintenance pass removes or overwrites files elsewhere."""
+        if self._real_root is None:
+            self._real_root = os.path.realpath(self.root)
+        where = os.path.realpath(os.path.dirname(path))
+        if where != self._real_root and not where.startswith(self._real_root + os.sep):
+            raise UnsafePathError(
+                f"{path} lies outside the repository {self.root} (a symlink in the path leads to {where}); "
+                "forkpoint does not write or delete there: replace the symlink by a directory")
+        return path
 
     def read(self, key: str) -> bytes:
         with open(self._path(key), "rb") as f:
@@ -289,7 +303,7 @@ class LocalStore(Store):
         return tmp
 
     def write(self, key: str, parts: Sequence, durable: bool = True) -> None:
-        path = self._path(key)
+        path = self._contained(self._path(key))
         tmp = self._write_temp(parts, durable)
         try:
             self._in_dir(os.path.dirname(path), lambda: os.replace(tmp, path))
@@ -315,6 +329,8 @@ class LocalStore(Store):
 
     def list(self, prefix: str) -> list[str]:
         base = self._path(prefix) if prefix else self.root
+        if prefix and os.path.lexists(base):
+            self._contained(os.path.join(base, "."))
         out = []
         for dirpath, _, files in os.walk(base):
             rel = os.path.relpath(dirpath, self.root)
@@ -329,6 +345,7 @@ class LocalStore(Store):
         with _INFLIGHT_LOCK:
             if path in _INFLIGHT:
                 return
+        self._contained(path)
         _remove_quietly(path)
 
     def mtime(self, key: str) -> float:

@@ -14,6 +14,24 @@ from ..errors import StorageFullError
 from .base import Store
 
 
+S3_TIMEOUTS = {"connect_timeout": 5, "read_timeout": 30, "retries": {"max_attempts": 3, "mode": "standard"}}
+"""botocore's limits for an S3 store unless the caller sets `config_kwargs`: each request
+gives up after 5 s without a connection or 30 s without data, tried 3 times, so that a dead
+endpoint fails a save (see S3_RETRIES) instead of hanging it."""
+S3_RETRIES = 2
+"""s3fs's own retries of a failed request (on top of botocore's) unless the caller sets `retries`."""
+
+
+def _with_timeouts(url: str, options: dict) -> dict:
+    """`options` with S3_TIMEOUTS and S3_RETRIES where an s3:// store's caller set none."""
+    if not url.startswith(("s3://", "s3a://")):
+        return options
+    config = dict(options.get("config_kwargs") or {})
+    for name, value in S3_TIMEOUTS.items():
+        config.setdefault(name, value)
+    return {"retries": S3_RETRIES, **options, "config_kwargs": config}
+
+
 class FsspecStore(Store):
     """A store on any fsspec file system; keys are joined under the URL's path."""
 
@@ -22,7 +40,7 @@ class FsspecStore(Store):
 
     def __init__(self, url: str, **storage_options):
         self.url = url.rstrip("/")
-        self.fs, root = fsspec.core.url_to_fs(self.url, **storage_options)
+        self.fs, root = fsspec.core.url_to_fs(self.url, **_with_timeouts(self.url, storage_options))
         self.root = root.rstrip("/")
         self.conditional_put = True
 
@@ -95,10 +113,27 @@ class FsspecStore(Store):
                 return value.timestamp() if hasattr(value, "timestamp") else float(value)
         return time.time()
 
+    def fresh_mtime(self, key: str) -> float:
+        """The object's modification time as the store tells it now (no cached listing)."""
+        self.fs.invalidate_cache(self._path(key))
+        return self.mtime(key)
+
     def touch(self, key: str) -> None:
-        """Object stores cannot refresh a modification time without rewriting; a no-op here."""
-        if not self.fs.exists(self._path(key)):
+        """Refresh the object's modification time: on S3 a server-side copy onto itself with
+        new metadata (no bytes travel), elsewhere fsspec's touch without truncation, and where
+        neither exists a rewrite of the object."""
+        path = self._path(key)
+        if not self.fs.exists(path):
             raise FileNotFoundError(key)
+        setxattr = getattr(self.fs, "setxattr", None)
+        if setxattr is not None:
+            setxattr(path, forkpoint_touched=f"{time.time():.3f}")
+        else:
+            try:
+                self.fs.touch(path, truncate=False)
+            except (NotImplementedError, ValueError, TypeError):
+                self.fs.pipe_file(path, self.fs.cat_file(path))
+        self.fs.invalidate_cache(path)
 
     def invalidate(self) -> None:
         """Forget cached listings (other processes may have written)."""

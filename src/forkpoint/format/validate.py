@@ -1,0 +1,296 @@
+"""The schema of a version manifest: every field, tree node and chunk box checked before use.
+
+A manifest read from storage is untrusted input. `check_record` checks the version record
+(ids, lineage, numbers), `check_manifest` also the skeleton and the leaf table: kinds and
+dtypes known, sizes consistent, and each leaf's chunk boxes tiling its global shape exactly
+(no gap, no overlap, inside the bounds). Limits keep a hostile manifest from costing
+unbounded memory or recursion. Failures raise FormatError naming the manifest, the leaf path
+or tree path, and what was wrong.
+"""
+
+import base64
+import binascii
+import math
+import re
+
+import numpy as np
+
+from ..errors import FormatError
+from .dtypes import DTYPE_ITEMSIZE, LEAF_KINDS
+
+MAX_TREE_DEPTH = 200
+MAX_LEAVES = 5_000_000
+MAX_DIMS = 64
+MAX_NAME_CHARS = 4096
+MAX_LEAF_BYTES = 1 << 50
+MAX_CHUNKS_PER_LEAF = 1_000_000
+MAX_DELTA_CHAIN = 1024
+MAX_PARENTS = 64
+MAX_INLINE_BYTES = 4096
+_GRID_CELLS_MAX = 1 << 22
+_PAIRWISE_MAX = 4096
+
+_VERSION_ID = re.compile(r"^[0-9a-f]{1,64}$")
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+_HEX_FLOAT = re.compile(r"^-?(0x[0-9a-f]+(\.[0-9a-f]*)?p[+-]?\d+|nan|inf)$")
+_SCALAR_NODES = {"none": None, "bool": bool, "int": int, "str": str}
+_DEVICE = re.compile(r"^[a-z_]{1,32}(:\d{1,6})?$")
+
+
+def is_version_id(value) -> bool:
+    """True for a version id as this format names one: hex digits, at most 64."""
+    return isinstance(value, str) and _VERSION_ID.match(value) is not None
+
+
+def is_digest(value) -> bool:
+    """True for an object name: 64 lowercase hex digits."""
+    return isinstance(value, str) and _DIGEST.match(value) is not None
+
+
+def check_record(record: dict, where: str) -> None:
+    """Raise FormatError unless the version fields of a manifest (or stub) are well formed."""
+    def bad(what):
+        raise FormatError(f"manifest {where}: {what}; the file is damaged or was not written by forkpoint")
+
+    if not is_version_id(record.get("id")):
+        bad(f"id {str(record.get('id'))[:80]!r} is not a version id (hex digits)")
+    parents = record.get("parents", [])
+    if not isinstance(parents, list) or len(parents) > MAX_PARENTS or not all(map(is_version_id, parents)):
+        bad(f"parents {str(parents)[:120]} is not a list of at most {MAX_PARENTS} version ids")
+    if record.get("id") in parents:
+        bad("the version names itself as its parent")
+    branch = record.get("branch", "")
+    if not isinstance(branch, str) or len(branch) > MAX_NAME_CHARS:
+        bad("branch is not a string")
+    step = record.get("step")
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
+        bad(f"step {step!r} is not an integer")
+    for name in ("time", "logical_bytes", "stored_bytes"):
+        value = record.get(name, 0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            bad(f"{name} {value!r} is not a number")
+    for name in ("metrics", "meta", "env"):
+        if not isinstance(record.get(name, {}), dict):
+            bad(f"{name} is not a JSON object")
+    if not isinstance(record.get("message", ""), str):
+        bad("message is not a string")
+    if not isinstance(record.get("pruned", False), bool) or not isinstance(record.get("pickle", False), bool):
+        bad("pruned/pickle are not booleans")
+    if not isinstance(record.get("tiers", []), list):
+        bad("tiers is not a list")
+
+
+def check_manifest(record: dict, where: str) -> None:
+    """Raise FormatError unless a whole manifest record (version fields, skeleton and leaf
+    table) is well formed and every leaf's chunks tile its shape exactly."""
+    check_record(record, where)
+    leaves = record.get("leaves", [])
+    if not isinstance(leaves, list) or len(leaves) > MAX_LEAVES:
+        raise FormatError(f"manifest {where}: the leaf table is not a list of at most {MAX_LEAVES} leaves")
+    if record.get("pruned"):
+        if leaves:
+            raise FormatError(f"manifest {where}: a pruned record holds {len(leaves)} leaves")
+        return
+    for i, leaf in enumerate(leaves):
+        check_leaf(leaf, i, leaves, where)
+    check_tree(record.get("tree"), len(leaves), where)
+
+
+def check_tree(node, leaf_count: int, where: str) -> None:
+    """Raise FormatError unless `node` is a skeleton of known nodes, at most MAX_TREE_DEPTH
+    deep, whose leaf indices are within the leaf table."""
+    stack = [(node, "", 0)]
+    while stack:
+        node, path, depth = stack.pop()
+        if depth > MAX_TREE_DEPTH:
+            raise FormatError(f"manifest {where}: the state tree is nested deeper than {MAX_TREE_DEPTH} at {path!r}")
+        t = node.get("t") if isinstance(node, dict) else None
+        if t in ("dict", "odict"):
+            keys, values = node.get("k"), node.get("v")
+            if not isinstance(keys, list) or not isinstance(values, list) or len(keys) != len(values):
+                _bad_node(where, path, "a dict node needs key and value lists of one length")
+            for k, v in zip(keys, values):
+                if isinstance(k, bool) or not isinstance(k, (str, int)) or (isinstance(k, str) and len(k) > MAX_NAME_CHARS):
+                    _bad_node(where, path, f"dict key {str(k)[:80]!r} is not a string or integer")
+                stack.append((v, f"{path}/{k}", depth + 1))
+        elif t in ("list", "tuple", "ranks"):
+            values = node.get("v")
+            if not isinstance(values, list):
+                _bad_node(where, path, f"a {t} node needs a list of values")
+            stack.extend((v, f"{path}/{i}", depth + 1) for i, v in enumerate(values))
+        elif t == "leaf":
+            i = node.get("i")
+            if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < leaf_count:
+                _bad_node(where, path, f"leaf index {i!r} is outside the leaf table (0..{leaf_count - 1})")
+        else:
+            _check_value_node(node, t, path, where)
+
+
+def _check_value_node(node, t, path: str, where: str) -> None:
+    v = node.get("v") if isinstance(node, dict) else None
+    if t in _SCALAR_NODES:
+        kind = _SCALAR_NODES[t]
+        if kind is None:
+            return
+        if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
+            _bad_node(where, path, f"a {t} node holds {str(v)[:80]!r}")
+    elif t == "float":
+        if not _is_hex_float(v):
+            _bad_node(where, path, f"a float node holds {str(v)[:80]!r}, not a hex float")
+    elif t == "complex":
+        if not (isinstance(v, list) and len(v) == 2 and all(map(_is_hex_float, v))):
+            _bad_node(where, path, f"a complex node holds {str(v)[:80]!r}, not two hex floats")
+    elif t == "bytes":
+        if not isinstance(v, str) or len(v) > 4 * (MAX_INLINE_BYTES // 3 + 1):
+            _bad_node(where, path, "a bytes node holds no base64 string of at most 4096 bytes")
+        try:
+            base64.b64decode(v, validate=True)
+        except (binascii.Error, ValueError):
+            _bad_node(where, path, f"a bytes node holds {v[:80]!r}, not base64")
+    elif t == "torch.dtype":
+        if not isinstance(v, str) or v not in DTYPE_ITEMSIZE:
+            _bad_node(where, path, f"a torch.dtype node names {str(v)[:80]!r}, not a dtype")
+    elif t == "torch.device":
+        if not isinstance(v, str) or not _DEVICE.match(v):
+            _bad_node(where, path, f"a torch.device node names {str(v)[:80]!r}, not a device")
+    else:
+        _bad_node(where, path, f"unknown node {str(node)[:120]}")
+
+
+def _is_hex_float(v) -> bool:
+    return isinstance(v, str) and len(v) < 64 and _HEX_FLOAT.match(v) is not None
+
+
+def _bad_node(where: str, path: str, what: str):
+    raise FormatError(f"manifest {where}, state path {path or '/'!r}: {what}; the manifest is damaged")
+
+
+def check_leaf(leaf, index: int, leaves: list, where: str) -> None:
+    """Raise FormatError unless leaf record `index` is well formed and its chunks tile it."""
+    if not isinstance(leaf, dict):
+        raise FormatError(f"manifest {where}: leaf {index} is not a JSON object")
+    path = leaf.get("path")
+    if not isinstance(path, str) or len(path) > 16 * MAX_NAME_CHARS:
+        raise FormatError(f"manifest {where}: leaf {index} has no valid path")
+
+    def bad(what):
+        raise FormatError(f"manifest {where}, leaf {path!r}: {what}; the manifest is damaged")
+
+    kind, dtype, shape = leaf.get("kind"), leaf.get("dtype"), leaf.get("shape")
+    if not isinstance(kind, str) or kind not in LEAF_KINDS:
+        bad(f"kind {str(kind)[:40]!r} is not one of {sorted(LEAF_KINDS)}")
+    if not isinstance(dtype, str) or dtype not in DTYPE_ITEMSIZE:
+        bad(f"dtype {str(dtype)[:40]!r} is not a dtype this format knows")
+    if kind in ("bytes", "pickle") and dtype != "uint8":
+        bad(f"a {kind} leaf has dtype {dtype}, not uint8")
+    if not _int_list(shape, MAX_DIMS) or any(n < 0 for n in shape):
+        bad(f"shape {str(shape)[:80]} is not a list of at most {MAX_DIMS} non-negative integers")
+    if kind in ("bytes", "pickle") and len(shape) != 1:
+        bad(f"a {kind} leaf has shape {shape}, not [n]")
+    if not isinstance(leaf.get("device", "cpu"), str):
+        bad("device is not a string")
+    count = math.prod(shape)
+    itemsize = DTYPE_ITEMSIZE[dtype]
+    nbytes = leaf.get("nbytes")
+    if count * itemsize > MAX_LEAF_BYTES:
+        bad(f"shape {shape} of {dtype} is {count * itemsize} bytes, over the limit of {MAX_LEAF_BYTES}")
+    if nbytes != count * itemsize or isinstance(nbytes, bool):
+        bad(f"nbytes {nbytes!r} is not product(shape) x {itemsize} = {count * itemsize}")
+    chunks = leaf.get("chunks", [])
+    if not isinstance(chunks, list) or len(chunks) > MAX_CHUNKS_PER_LEAF:
+        bad("chunks is not a list")
+    alias = leaf.get("alias_of")
+    if alias is not None:
+        if not isinstance(alias, int) or isinstance(alias, bool) or not 0 <= alias < index:
+            bad(f"alias_of {alias!r} does not name an earlier leaf")
+        base = leaves[alias]
+        if base.get("alias_of") is not None or (base.get("dtype"), base.get("shape")) != (dtype, shape):
+            bad(f"alias_of {alias} names leaf {base.get('path')!r}, not a stored leaf of the same dtype and shape")
+        if chunks:
+            bad("an alias leaf holds chunks")
+        return
+    boxes = []
+    for c in chunks:
+        if not isinstance(c, dict):
+            bad("a chunk is not a JSON object")
+        if c.get("object") == "" and c.get("size") == 0:
+            continue  # empty leaves written before format 1.1
+        boxes.append(_check_chunk(c, shape, itemsize, bad))
+    _check_tiling(shape, boxes, bad)
+
+
+def _int_list(value, limit: int) -> bool:
+    return (isinstance(value, list) and len(value) <= limit
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in value))
+
+
+def _check_chunk(c: dict, shape: list, itemsize: int, bad) -> tuple[list, list]:
+    offsets, lengths = c.get("offsets"), c.get("lengths")
+    if not (_int_list(offsets, MAX_DIMS) and _int_list(lengths, MAX_DIMS)) or \
+            len(offsets) != len(shape) or len(lengths) != len(shape):
+        bad(f"a chunk's box {str(offsets)[:60]} + {str(lengths)[:60]} does not have {len(shape)} dimensions")
+    for o, n, dim in zip(offsets, lengths, shape):
+        if o < 0 or n < 1 or o + n > dim:
+            bad(f"a chunk's box at {offsets} of {lengths} lies outside the shape {shape}")
+    if not is_digest(c.get("hash")) or not is_digest(c.get("object")):
+        bad(f"invalid object name {str(c.get('object'))[:80]!r} or hash {str(c.get('hash'))[:80]!r} in a chunk: expected 64 hex digits")
+    start, size = c.get("start"), c.get("size")
+    if not _int_list([start, size], 2) or start < 0 or start + size > MAX_LEAF_BYTES:
+        bad(f"a chunk's byte range start {start!r}, size {size!r} is invalid")
+    if size != math.prod(lengths) * itemsize:
+        bad(f"a chunk of box {lengths} holds {size} bytes, not {math.prod(lengths) * itemsize}")
+    if not isinstance(c.get("codec", "raw"), str):
+        bad("a chunk's codec is not a string")
+    if c.get("lossy") is not None and not isinstance(c["lossy"], dict):
+        bad("a chunk's lossy record is not a JSON object")
+    delta = c.get("delta")
+    if delta is not None:
+        chain = delta.get("chain") if isinstance(delta, dict) else None
+        if not isinstance(chain, list) or not chain or len(chain) > MAX_DELTA_CHAIN or \
+                not all(map(is_digest, chain)) or start != 0:
+            bad(f"a chunk's delta record {str(delta)[:120]} is invalid")
+    return offsets, lengths
+
+
+def _check_tiling(shape: list, boxes: list, bad) -> None:
+    """Raise through `bad` unless `boxes` (each inside `shape`) cover it exactly once."""
+    if math.prod(shape) == 0:
+        if boxes:
+            bad(f"an empty leaf of shape {shape} holds {len(boxes)} chunks")
+        return
+    if not boxes:
+        bad(f"a leaf of shape {shape} has no chunks: its bytes are nowhere")
+    if len(boxes) == 1:
+        if boxes[0][1] != shape:
+            bad(f"its one chunk covers {boxes[0][1]} of the shape {shape}")
+        return
+    if sum(math.prod(n) for _, n in boxes) != math.prod(shape):
+        bad(f"its {len(boxes)} chunks cover {sum(math.prod(n) for _, n in boxes)} elements of {math.prod(shape)}: "
+            "they leave a gap or overlap")
+    if all(n[1:] == shape[1:] for _, n in boxes):  # row ranges: the common split
+        rows = sorted((o[0], n[0]) for o, n in boxes)
+        at = 0
+        for lo, n in rows:
+            if lo != at:
+                bad(f"its chunks {'overlap' if lo < at else 'leave a gap'} at row {min(lo, at)}")
+            at = lo + n
+        return
+    cuts = [sorted({0, dim} | {o[d] for o, _ in boxes} | {o[d] + n[d] for o, n in boxes})
+            for d, dim in enumerate(shape)]
+    cells = math.prod(len(c) - 1 for c in cuts)
+    if cells <= _GRID_CELLS_MAX:
+        cover = np.zeros([len(c) - 1 for c in cuts], np.int32)
+        at = [{x: i for i, x in enumerate(c)} for c in cuts]
+        for o, n in boxes:
+            cover[tuple(slice(a[x], a[x + m]) for a, x, m in zip(at, o, n))] += 1
+        if (cover != 1).any():
+            bad("its chunks overlap or leave a gap")
+        return
+    if len(boxes) > _PAIRWISE_MAX:
+        bad(f"its {len(boxes)} chunks are too many, too irregular boxes to check")
+    lo = np.array([o for o, _ in boxes], np.int64)
+    hi = lo + np.array([n for _, n in boxes], np.int64)
+    for i in range(len(boxes)):
+        meet = np.all((lo[i] < hi[i + 1:]) & (lo[i + 1:] < hi[i]), axis=1)
+        if meet.any():
+            bad("its chunks overlap")
