@@ -183,3 +183,65 @@ def test_lossless_saves_to_s3_encode_every_chunk_unpaced(s3):
     assert {c.codec for leaf in repo.manifest(version.id).leaves for c in leaf.chunks} == {"float-planes"}
     assert torch.equal(repo.load(version.id)["w7"], state["w7"])
     repo.close()
+
+
+def test_dedup_reuse_survives_a_gc_of_another_process_on_s3(s3):
+    """Another process's gc lists the objects, then a save reuses (touches) an object only a
+    version being pruned references and commits, then the gc deletes what its listing showed
+    as old: the touch is a real one on S3 and gc re-reads an object's time before deleting it,
+    so the new head stays readable."""
+    url, opts = s3
+    a = fp.Repo(url, create=True, storage_options=opts)
+    b = fp.Repo(url, storage_options=opts)
+    old = np.full(300_000, 7, dtype=np.float32)
+    a.save({"w": old}, step=0)
+    a.save({"w": np.zeros(300_000, dtype=np.float32)}, step=1)
+    b.save({"other": 1}, branch="b")
+    time.sleep(6)  # older than the quiet margin and the grace period of the gc below
+    real_list, fired = a.store.list, []
+
+    def list_then_reuse(prefix):
+        keys = real_list(prefix)
+        if prefix == "objects" and not fired:
+            fired.append(b.save({"w": old}, branch="b", step=2))
+        return keys
+
+    a.store.list = list_then_reuse
+    report = a.gc(keep=fp.Keep(last=1), grace=1)
+    assert fired and len(report.pruned_versions) == 1
+    assert np.array_equal(fp.Repo(url, storage_options=opts).load(fired[0].id)["w"], old)
+
+
+def test_a_dead_endpoint_fails_a_save_with_a_clear_error(s3, tmp_path):
+    """The S3 server killed while saves run: the next save fails within the bound the
+    timeouts and retries set (StoreUnavailableError naming the store), it does not hang."""
+    from forkpoint.errors import StoreUnavailableError
+
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, **CREDS))
+    endpoint = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            urllib.request.urlopen(endpoint, timeout=1)
+            break
+        except Exception:
+            time.sleep(0.1)
+    opts = {"client_kwargs": {"endpoint_url": endpoint}, "key": "testing", "secret": "testing"}
+    import s3fs
+
+    s3fs.S3FileSystem(**opts).mkdir("dying")
+    repo = fp.Repo("s3://dying/r", create=True, storage_options=opts)
+    state = {"w": np.random.default_rng(0).standard_normal(2_000_000).astype(np.float32)}
+    pending = repo.save(state, sync=False)
+    time.sleep(0.2)
+    proc.kill()
+    proc.wait(10)
+    try:
+        pending.wait()
+    except StoreUnavailableError:
+        pass
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailableError, match=f"{endpoint}|s3://dying/r"):
+        repo.save({"w": state["w"] + 1}, step=2)
+    assert time.monotonic() - started < 240

@@ -29,6 +29,11 @@ class MissingObjectError(ForkpointError):
     """An object a version refers to is absent from every store."""
 
 
+class StoreUnavailableError(ForkpointError):
+    """A remote store failed an operation after its timeouts and retries (endpoint down,
+    network lost); nothing that was not durable was committed."""
+
+
 class StorageFullError(ForkpointError):
     """The storage ran out of space; nothing was committed."""
 

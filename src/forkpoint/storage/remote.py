@@ -5,12 +5,13 @@ uses a conditional put (S3 `If-None-Match: *`) where the backend offers one; oth
 checks and puts, which is safe only with a single writer per ref.
 """
 
+import functools
 import time
 from typing import Sequence
 
 import fsspec
 
-from ..errors import StorageFullError
+from ..errors import ForkpointError, StorageFullError, StoreUnavailableError
 from .base import Store
 
 
@@ -19,17 +20,33 @@ S3_TIMEOUTS = {"connect_timeout": 5, "read_timeout": 30, "retries": {"max_attemp
 gives up after 5 s without a connection or 30 s without data, tried 3 times, so that a dead
 endpoint fails a save (see S3_RETRIES) instead of hanging it."""
 S3_RETRIES = 2
-"""s3fs's own retries of a failed request (on top of botocore's) unless the caller sets `retries`."""
+"""s3fs's own retries of a failed request, on top of botocore's (s3fs's default is 5)."""
 
 
 def _with_timeouts(url: str, options: dict) -> dict:
-    """`options` with S3_TIMEOUTS and S3_RETRIES where an s3:// store's caller set none."""
+    """`options` with S3_TIMEOUTS where an s3:// store's caller set none."""
     if not url.startswith(("s3://", "s3a://")):
         return options
     config = dict(options.get("config_kwargs") or {})
     for name, value in S3_TIMEOUTS.items():
         config.setdefault(name, value)
-    return {"retries": S3_RETRIES, **options, "config_kwargs": config}
+    return {**options, "config_kwargs": config}
+
+
+def _reported(method):
+    """Run a store operation; a failure other than a missing or existing key (the store's
+    contract) becomes StoreUnavailableError naming the store, the operation and the key."""
+    @functools.wraps(method)
+    def run(self, key, *args, **kwargs):
+        try:
+            return method(self, key, *args, **kwargs)
+        except (FileNotFoundError, FileExistsError, ForkpointError, ValueError):
+            raise
+        except Exception as e:
+            raise StoreUnavailableError(
+                f"{self.url}: {method.__name__} {key!r} failed after retries ({type(e).__name__}: {e}); "
+                "nothing unfinished was committed. Check the endpoint and credentials, then run again") from e
+    return run
 
 
 class FsspecStore(Store):
@@ -41,6 +58,8 @@ class FsspecStore(Store):
     def __init__(self, url: str, **storage_options):
         self.url = url.rstrip("/")
         self.fs, root = fsspec.core.url_to_fs(self.url, **_with_timeouts(self.url, storage_options))
+        if self.url.startswith(("s3://", "s3a://")) and isinstance(getattr(self.fs, "retries", None), int):
+            self.fs.retries = min(self.fs.retries, S3_RETRIES)
         self.root = root.rstrip("/")
         self.conditional_put = True
 
@@ -49,17 +68,21 @@ class FsspecStore(Store):
             raise ValueError(f"refusing unsafe storage key {key!r}")
         return f"{self.root}/{key}"
 
+    @_reported
     def read(self, key: str) -> bytes:
         return self.fs.cat_file(self._path(key))
 
+    @_reported
     def read_into(self, key: str, offset: int, buf: memoryview) -> int:
         data = self.fs.cat_file(self._path(key), start=offset, end=offset + buf.nbytes)
         buf[:len(data)] = data
         return len(data)
 
+    @_reported
     def size(self, key: str) -> int:
         return int(self.fs.size(self._path(key)))
 
+    @_reported
     def write(self, key: str, parts: Sequence, durable: bool = True) -> None:
         blob = b"".join(memoryview(p).cast("B") for p in parts)
         try:
@@ -69,6 +92,7 @@ class FsspecStore(Store):
                 raise StorageFullError(f"{self.url} is full: {e}; nothing was committed") from e
             raise
 
+    @_reported
     def create_exclusive(self, key: str, data: bytes) -> bool:
         path = self._path(key)
         if self.conditional_put:
@@ -84,11 +108,13 @@ class FsspecStore(Store):
         self.fs.pipe_file(path, data)
         return True
 
+    @_reported
     def exists(self, key: str) -> bool:
         path = self._path(key)
         self.fs.invalidate_cache(path)
         return self.fs.exists(path)
 
+    @_reported
     def list(self, prefix: str) -> list[str]:
         base = self._path(prefix) if prefix else self.root
         self.fs.invalidate_cache(base)
@@ -99,12 +125,14 @@ class FsspecStore(Store):
         cut = len(self.root) + 1
         return sorted(p[cut:] for p in found if p.startswith(self.root + "/"))
 
+    @_reported
     def delete(self, key: str) -> None:
         try:
             self.fs.rm_file(self._path(key))
         except FileNotFoundError:
             pass
 
+    @_reported
     def mtime(self, key: str) -> float:
         info = self.fs.info(self._path(key))
         for field in ("LastModified", "mtime", "created"):
@@ -118,6 +146,7 @@ class FsspecStore(Store):
         self.fs.invalidate_cache(self._path(key))
         return self.mtime(key)
 
+    @_reported
     def touch(self, key: str) -> None:
         """Refresh the object's modification time: on S3 a server-side copy onto itself with
         new metadata (no bytes travel), elsewhere fsspec's touch without truncation, and where
