@@ -167,88 +167,89 @@ def _bad_node(where: str, path: str, what: str):
 
 def check_leaf(leaf, index: int, leaves: list, where: str) -> None:
     """Raise FormatError unless leaf record `index` is well formed and its chunks tile it."""
-    if not isinstance(leaf, dict):
+    if type(leaf) is not dict:
         raise FormatError(f"manifest {where}: leaf {index} is not a JSON object")
     path = leaf.get("path")
-    if not isinstance(path, str) or len(path) > 16 * MAX_NAME_CHARS:
+    if type(path) is not str or len(path) > 16 * MAX_NAME_CHARS:
         raise FormatError(f"manifest {where}: leaf {index} has no valid path")
-
-    def bad(what):
-        raise FormatError(f"manifest {where}, leaf {path!r}: {what}; the manifest is damaged")
-
     kind, dtype, shape = leaf.get("kind"), leaf.get("dtype"), leaf.get("shape")
-    if not isinstance(kind, str) or kind not in LEAF_KINDS:
-        bad(f"kind {str(kind)[:40]!r} is not one of {sorted(LEAF_KINDS)}")
-    if not isinstance(dtype, str) or dtype not in DTYPE_ITEMSIZE:
-        bad(f"dtype {str(dtype)[:40]!r} is not a dtype this format knows")
-    if kind in ("bytes", "pickle") and dtype != "uint8":
-        bad(f"a {kind} leaf has dtype {dtype}, not uint8")
-    if not _int_list(shape, MAX_DIMS) or any(n < 0 for n in shape):
-        bad(f"shape {str(shape)[:80]} is not a list of at most {MAX_DIMS} non-negative integers")
-    if kind in ("bytes", "pickle") and len(shape) != 1:
-        bad(f"a {kind} leaf has shape {shape}, not [n]")
-    if not isinstance(leaf.get("device", "cpu"), str):
-        bad("device is not a string")
+    if type(kind) is not str or kind not in LEAF_KINDS:
+        _bad_leaf(where, path, f"kind {str(kind)[:40]!r} is not one of {sorted(LEAF_KINDS)}")
+    if type(dtype) is not str or dtype not in DTYPE_ITEMSIZE:
+        _bad_leaf(where, path, f"dtype {str(dtype)[:40]!r} is not a dtype this format knows")
+    if kind in ("bytes", "pickle") and (dtype != "uint8" or not isinstance(shape, list) or len(shape) != 1):
+        _bad_leaf(where, path, f"a {kind} leaf has dtype {dtype} and shape {str(shape)[:40]}, not uint8 and [n]")
+    if not _int_list(shape, MAX_DIMS) or (shape and min(shape) < 0):
+        _bad_leaf(where, path, f"shape {str(shape)[:80]} is not a list of at most {MAX_DIMS} non-negative integers")
+    if type(leaf.get("device", "cpu")) is not str:
+        _bad_leaf(where, path, "device is not a string")
     count = math.prod(shape)
     itemsize = DTYPE_ITEMSIZE[dtype]
     nbytes = leaf.get("nbytes")
     if count * itemsize > MAX_LEAF_BYTES:
-        bad(f"shape {shape} of {dtype} is {count * itemsize} bytes, over the limit of {MAX_LEAF_BYTES}")
-    if nbytes != count * itemsize or isinstance(nbytes, bool):
-        bad(f"nbytes {nbytes!r} is not product(shape) x {itemsize} = {count * itemsize}")
+        _bad_leaf(where, path, f"shape {shape} of {dtype} is {count * itemsize} bytes, over the limit of {MAX_LEAF_BYTES}")
+    if type(nbytes) is not int or nbytes != count * itemsize:
+        _bad_leaf(where, path, f"nbytes {nbytes!r} is not product(shape) x {itemsize} = {count * itemsize}")
     chunks = leaf.get("chunks", [])
-    if not isinstance(chunks, list) or len(chunks) > MAX_CHUNKS_PER_LEAF:
-        bad("chunks is not a list")
+    if type(chunks) is not list or len(chunks) > MAX_CHUNKS_PER_LEAF:
+        _bad_leaf(where, path, "chunks is not a list")
     alias = leaf.get("alias_of")
     if alias is not None:
-        if not isinstance(alias, int) or isinstance(alias, bool) or not 0 <= alias < index:
-            bad(f"alias_of {alias!r} does not name an earlier leaf")
+        if type(alias) is not int or not 0 <= alias < index:
+            _bad_leaf(where, path, f"alias_of {alias!r} does not name an earlier leaf")
         base = leaves[alias]
         if base.get("alias_of") is not None or (base.get("dtype"), base.get("shape")) != (dtype, shape):
-            bad(f"alias_of {alias} names leaf {base.get('path')!r}, not a stored leaf of the same dtype and shape")
+            _bad_leaf(where, path, f"alias_of {alias} names leaf {base.get('path')!r}, not a stored leaf of the "
+                                   "same dtype and shape")
         if chunks:
-            bad("an alias leaf holds chunks")
+            _bad_leaf(where, path, "an alias leaf holds chunks")
         return
-    boxes = []
-    for c in chunks:
-        if not isinstance(c, dict):
-            bad("a chunk is not a JSON object")
-        if c.get("object") == "" and c.get("size") == 0:
-            continue  # empty leaves written before format 1.1
-        boxes.append(_check_chunk(c, shape, itemsize, bad))
-    _check_tiling(shape, boxes, bad)
+    boxes = [_check_chunk(c, shape, itemsize, where, path) for c in chunks
+             if type(c) is not dict or c.get("object") != "" or c.get("size") != 0]  # empty leaves before 1.1
+    _check_tiling(shape, boxes, lambda what: _bad_leaf(where, path, what))
+
+
+def _bad_leaf(where: str, path: str, what: str):
+    raise FormatError(f"manifest {where}, leaf {path!r}: {what}; the manifest is damaged")
+
+
+_INTS = {int}
 
 
 def _int_list(value, limit: int) -> bool:
-    return (isinstance(value, list) and len(value) <= limit
-            and all(isinstance(n, int) and not isinstance(n, bool) for n in value))
+    return type(value) is list and len(value) <= limit and (not value or set(map(type, value)) == _INTS)
 
 
-def _check_chunk(c: dict, shape: list, itemsize: int, bad) -> tuple[list, list]:
+def _check_chunk(c, shape: list, itemsize: int, where: str, path: str) -> tuple[list, list]:
+    if type(c) is not dict:
+        _bad_leaf(where, path, "a chunk is not a JSON object")
     offsets, lengths = c.get("offsets"), c.get("lengths")
     if not (_int_list(offsets, MAX_DIMS) and _int_list(lengths, MAX_DIMS)) or \
             len(offsets) != len(shape) or len(lengths) != len(shape):
-        bad(f"a chunk's box {str(offsets)[:60]} + {str(lengths)[:60]} does not have {len(shape)} dimensions")
-    for o, n, dim in zip(offsets, lengths, shape):
-        if o < 0 or n < 1 or o + n > dim:
-            bad(f"a chunk's box at {offsets} of {lengths} lies outside the shape {shape}")
-    if not is_digest(c.get("hash")) or not is_digest(c.get("object")):
-        bad(f"invalid object name {str(c.get('object'))[:80]!r} or hash {str(c.get('hash'))[:80]!r} in a chunk: expected 64 hex digits")
+        _bad_leaf(where, path, f"a chunk's box {str(offsets)[:60]} + {str(lengths)[:60]} does not have "
+                               f"{len(shape)} dimensions")
+    whole = lengths == shape and not any(offsets)  # the common single-box leaf
+    if not whole and any(o < 0 or n < 1 or o + n > dim for o, n, dim in zip(offsets, lengths, shape)):
+        _bad_leaf(where, path, f"a chunk's box at {offsets} of {lengths} lies outside the shape {shape}")
+    digest, obj = c.get("hash"), c.get("object")
+    if type(digest) is not str or type(obj) is not str or not (_DIGEST.match(digest) and _DIGEST.match(obj)):
+        _bad_leaf(where, path, f"invalid object name {str(obj)[:80]!r} or hash {str(digest)[:80]!r} in a chunk: "
+                               "expected 64 hex digits")
     start, size = c.get("start"), c.get("size")
-    if not _int_list([start, size], 2) or start < 0 or start + size > MAX_LEAF_BYTES:
-        bad(f"a chunk's byte range start {start!r}, size {size!r} is invalid")
+    if type(start) is not int or type(size) is not int or start < 0 or start + size > MAX_LEAF_BYTES:
+        _bad_leaf(where, path, f"a chunk's byte range start {start!r}, size {size!r} is invalid")
     if size != math.prod(lengths) * itemsize:
-        bad(f"a chunk of box {lengths} holds {size} bytes, not {math.prod(lengths) * itemsize}")
-    if not isinstance(c.get("codec", "raw"), str):
-        bad("a chunk's codec is not a string")
-    if c.get("lossy") is not None and not isinstance(c["lossy"], dict):
-        bad("a chunk's lossy record is not a JSON object")
-    delta = c.get("delta")
+        _bad_leaf(where, path, f"a chunk of box {lengths} holds {size} bytes, not {math.prod(lengths) * itemsize}")
+    if type(c.get("codec", "raw")) is not str:
+        _bad_leaf(where, path, "a chunk's codec is not a string")
+    lossy, delta = c.get("lossy"), c.get("delta")
+    if lossy is not None and type(lossy) is not dict:
+        _bad_leaf(where, path, "a chunk's lossy record is not a JSON object")
     if delta is not None:
-        chain = delta.get("chain") if isinstance(delta, dict) else None
-        if not isinstance(chain, list) or not chain or len(chain) > MAX_DELTA_CHAIN or \
+        chain = delta.get("chain") if type(delta) is dict else None
+        if type(chain) is not list or not chain or len(chain) > MAX_DELTA_CHAIN or \
                 not all(map(is_digest, chain)) or start != 0:
-            bad(f"a chunk's delta record {str(delta)[:120]} is invalid")
+            _bad_leaf(where, path, f"a chunk's delta record {str(delta)[:120]} is invalid")
     return offsets, lengths
 
 
