@@ -257,6 +257,48 @@ def prefetch_section(steps, points):
               f"{stats.prefetch_hits} | {stats.restored} | {wall:.2f} |")
 
 
+def _their_two_level_advances(n: int, period: int, slots: int) -> int:
+    """Advances (taping steps subtracted) of checkpoint_schedules' TwoLevelCheckpointSchedule,
+    its forward run finalized at n steps."""
+    import checkpoint_schedules as cs
+
+    sched = cs.TwoLevelCheckpointSchedule(period, slots)
+    advances, finalized = 0, False
+    for act in sched:
+        if isinstance(act, cs.Forward):
+            end = min(act.n1, n)
+            advances += end - act.n0 - (1 if act.write_adj_deps else 0)
+            if end >= n and not finalized:
+                sched.finalize(n)
+                finalized = True
+        elif isinstance(act, cs.EndReverse):
+            return advances
+    return advances
+
+
+def two_level_section():
+    """forkpoint's two_level against checkpoint_schedules' TwoLevel on every (n, period,
+    memory slots) of a grid: how often each needs more advances, and the largest ratio."""
+    cases = [(n, p, s) for n in range(2, 63, 3) for p in (1, 2, 3, 5, 8, 13, 25, 50) if p <= n
+             for s in range(0, 5)]
+    ours_more = theirs_more = 0
+    worst = (0.0, None)
+    for n, p, s in cases:
+        ours = fp.adjoint.two_level(n, s, p).advances
+        theirs = _their_two_level_advances(n, p, s)
+        ours_more += ours > theirs
+        theirs_more += theirs > ours
+        if theirs and ours / theirs > worst[0]:
+            worst = (ours / theirs, (n, p, s, ours, theirs))
+    print(f"\ntwo_level vs checkpoint_schedules TwoLevel, {len(cases)} cases (n 2..62, period 1..50, "
+          "memory slots 0..4)\n")
+    print("| cases | forkpoint needs more advances | checkpoint_schedules needs more | largest forkpoint / theirs |")
+    print("|---|---|---|---|")
+    n, p, s, ours, theirs = worst[1]
+    print(f"| {len(cases)} | {ours_more} | {theirs_more} | {worst[0]:.3f} (n={n}, period {p}, s={s}: "
+          f"{ours} vs {theirs}) |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=64)
@@ -273,6 +315,7 @@ def main():
     schedules_section()
     multilevel_section()
     online_section()
+    two_level_section()
     if args.schedules_only:
         return
     backprop_section(args.layers, args.width, args.batch, args.repeats)

@@ -164,9 +164,12 @@ def revolve(n_steps: int, snapshots: int) -> Schedule:
 
 def two_level(n_steps: int, memory_slots: int, stride: int) -> Schedule:
     """Disk-unlimited two-level schedule: during the forward sweep every `stride`-th state goes
-    to level 1 (storage, unlimited); the reverse sweep restores each segment from level 1,
-    last first, and reverses it with Revolve in `memory_slots` level-0 slots."""
-    n_steps, memory_slots, stride = count("n_steps", n_steps), count("memory_slots", memory_slots), count("stride", stride)
+    to level 1 (storage, unlimited); the reverse sweep reverses each segment, last first, by
+    Revolve with the segment's first state read back from level 1 whenever it is needed and
+    `memory_slots` level-0 slots for the others: the fewest advances for that model (each
+    segment costs t(length, memory_slots + 1), the binomial bound)."""
+    n_steps, stride = count("n_steps", n_steps), count("stride", stride)
+    memory_slots = count("memory_slots", memory_slots, least=0)
     starts = list(range(0, n_steps, stride))
     sched = Schedule(n_steps, [memory_slots, len(starts)])
     acts = sched.actions
@@ -181,12 +184,23 @@ def two_level(n_steps: int, memory_slots: int, stride: int) -> Schedule:
         b = starts[k + 1] if k + 1 < len(starts) else n_steps
         if current != a:
             acts.append(Action(RESTORE, a, level=1))
-        for act in revolve(b - a, memory_slots):
-            if act.kind in (END_FORWARD, END_REVERSE):
+            current = a
+        # the segment's first state lives on level 1: Revolve's snapshot of it costs no slot
+        for act in revolve(b - a, memory_slots + 1):
+            if act.kind in (END_FORWARD, END_REVERSE) or (act.kind in (TAKE, FREE) and act.a == 0):
                 continue
-            if act.kind == RESTORE and act.a == 0 and (acts[-1].kind, acts[-1].a) == (RESTORE, a):
+            if act.kind == RESTORE and act.a == 0:
+                if current != a:
+                    acts.append(Action(RESTORE, a, level=1))
+                current = a
                 continue
             acts.append(Action(act.kind, act.a + a, act.b + a if act.kind == ADVANCE else 0, 0))
+            if act.kind == ADVANCE:
+                current = act.b + a
+            elif act.kind == RESTORE:
+                current = act.a + a
+            elif act.kind == ADJOINT:
+                current = None
         acts.append(Action(FREE, a, level=1))
         current = None
     acts.append(Action(END_REVERSE))

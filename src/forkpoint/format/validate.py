@@ -105,6 +105,7 @@ def check_tree(node, leaf_count: int, where: str) -> None:
         if depth > MAX_TREE_DEPTH:
             raise FormatError(f"manifest {where}: the state tree is nested deeper than {MAX_TREE_DEPTH} at {path!r}")
         t = node.get("t") if isinstance(node, dict) else None
+        t = t if isinstance(t, str) else None
         if t in ("dict", "odict"):
             keys, values = node.get("k"), node.get("v")
             if not isinstance(keys, list) or not isinstance(values, list) or len(keys) != len(values):
