@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-test
 PYTEST_ARGS ?= -n 2
 
-.PHONY: demo test bench clean
+.PHONY: demo test fuzz bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -19,6 +19,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+
+# the decoders fuzzed with many more examples than `make test` runs (random each time)
+fuzz: $(STAMP)
+	FORKPOINT_FUZZ_EXAMPLES=$${FORKPOINT_FUZZ_EXAMPLES:-20000} $(PY) -m pytest -q tests/test_fuzz.py
 
 bench: $(STAMP)
 	$(PY) -m pip install -q -e '.[bench]'

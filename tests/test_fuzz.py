@@ -148,6 +148,7 @@ def test_crafted_manifests_load_or_are_refused(tmp_path_factory, changes):
         pass
     finally:
         repo.store.delete(f"versions/{record['id']}.json")
+        repo.close()
 
 
 @FUZZ

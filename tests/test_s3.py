@@ -245,3 +245,119 @@ def test_a_dead_endpoint_fails_a_save_with_a_clear_error(s3, tmp_path):
     with pytest.raises(StoreUnavailableError, match=f"{endpoint}|s3://dying/r"):
         repo.save({"w": state["w"] + 1}, step=2)
     assert time.monotonic() - started < 240
+
+
+class FaultyProxy:
+    """An HTTP proxy in front of the S3 server that fails every `every`-th request: with a 503,
+    by closing the connection without an answer, or by answering only after `stall` seconds."""
+
+    def __init__(self, upstream: str, every: int, fault: str, stall: float = 0.0):
+        import http.client
+        import http.server
+        import threading
+        from urllib.parse import urlparse
+
+        self.every, self.fault, self.stall, self.seen, self.faults = every, fault, stall, 0, 0
+        self.lock = threading.Lock()
+        target = urlparse(upstream)
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _any(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with proxy.lock:
+                    proxy.seen += 1
+                    faulty = proxy.every and proxy.seen % proxy.every == 0
+                    proxy.faults += bool(faulty)
+                if faulty and proxy.fault == "503":
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                if faulty and proxy.fault == "drop":
+                    self.close_connection = True
+                    self.connection.close()
+                    return
+                if faulty and proxy.fault == "stall":
+                    time.sleep(proxy.stall)
+                conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                headers["Host"] = target.netloc
+                conn.request(self.command, self.path, body=body, headers=headers)
+                answer = conn.getresponse()
+                data = answer.read()
+                self.send_response(answer.status)
+                for k, v in answer.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                conn.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("fault", ["503", "drop", "stall"])
+def test_saves_flushes_and_gc_ride_out_injected_faults(s3, fault):
+    """Every 4th request to S3 fails (503, connection dropped, or an answer after the read
+    timeout): saves, flushes from a memory tier and gc retry with backoff and finish, and every
+    version reads back bit-exact through a clean connection."""
+    import uuid
+
+    url, opts = s3
+    proxy = FaultyProxy(opts["client_kwargs"]["endpoint_url"], 4, fault, stall=2.0)
+    faulty = {**opts, "client_kwargs": {"endpoint_url": proxy.url},
+              "config_kwargs": {"read_timeout": 1, "connect_timeout": 1, "retries": {"max_attempts": 4}}}
+    try:
+        repo = fp.Repo(tiers=[fp.tier(f"mem://{uuid.uuid4().hex}", keep=1), fp.tier(url, **faulty)], create=True)
+        states = [{"w": np.random.default_rng(s).standard_normal(100_000).astype(np.float32), "s": s}
+                  for s in range(3)]
+        for s, state in enumerate(states):
+            repo.save(state, step=s)
+        repo.drain()
+        repo.close()
+        remote = fp.Repo(url, storage_options=faulty)
+        report = remote.gc(keep=fp.Keep(last=2), grace=0)
+        assert len(report.pruned_versions) == 1
+    finally:
+        proxy.close()
+    assert proxy.faults >= 3
+    clean = fp.Repo(url, storage_options=opts)
+    assert [v.step for v in clean.log()] == [2, 1, 0] and clean.verify().ok
+    for v in clean.log()[:2]:
+        assert np.array_equal(clean.load(v.id)["w"], states[v.step]["w"])
+
+
+def test_a_store_that_always_fails_commits_nothing(s3):
+    """Every request fails with a 503: the save raises StoreUnavailableError once the retries
+    are spent, and the repository as the server holds it is unchanged."""
+    from forkpoint.errors import StoreUnavailableError
+
+    url, opts = s3
+    fp.Repo(url, create=True, storage_options=opts).save({"w": np.ones(1000, np.float32)}, step=0)
+    proxy = FaultyProxy(opts["client_kwargs"]["endpoint_url"], 0, "503")
+    faulty = {**opts, "client_kwargs": {"endpoint_url": proxy.url},
+              "config_kwargs": {"retries": {"max_attempts": 2}}}
+    try:
+        repo = fp.Repo(url, storage_options=faulty)
+        proxy.every = 1
+        with pytest.raises(StoreUnavailableError, match="503|failed after retries"):
+            repo.save({"w": np.zeros(1000, np.float32)}, step=1)
+    finally:
+        proxy.close()
+    clean = fp.Repo(url, storage_options=opts)
+    assert [v.step for v in clean.log()] == [0] and clean.verify().ok
