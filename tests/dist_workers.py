@@ -171,6 +171,35 @@ def _killed_save(rank, world, out, url, victim):
 
 
 
+def _crash_point_save(rank, world, out, url, victim, at):
+    """Each rank saves version `rank`-independent step 2 on top of step 1. The `victim` rank
+    dies (SIGKILL) right before its `at`-th mutating storage operation of that second save
+    (at < 0: nobody dies; the result counts each rank's operations)."""
+    from forkpoint.storage.local import LocalStore
+
+    repo = fp.dist.Repo(url, create=True, timeout=3)
+    model, opt = build_fsdp()
+    state = {"train": fp.dist.TrainState(model, opt), "note": fp.RankLocal({"r": torch.tensor([rank])})}
+    repo.save(state, step=1)
+    train(model, opt, "fsdp", 1, rank)
+    counted = []
+    for name in ("write", "create_exclusive", "delete", "touch"):
+        real = getattr(LocalStore, name)
+
+        def op(store, *args, _real=real, **kwargs):
+            counted.append(1)
+            if rank == victim and len(counted) > at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return _real(store, *args, **kwargs)
+
+        setattr(LocalStore, name, op)
+    try:
+        version = repo.save(state, step=2)
+    except fp.dist.DistSaveError as e:
+        return {"raised": str(e), "ops": len(counted)}
+    return {"raised": None, "ops": len(counted), "version": version.id}
+
+
 def _dcp_save(rank, world, out, url):
     """FSDP2 state saved by the real dcp.save through forkpoint's Writer."""
     import torch.distributed.checkpoint as dcp

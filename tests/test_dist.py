@@ -155,6 +155,33 @@ def test_rank_killed_mid_save_leaves_no_version_and_others_fail_fast(tmp_path):
     assert repo.verify().ok
 
 
+def test_a_rank_dying_at_any_storage_operation_of_a_coordinated_commit_loses_nothing(tmp_path):
+    """Each mutating storage operation of a 2-rank save (shards, packs, manifest, ref, leases),
+    on each rank in turn, is where that rank dies (SIGKILL). After each: the committed step 1
+    loads, the branch names step 1 or a complete step 2, verify is clean, and a plain Repo
+    reads whatever the branch names."""
+    base = tmp_path / "base"
+    counted = launch("crash_point_save", 2, tmp_path / "count", str(base), -1, -1, timeout=120)
+    ops = [rec["result"]["ops"] for rec in counted]
+    assert all(n >= 2 for n in ops), ops
+    for victim in (0, 1):
+        for at in range(ops[victim]):
+            url = str(tmp_path / f"r{victim}-{at}")
+            records = launch("crash_point_save", 2, tmp_path / f"out{victim}-{at}", url, victim, at, timeout=120)
+            assert records[victim] is None, "the victim died"
+            survivor = records[1 - victim]
+            repo = fp.Repo(url)
+            steps = [v.step for v in repo.log("main")]
+            assert steps in ([1], [2, 1]), (victim, at, steps)
+            if survivor is not None and survivor["result"]["raised"] is None:
+                assert steps == [2, 1]
+            for v in repo.log("main"):
+                tree = repo.load(v.id)
+                assert tree["train"] and tree["note"]
+            report = repo.verify()
+            assert report.ok, (victim, at, report.problems)
+
+
 @pytest.mark.parametrize("refuser", [0, 1])
 @rerun_once_if_hung
 def test_a_rank_refusing_a_save_fails_every_rank_at_once(tmp_path, refuser):
