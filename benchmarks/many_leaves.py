@@ -10,6 +10,7 @@ with no checkpoint, forkpoint's asynchronous Checkpointer, torch.save and dcp.as
 (interleaved `--loop-repeats` times), and reports the stall per checkpoint.
 
     python benchmarks/many_leaves.py --repeats 7 --saves 40 --loop 25 --dir /work
+    python benchmarks/many_leaves.py --methods forkpoint --repeats 7 --validation --dir /work
 """
 
 import argparse
@@ -98,6 +99,25 @@ def loop_stalls(blocks: int, steps: int, repeats: int, root: str) -> None:
         print(f"| {name} | {wall:.2f} | {(wall - base) / count[name] if count[name] else 0.0:.3f} |")
 
 
+def validation_section(repo, repeats: int) -> None:
+    """The manifest schema check's share of a load by a fresh Repo (its manifest not cached):
+    loads with and without `check_manifest`, alternating, medians of `repeats`."""
+    import forkpoint.format.manifest as manifest_module
+
+    real = manifest_module.check_manifest
+    times: dict[str, list[float]] = {"checked": [], "unchecked": []}
+    for _ in range(repeats):
+        for way in times:
+            manifest_module.check_manifest = real if way == "checked" else (lambda record, where: None)
+            fresh = fp.Repo(repo.url)
+            times[way].append(timed(lambda: fresh.load("main")))
+            fresh.close()
+    manifest_module.check_manifest = real
+    checked, unchecked = (statistics.median(times[w]) for w in ("checked", "unchecked"))
+    print(f"\nload by a fresh Repo, medians of {repeats}: with the manifest check {checked:.3f} s, "
+          f"without {unchecked:.3f} s ({checked / unchecked:.3f}x)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--blocks", type=int, default=1000)
@@ -108,6 +128,7 @@ def main():
     ap.add_argument("--loop", type=int, default=0, help="training steps of the loop section (0: skip it)")
     ap.add_argument("--loop-repeats", type=int, default=3)
     ap.add_argument("--loop-one", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--validation", action="store_true", help="also time the manifest check's share of a load")
     args = ap.parse_args()
     if args.loop_one:
         torch.set_num_threads(2)
@@ -167,6 +188,8 @@ def main():
                                                       step=1000 + i)))
         print(f"\n{args.saves} more saves: median {statistics.median(save_times):.3f} s, last 10 median "
               f"{statistics.median(save_times[-10:]):.3f} s; resident memory {before:.0f} -> {rss_mb():.0f} MB")
+    if args.validation:
+        validation_section(repo, args.repeats)
     repo.close()
     if args.loop:
         loop_stalls(args.blocks, args.loop, args.loop_repeats, root)

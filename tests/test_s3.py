@@ -29,12 +29,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def endpoint():
+def start_moto() -> tuple[subprocess.Popen, str]:
+    """A moto S3 server on a free port, answering; (its process, its URL)."""
     port = _free_port()
-    env = dict(os.environ, **CREDS)
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, **CREDS))
     url = f"http://127.0.0.1:{port}"
     for _ in range(200):
         try:
@@ -44,6 +43,12 @@ def endpoint():
             if proc.poll() is not None:
                 raise RuntimeError("moto server exited")
             time.sleep(0.1)
+    return proc, url
+
+
+@pytest.fixture(scope="module")
+def endpoint():
+    proc, url = start_moto()
     yield url
     proc.terminate()
     proc.wait(10)
@@ -217,16 +222,7 @@ def test_a_dead_endpoint_fails_a_save_with_a_clear_error(s3, tmp_path):
     timeouts and retries set (StoreUnavailableError naming the store), it does not hang."""
     from forkpoint.errors import StoreUnavailableError
 
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, **CREDS))
-    endpoint = f"http://127.0.0.1:{port}"
-    for _ in range(200):
-        try:
-            urllib.request.urlopen(endpoint, timeout=1)
-            break
-        except Exception:
-            time.sleep(0.1)
+    proc, endpoint = start_moto()
     opts = {"client_kwargs": {"endpoint_url": endpoint}, "key": "testing", "secret": "testing"}
     import s3fs
 
