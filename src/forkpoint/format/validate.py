@@ -99,35 +99,34 @@ def check_manifest(record: dict, where: str) -> None:
 def check_tree(node, leaf_count: int, where: str) -> None:
     """Raise FormatError unless `node` is a skeleton of known nodes, at most MAX_TREE_DEPTH
     deep, whose leaf indices are within the leaf table."""
-    stack = [(node, "", 0)]
+    stack = [(node, None, 0)]  # trail: (parent trail, key), joined into a path only for errors
     while stack:
-        node, path, depth = stack.pop()
+        node, trail, depth = stack.pop()
         if depth > MAX_TREE_DEPTH:
-            raise FormatError(f"manifest {where}: the state tree is nested deeper than {MAX_TREE_DEPTH} at {path!r}")
-        t = node.get("t") if isinstance(node, dict) else None
-        t = t if isinstance(t, str) else None
-        if t in ("dict", "odict"):
-            keys, values = node.get("k"), node.get("v")
-            if not isinstance(keys, list) or not isinstance(values, list) or len(keys) != len(values):
-                _bad_node(where, path, "a dict node needs key and value lists of one length")
-            for k, v in zip(keys, values):
-                if isinstance(k, bool) or not isinstance(k, (str, int)) or (isinstance(k, str) and len(k) > MAX_NAME_CHARS):
-                    _bad_node(where, path, f"dict key {str(k)[:80]!r} is not a string or integer")
-                stack.append((v, f"{path}/{k}", depth + 1))
-        elif t in ("list", "tuple", "ranks"):
-            values = node.get("v")
-            if not isinstance(values, list):
-                _bad_node(where, path, f"a {t} node needs a list of values")
-            stack.extend((v, f"{path}/{i}", depth + 1) for i, v in enumerate(values))
-        elif t == "leaf":
+            _bad_node(where, trail, f"the state tree is nested deeper than {MAX_TREE_DEPTH}")
+        t = node.get("t") if type(node) is dict else None
+        if t == "leaf":
             i = node.get("i")
-            if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < leaf_count:
-                _bad_node(where, path, f"leaf index {i!r} is outside the leaf table (0..{leaf_count - 1})")
+            if type(i) is not int or not 0 <= i < leaf_count:
+                _bad_node(where, trail, f"leaf index {i!r} is outside the leaf table (0..{leaf_count - 1})")
+        elif t == "dict" or t == "odict":
+            keys, values = node.get("k"), node.get("v")
+            if type(keys) is not list or type(values) is not list or len(keys) != len(values):
+                _bad_node(where, trail, "a dict node needs key and value lists of one length")
+            for k, v in zip(keys, values):
+                if type(k) is not str and type(k) is not int or type(k) is str and len(k) > MAX_NAME_CHARS:
+                    _bad_node(where, trail, f"dict key {str(k)[:80]!r} is not a string or integer")
+                stack.append((v, (trail, k), depth + 1))
+        elif t == "list" or t == "tuple" or t == "ranks":
+            values = node.get("v")
+            if type(values) is not list:
+                _bad_node(where, trail, f"a {t} node needs a list of values")
+            stack.extend((v, (trail, i), depth + 1) for i, v in enumerate(values))
         else:
-            _check_value_node(node, t, path, where)
+            _check_value_node(node, t if type(t) is str else None, trail, where)
 
 
-def _check_value_node(node, t, path: str, where: str) -> None:
+def _check_value_node(node, t, path, where: str) -> None:
     v = node.get("v") if isinstance(node, dict) else None
     if t in _SCALAR_NODES:
         kind = _SCALAR_NODES[t]
@@ -162,7 +161,12 @@ def _is_hex_float(v) -> bool:
     return isinstance(v, str) and len(v) < 64 and _HEX_FLOAT.match(v) is not None
 
 
-def _bad_node(where: str, path: str, what: str):
+def _bad_node(where: str, trail, what: str):
+    keys = []
+    while trail is not None:
+        trail, key = trail
+        keys.append(str(key))
+    path = "/".join(reversed(keys))
     raise FormatError(f"manifest {where}, state path {path or '/'!r}: {what}; the manifest is damaged")
 
 
