@@ -16,7 +16,7 @@ REF_KIND = "forkpoint.ref"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 REF_EXPR_RE = re.compile(r"^(?P<base>.+?)(?P<ups>(~\d*)*)$")
 REPAIR_HINT = ("the ref is damaged: point it at an intact version with `forkpoint branch reset BRANCH REF` "
-               "(or `forkpoint tag --force`), after `forkpoint log --all` shows which")
+               "(or `forkpoint tag --force`), after `forkpoint log` shows which")
 
 
 def check_name(name: str, what: str) -> str:

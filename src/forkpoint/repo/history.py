@@ -188,9 +188,9 @@ class HistoryMixin:
             try:
                 v = self._version_by_id(vid)
             except RefNotFoundError:
-                if not strict or child is None:
-                    if child is None:
-                        raise
+                if child is None:
+                    raise
+                if not strict:
                     return
                 raise MissingObjectError(
                     f"version {child} of {self.url} names parent {vid}, which is on no tier: the history is "

@@ -58,9 +58,7 @@ class MaintenanceMixin:
         damaged or loop (the breaks that make gc refuse to run)."""
         problems, walked = [], set()
         for kind, noun in (("heads", "branch"), ("tags", "tag")):
-            names = sorted({key.split("/")[2] for store in self.stores
-                            for key in store.list(f"refs/{kind}") if key.count("/") == 3})
-            for name in names:
+            for name in self._ref_names(kind):
                 try:
                     vid = self._ref_target(kind, name)
                     if vid is None or vid in walked:

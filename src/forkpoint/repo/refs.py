@@ -85,11 +85,14 @@ class RefsMixin:
                 return
         raise ConflictError(f"could not update {_REF_NOUN.get(kind, kind)} {name!r} in {store.url}: too many concurrent writers")
 
+    def _ref_names(self, kind: str) -> list[str]:
+        """The names that have records of kind `kind` on any tier (deleted refs included)."""
+        return sorted({key.split("/")[2] for store in self.stores
+                       for key in store.list(f"refs/{kind}") if key.count("/") == 3})
+
     def _names(self, kind: str) -> dict[str, str]:
-        names = {key.split("/")[2] for store in self.stores
-                 for key in store.list(f"refs/{kind}") if key.count("/") == 3}
         out = {}
-        for name in sorted(names):
+        for name in self._ref_names(kind):
             target = self._ref_state(kind, name)[1]
             if target is not None:
                 out[name] = target
