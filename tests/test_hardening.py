@@ -354,3 +354,16 @@ def test_a_numpy_leaf_with_a_crafted_dtype_is_refused(repo):
     bad = craft(repo, v.id, lambda r: r["leaves"][0].update(dtype="V4"))
     with pytest.raises(FormatError, match="dtype 'V4'"):
         fp.Repo(repo.url).load(bad)
+
+
+def test_branch_reset_and_delete_refuse_bad_input_in_one_line(repo, tmp_path):
+    repo.save({"w": torch.ones(2)})
+    cli = [sys.executable, "-m", "forkpoint.cli.main", "branch"]
+    for args, message in ((["reset", "main", "nosuchref"], "no branch, tag or version"),
+                          (["reset", "bad/name", "main"], "invalid branch name"),
+                          (["delete", "ghost"], "no branch 'ghost'"),
+                          (["reset", "main", "main", "--repo", str(tmp_path / "missing")], "repository")):
+        out = subprocess.run(cli + args + (["--repo", repo.url] if "--repo" not in args else []),
+                             capture_output=True, text=True)
+        assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, (args, out.stderr)
+    assert fp.Repo(repo.url).head("main") is not None
