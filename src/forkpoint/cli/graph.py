@@ -1,6 +1,13 @@
-"""Render version history as a text graph with one lane per line of descent."""
+"""Render version history as a text graph with one lane per line of descent.
+
+Reading rule (what the tests parse back): a version row has one '*'; the version below it in
+the same column is its first parent. A join row ('/' in some columns) comes right before
+the version those lanes end in: each '/' lane's parent is the version of the next row. A lane
+that turns blank ended: its version's parent is not shown (a root, or cut by a limit).
+"""
 
 import datetime
+import heapq
 
 from ..format.manifest import Version
 
@@ -21,28 +28,63 @@ def _describe(v: Version) -> str:
     return "  ".join(p for p in parts if p)
 
 
+def newest_first(versions: list[Version]) -> list[Version]:
+    """`versions` ordered so every version comes before its first parent; newest first otherwise
+    (clocks of different hosts may disagree, so time alone cannot order a lineage)."""
+    by_id = {v.id: v for v in versions}
+    children = dict.fromkeys(by_id, 0)
+    for v in versions:
+        if v.parents and v.parents[0] in by_id:
+            children[v.parents[0]] += 1
+    ready = [(-v.time, v.id) for v in versions if children[v.id] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        v = by_id[heapq.heappop(ready)[1]]
+        order.append(v)
+        parent = v.parents[0] if v.parents else None
+        if parent in by_id:
+            children[parent] -= 1
+            if children[parent] == 0:
+                heapq.heappush(ready, (-by_id[parent].time, parent))
+    return order
+
+
+def _cells(lanes: list) -> list[str]:
+    return ["|" if lane else " " for lane in lanes]
+
+
 def render_graph(versions: list[Version], heads: dict, tags: dict) -> list[str]:
-    """Return rich-markup lines, newest first; '*' marks a version, '|' a lane, '/' a join."""
+    """Return rich-markup lines, newest first: '*' a version, '|' a lane, '/' a lane joining
+    the version of the next row (see the module's reading rule)."""
     lanes: list[str | None] = []
     lines = []
-    for v in versions:
+    previous: list[str] = []
+    for v in newest_first(versions):
         hits = [i for i, lane in enumerate(lanes) if lane == v.id]
+        if len(hits) > 1:
+            joined = _cells(lanes)
+            for extra in hits[1:]:
+                joined[extra] = "/"
+                lanes[extra] = None
+            previous = joined
+            lines.append("".join(joined).rstrip())
+            while lanes[-1] is None:
+                lanes.pop()
         if hits:
             col = hits[0]
-        elif None in lanes:
-            col = lanes.index(None)
-            lanes[col] = v.id
         else:
-            col = len(lanes)
-            lanes.append(v.id)
-        row = "".join("*" if i == col else ("|" if lane else " ") for i, lane in enumerate(lanes))
-        lines.append(f"{row.replace(' ', ' ')} [yellow]{v.id[:12]}[/yellow]"
-                     f"{_decorations(v, heads, tags)}  {_describe(v)}")
-        for extra in hits[1:]:
-            lanes[extra] = None
-        if hits[1:]:
-            lines.append("".join("/" if i in hits[1:] else ("|" if lane else " ")
-                                 for i, lane in enumerate(lanes)))
+            # A new line of descent never takes a column that ended on the row above: read
+            # top-down, it would look like that version's parent.
+            free = [i for i, lane in enumerate(lanes) if lane is None and (i >= len(previous) or previous[i] == " ")]
+            col = free[0] if free else len(lanes)
+            if col == len(lanes):
+                lanes.append(None)
+            lanes[col] = v.id
+        row = _cells(lanes)
+        row[col] = "*"
+        previous = row
+        lines.append(f"{''.join(row)} [yellow]{v.id[:12]}[/yellow]{_decorations(v, heads, tags)}  {_describe(v)}")
         lanes[col] = v.parents[0] if v.parents else None
         while lanes and lanes[-1] is None:
             lanes.pop()

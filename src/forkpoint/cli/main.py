@@ -16,7 +16,7 @@ from rich.table import Table
 from ..errors import ForkpointError
 from ..policy import Keep
 from ..repo import Repo
-from .graph import render_graph
+from .graph import newest_first, render_graph
 
 console = Console(highlight=False, soft_wrap=True)
 repo_option = click.option("--repo", "-r", "repo_url", envvar="FORKPOINT_REPO", default=".",
@@ -75,19 +75,23 @@ def init(path):
 @repo_option
 @json_option
 def log(ref, limit, repo_url, as_json):
-    """Show history: REF's first-parent chain, or every branch as a graph."""
+    """Show history: REF's first-parent chain, or every branch and tag as a graph."""
     repo = _open(repo_url)
     heads, tags = repo.branches(), repo.tags()
     if ref:
         versions = repo.log(ref, limit=limit)
     else:
         seen = {}
-        for name in heads:
+        for name in [*heads, *tags]:
             for v in repo.log(name):
+                if v.id in seen:
+                    break
                 seen[v.id] = v
-        versions = sorted(seen.values(), key=lambda v: v.time, reverse=True)[:limit]
+        versions = newest_first(list(seen.values()))[:limit]
     if as_json:
-        return _emit([v.summary() for v in versions])
+        return _emit([{**v.summary(),
+                       "branches": sorted(b for b, vid in heads.items() if vid == v.id),
+                       "tags": sorted(t for t, vid in tags.items() if vid == v.id)} for v in versions])
     if not versions:
         click.echo("no versions")
         return
