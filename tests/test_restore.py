@@ -243,3 +243,23 @@ def test_a_memory_tier_restore_of_many_chunks_is_exact_and_names_a_missing_objec
     with pytest.raises(fp.errors.MissingObjectError, match="t7"):
         repo.restore({k: torch.zeros_like(t) for k, t in state.items()}, v.id)
     repo.close()
+
+
+def test_a_shape_mismatch_is_named_before_the_paths_it_explains(repo):
+    """Restoring a model of another shape with a fresh optimizer: the mismatch comes first,
+    the stored optimizer state it explains is summarised, and the hint names the part."""
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    opt = torch.optim.Adam(model.parameters())
+    for _ in range(2):
+        opt.zero_grad()
+        model(torch.randn(4, 16)).sum().backward()
+        opt.step()
+    repo.save({"model": model, "optim": opt, "extra": {f"k{i}": torch.ones(1) for i in range(12)}})
+    other = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    with pytest.raises(StateMismatchError) as e:
+        repo.restore({"model": other, "optim": torch.optim.Adam(other.parameters())}, "main")
+    lines = str(e.value).splitlines()
+    assert lines[1].startswith("  mismatched (3): model/0.weight: stored shape [64, 16], live [32, 16]"), lines
+    unexpected = next(line for line in lines if "unexpected in the version" in line)
+    assert unexpected.endswith("extra/k3, and 6 more under extra/"), unexpected
+    assert "paths=['model', ...]" in lines[-1]

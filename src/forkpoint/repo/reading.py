@@ -1,5 +1,7 @@
 """Load and in-place restore, with strict checks and tier fallback."""
 
+import os
+
 from ..engine.gcpause import gc_paused
 from ..engine.restore import ReadRequest, mapped_leaf, read_leaves
 from ..errors import (CorruptObjectError, MissingObjectError, PrunedVersionError, RefNotFoundError,
@@ -216,14 +218,27 @@ class ReadingMixin:
                 mismatched.append(f"{path}: stored dtype {leaf.dtype}, live {live_dtype}")
         if mismatched or (strict and (missing or unexpected)):
             lines = [f"cannot restore version {m.version.id} (step {m.version.step}) strictly:"]
-            if missing:
-                lines.append(f"  missing in the version ({len(missing)}): " + ", ".join(missing[:20]))
-            if unexpected:
-                lines.append(f"  unexpected in the version ({len(unexpected)}): " + ", ".join(unexpected[:20]))
+            # The cause first: a shape or dtype mismatch explains the missing and unexpected
+            # paths that usually follow it (a fresh optimizer has no state yet).
             if mismatched:
-                lines.append(f"  mismatched ({len(mismatched)}): " + "; ".join(mismatched[:20]))
-            lines.append("  use strict=False, paths=[...] or rename={...} for a partial restore")
+                lines.append(f"  mismatched ({len(mismatched)}): " + _listing(mismatched, "; "))
+            if missing:
+                lines.append(f"  missing in the version ({len(missing)}): " + _listing(missing))
+            if unexpected:
+                lines.append(f"  unexpected in the version ({len(unexpected)}): " + _listing(unexpected))
+            top = (mismatched or missing or unexpected)[0].split(":")[0].split("/")[0]
+            lines.append(f"  to restore only some parts, pass paths=[{top!r}, ...]; or strict=False, rename={{...}}")
             raise StateMismatchError("\n".join(lines))
+
+
+def _listing(items: list[str], sep: str = ", ", shown: int = 6) -> str:
+    """The first `shown` items, then how many more and the prefix they share."""
+    if len(items) <= shown + 2:
+        return sep.join(items)
+    rest = items[shown:]
+    common = os.path.commonprefix([p.split(":")[0] for p in rest]).rpartition("/")[0]
+    where = f" under {common}/" if common else ""
+    return sep.join(items[:shown]) + f"{sep}and {len(rest)} more{where}"
 
 
 def _pickle_refused(path: str, vid: str) -> Exception:
