@@ -1,6 +1,7 @@
 """Bit-identical resume: stop, restore in a fresh process, continue = uninterrupted run."""
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -71,3 +72,88 @@ def test_resume_on_empty_branch_starts_at_zero(repo):
     ck.step(0)
     ck.close()
     assert fp.Checkpointer(repo, {"m": torch.nn.Linear(2, 2)}, every=1).resume() == 1
+
+
+def _flip_object_of(repo, ref, path):
+    """Flip one byte in the object that holds leaf `path` of `ref` (it must be its own object)."""
+    leaf = next(leaf for leaf in repo.manifest(ref).leaves if leaf.path == path)
+    digest = leaf.chunks[0].objects[0]
+    target = next(pathlib.Path(repo.url, "objects").rglob(digest + "*"))
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    target.chmod(0o644)
+    target.write_bytes(bytes(data))
+    return digest
+
+
+def test_resume_skips_a_damaged_head_for_the_newest_intact_version(repo):
+    """One flipped byte in the head's object: resume restores the version before it with a
+    warning naming the skipped version and why; fall_back=False raises; repair with branch reset."""
+    model = torch.nn.Linear(256, 256)
+    ck = fp.Checkpointer(repo, {"model": model}, every=1, sync=True)
+    for step in range(3):
+        with torch.no_grad():
+            model.weight.add_(1.0)
+        ck.step(step)
+    ck.close()
+    good = repo.load("main~1")["model"]["weight"].clone()
+    head = repo.resolve("main")
+    _flip_object_of(repo, "main", "model/weight")
+    fresh = torch.nn.Linear(256, 256)
+    with pytest.warns(fp.ResumeWarning, match=rf"from {repo.resolve('main~1')[:12]} \(step 1\), skipping 1 newer "
+                                              rf"damaged version\(s\): {head[:12]} \(step 2\)"):
+        start = fp.Checkpointer(fp.Repo(repo.url), {"model": fresh}, every=1).resume()
+    assert start == 2 and torch.equal(fresh.weight, good)
+    with pytest.raises(fp.errors.CorruptObjectError):
+        fp.Checkpointer(fp.Repo(repo.url), {"model": torch.nn.Linear(256, 256)}, every=1).resume(fall_back=False)
+
+
+def test_resume_with_every_version_damaged_says_so(repo):
+    model = torch.nn.Linear(256, 256)
+    repo.save({"model": model}, step=0)
+    _flip_object_of(repo, "main", "model/weight")
+    with pytest.raises(fp.errors.CorruptObjectError, match="no version of branch 'main' could be restored intact"):
+        fp.Checkpointer(fp.Repo(repo.url), {"model": model}, every=1).resume()
+
+
+FINISHING_SCRIPT = """
+import sys, warnings, torch, forkpoint as fp
+warnings.simplefilter("always")
+model = torch.nn.Linear(4, 4)
+ck = fp.Checkpointer(fp.Repo(sys.argv[1], create=True), {"model": model}, every=10)
+start = ck.resume()
+for step in range(start, 25):
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    print("trained", step, flush=True)
+    ck.step(step)
+ck.close(final_step=step if start < 25 else None)
+"""
+
+
+def test_close_saves_the_final_step_and_a_rerun_of_a_finished_run_says_so(tmp_path):
+    """The README loop: the last step is saved at close, and running the finished script again
+    trains nothing and says the run is finished."""
+    url = str(tmp_path / "repo")
+    script = tmp_path / "train.py"
+    script.write_text(FINISHING_SCRIPT)
+    first = subprocess.run([sys.executable, str(script), url], capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.count("trained") == 25
+    repo = fp.Repo(url)
+    assert [v.step for v in repo.log()] == [24, 20, 10, 0]
+    assert repo.version("main").meta["final"] is True
+    again = subprocess.run([sys.executable, str(script), url], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert "trained" not in again.stdout
+    assert "branch 'main' finished at step 24" in again.stderr
+    assert [v.step for v in fp.Repo(url).log()] == [24, 20, 10, 0], "nothing saved again"
+
+
+def test_close_does_not_save_a_final_step_twice(repo):
+    ck = fp.Checkpointer(repo, {"m": torch.nn.Linear(2, 2)}, every=5)
+    for step in range(10):
+        ck.step(step)
+    ck.close(final_step=9)
+    ck.close(final_step=9)
+    assert [v.step for v in repo.log()] == [9, 5, 0]

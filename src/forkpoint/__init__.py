@@ -4,6 +4,7 @@ __version__ = "0.1.0"
 
 from . import adjoint, dist, errors  # noqa: E402
 from .checkpointer import Checkpointer  # noqa: E402
+from .errors import ResumeWarning  # noqa: E402
 from .format.delta import Delta  # noqa: E402
 from .format.lossy import Lossy  # noqa: E402
 from .format.manifest import Version  # noqa: E402

@@ -10,9 +10,11 @@ this module never imports them.
 import os
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
+from .errors import CorruptObjectError, MissingObjectError, ResumeWarning
 from .repo import PendingSave, Repo
 from .repo.core import step_number
 from .state import capture
@@ -21,6 +23,7 @@ from .state.hooks import CaptureGuard
 POLICY_FACTORIES: dict = {}
 RETENTION_FACTORIES: dict = {}
 EXTENSIONS: list[Callable[["Checkpointer"], None]] = []
+DAMAGE_ERRORS = (CorruptObjectError, MissingObjectError)
 RESTART_COUNT_VARIABLES = ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
 RETENTION_SHARE = 0.1
 """A gc pass walks the whole history, so in a long run of frequent saves retention runs after
@@ -75,6 +78,19 @@ def resolve_policy(every):
     return every
 
 
+def _any_rank(flag: bool) -> bool:
+    """True when `flag` holds on any rank of the torch.distributed group (this process alone
+    when there is none)."""
+    dist, _, world = _world()
+    if dist is None or world == 1:
+        return flag
+    import torch
+
+    value = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
 def _world():
     dist = getattr(sys.modules.get("torch"), "distributed", None)
     if dist is not None and dist.is_available() and dist.is_initialized():
@@ -120,6 +136,7 @@ class Checkpointer:
         self.restart_meta: dict = {}
         self.last_version = None
         self.last_step: int | None = None
+        self.finished = False
         self.save_seconds: list[float] = []
         self.closers: list[Callable[[], None]] = []
         self.on_remote_stop: Callable = lambda version: None
@@ -128,8 +145,13 @@ class Checkpointer:
             extend(self)
 
     # ----------------------------------------------------------------- resume
-    def resume(self, strict: bool = True) -> int:
-        """Restore the newest committed version of the branch; return the next step (0 if none).
+    def resume(self, strict: bool = True, fall_back: bool = True) -> int:
+        """Restore the newest intact version of the branch; return the next step (0 if none).
+
+        Every byte restored is checked against its hash. A version whose objects are damaged
+        or missing is skipped for the next older one with a ResumeWarning naming what was
+        skipped and why (fall_back=False raises instead); `strict` is restore's key check.
+        A branch that close(final_step=...) finished says so (ResumeWarning, `finished`).
         Flushes a killed process left undone are finished in the background (Repo.finish_flushes:
         by every rank of an fp.dist.Repo, where it is collective; by rank 0 of a plain Repo).
 
@@ -140,8 +162,7 @@ class Checkpointer:
             self.repo.finish_flushes()
         if self.repo.head(self.branch) is None:
             return 0
-        version = self.repo.restore(self.state, self.branch, strict=strict,
-                                    allow_pickle=self.allow_pickle)
+        version = self._restore_newest_intact(strict, fall_back)
         self.last_version = version
         count = next((int(os.environ[v]) for v in RESTART_COUNT_VARIABLES if os.environ.get(v, "").isdigit()),
                      None)
@@ -149,7 +170,44 @@ class Checkpointer:
         self.restart_meta = {"restarts": restarts if count is None else count,
                              "resumed_from": version.id,
                              "lost_seconds": round(max(0.0, time.time() - version.time), 3)}
+        self.finished = isinstance(version.meta, dict) and version.meta.get("final") is True
+        if self.finished and _world()[1] == 0:
+            warnings.warn(f"branch {self.branch!r} finished at step {version.step} (version {version.id[:12]}, "
+                          "saved by close(final_step=...)): nothing left to train; resume returns the step after "
+                          "it. Fork the branch or save on another one to train further", ResumeWarning, stacklevel=2)
         return 0 if version.step is None else version.step + 1
+
+    def _restore_newest_intact(self, strict: bool, fall_back: bool):
+        """Restore the branch head, or with `fall_back` the newest first-parent ancestor whose
+        bytes are all intact; every rank of a distributed run takes the same version."""
+        skipped = []
+        for v in self.repo.log(self.branch):
+            if v.pruned:
+                continue
+            try:
+                version, damage = self.repo.restore(self.state, v.id, strict=strict,
+                                                    allow_pickle=self.allow_pickle), None
+            except DAMAGE_ERRORS as e:
+                if not fall_back:
+                    raise
+                version, damage = None, e
+            if _any_rank(damage is not None):
+                skipped.append((v, damage))
+                continue
+            break
+        else:
+            reasons = "; ".join(f"{v.id[:12]} (step {v.step}): {e or 'damaged on another rank'}" for v, e in skipped)
+            raise CorruptObjectError(f"no version of branch {self.branch!r} could be restored intact: {reasons}. "
+                                     f"Run `forkpoint verify -r {self.repo.url}`; to start over, delete the branch "
+                                     f"(`forkpoint branch delete {self.branch}`) or use another one")
+        if skipped and _world()[1] == 0:
+            what = "; ".join(f"{v.id[:12]} (step {v.step}): {str(e).splitlines()[0] if e else 'damaged on another rank'}"
+                             for v, e in skipped)
+            warnings.warn(f"resumed branch {self.branch!r} from {version.id[:12]} (step {version.step}), skipping "
+                          f"{len(skipped)} newer damaged version(s): {what}. The branch still names the damaged "
+                          f"head: `forkpoint branch reset {self.branch} {version.id[:12]}` moves it back, "
+                          "`forkpoint verify` lists what is damaged", ResumeWarning, stacklevel=3)
+        return version
 
     # ----------------------------------------------------------------- the loop
     def should_save(self, step: int) -> bool:
@@ -189,15 +247,7 @@ class Checkpointer:
                                "gone, so a save could capture torn tensors): make a new one to save again")
 
     def _stop_agreed(self) -> bool:
-        dist, _, world = _world()
-        local = self.stop_request is not None
-        if dist is None or world == 1:
-            return local
-        import torch
-
-        flag = torch.tensor([1 if local else 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+        return _any_rank(self.stop_request is not None)
 
     # ----------------------------------------------------------------- saving
     def save(self, step: int | None = None, metrics: dict | None = None, message: str = "",
@@ -303,8 +353,15 @@ class Checkpointer:
             future, self._retention = self._retention, None
             future.result()
 
-    def close(self) -> None:
-        """Wait for everything in flight; remove hooks and handlers. Saving afterwards raises."""
+    def close(self, final_step: int | None = None, metrics: dict | None = None) -> None:
+        """Wait for everything in flight; remove hooks and handlers. Saving afterwards raises.
+        With `final_step` (the last step the loop ran), that step is saved first unless it was
+        already, and its version is marked final, so a rerun of the finished script resumes
+        past it and says the run is finished instead of training again."""
+        if final_step is not None and not self.closed:
+            last = self.wait()
+            if last is None or last.step != final_step or not last.meta.get("final"):
+                self.save(final_step, metrics, message="final", sync=True, meta={"final": True})
         self.closed = True
         self.wait()
         self._guard.remove()

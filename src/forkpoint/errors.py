@@ -60,3 +60,8 @@ class UnsafePathError(ForkpointError):
 
 class OutOfMemoryError(ForkpointError, MemoryError):
     """A leaf declared by a manifest is larger than this process can allocate."""
+
+
+class ResumeWarning(UserWarning):
+    """Checkpointer.resume restored something other than the branch head as it stands (a
+    damaged head skipped), or the branch's run is already finished."""
