@@ -1,5 +1,6 @@
 """Retention and gc: Keep policies, protected heads and tags, dry runs, grace for live savers."""
 
+import json
 import os
 import subprocess
 import sys
@@ -97,7 +98,9 @@ FOREIGN_WRITER = """
 import os, sys, torch, forkpoint as fp
 repo = fp.Repo(sys.argv[1])
 repo.save({"w": torch.full((1000,), -1.0)}, branch="other")
-os._exit(0)  # dies without closing: its writer lease stays, as a live saver's would
+print("saved", flush=True)
+sys.stdin.read()  # a live saver until the test says otherwise
+os._exit(0)  # exits without closing: its writer lease stays
 """
 
 
@@ -116,7 +119,9 @@ def test_gc_frees_what_pruning_freed_at_once_unless_another_process_may_be_savin
     assert repo.verify().ok and torch.equal(repo.load("main~1")["w"], torch.full((100_000,), 13.0))
 
     _fill(repo, 3)
-    subprocess.run([sys.executable, "-c", FOREIGN_WRITER, repo.url], check=True, timeout=120)
+    foreign_writer = subprocess.Popen([sys.executable, "-c", FOREIGN_WRITER, repo.url], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True)
+    assert foreign_writer.stdout.readline() == "saved\n"
     for key in repo.store.list("objects"):
         _age(repo, key, 60)
     foreign = [k for k in repo.store.list("writers") if k != repo._lease_key()]
@@ -124,15 +129,24 @@ def test_gc_frees_what_pruning_freed_at_once_unless_another_process_may_be_savin
     before = _object_files(repo)
     report = repo.gc(keep=fp.Keep(last=2), branches=["main"])
     assert report.others_writing == [repo.url] and report.deleted_objects == 0 and _object_files(repo) == before
-    _age(repo, foreign[0], 700)
+    foreign_writer.kill()
+    foreign_writer.wait()
     report = repo.gc(keep=fp.Keep(last=2), branches=["main"])
-    assert report.others_writing == [] and report.deleted_objects > 0 and _object_files(repo) == _referenced(repo)
-    assert repo.store.list("writers") == [repo._lease_key()], "a lease older than the grace period is removed"
+    assert report.others_writing == [], "the lease of a process of this host that is gone does not count"
+    assert report.deleted_objects > 0 and _object_files(repo) == _referenced(repo)
+    assert repo.store.list("writers") == [repo._lease_key()], "a dead process's lease is removed"
     assert repo.verify().ok and torch.equal(repo.load("other")["w"], torch.full((1000,), -1.0))
+
+    remote = "writers/elsewhere-1-abc.json"
+    repo.store.write(remote, [json.dumps({"writer": "elsewhere:1:abc", "host": "elsewhere", "pid": 1}).encode()])
+    assert repo.gc(grace=600).others_writing == [repo.url], "another host's young lease counts"
+    _age(repo, remote, 700)
+    assert repo.gc(grace=600).others_writing == []
+    assert repo.store.list("writers") == [repo._lease_key()], "a lease older than the grace period is removed"
     repo.close()
     assert repo.store.list("writers") == [], "close removes this process's lease"
     script = FOREIGN_WRITER.replace("os._exit(0)", "fp.Repo(sys.argv[1]).gc()  # exits without close")
-    subprocess.run([sys.executable, "-c", script, repo.url], check=True, timeout=120)
+    subprocess.run([sys.executable, "-c", script, repo.url], check=True, timeout=120, input="", capture_output=True)
     assert repo.store.list("writers") == [], "a process that exits normally leaves no lease; gc alone writes none"
 
 

@@ -8,14 +8,16 @@ this module never imports them.
 """
 
 import os
+import re
 import sys
 import time
 import warnings
 from dataclasses import dataclass
 from typing import Callable
 
-from .errors import CorruptObjectError, MissingObjectError, ResumeWarning
+from .errors import BranchHeldError, CorruptObjectError, MissingObjectError, ResumeWarning
 from .repo import PendingSave, Repo
+from .repo.holders import run_name
 from .repo.core import step_number
 from .state import capture
 from .state.hooks import CaptureGuard
@@ -110,10 +112,12 @@ class Checkpointer:
 
     def __init__(self, repo: Repo, state, every=None, keep=None, branch: str = "main",
                  sync: bool = False, allow_pickle: bool = False, gc_grace: float = 600.0,
-                 preemption=True, warm: bool = True):
+                 preemption=True, warm: bool = True, on_conflict: str = "error", take_over: bool = False):
         if not isinstance(repo, Repo):
             raise TypeError(f"Checkpointer needs an fp.Repo, got {type(repo).__name__} {repo!r}: "
                             "pass fp.Repo(path, create=True)")
+        if on_conflict not in ("error", "fork"):
+            raise ValueError(f"on_conflict must be 'error' or 'fork', got {on_conflict!r}")
         keep = resolve_retention(keep)
         self.policy = resolve_policy(every)
         self.repo, self.state, self.keep = repo, state, keep
@@ -141,8 +145,41 @@ class Checkpointer:
         self.closers: list[Callable[[], None]] = []
         self.on_remote_stop: Callable = lambda version: None
         self.closed = False
+        self.branch = self._hold_branch(on_conflict, take_over)
         for extend in EXTENSIONS:
             extend(self)
+
+    def _hold_branch(self, on_conflict: str, take_over: bool) -> str:
+        """Hold the branch for this run (rank 0 decides, every rank learns the outcome); with
+        on_conflict="fork", a branch held by a live run is forked for this run instead."""
+        dist, rank, world = _world()
+        branch, refusal = self.branch, None
+        if rank == 0:
+            try:
+                self.repo.hold_branch(branch, take_over=take_over)
+            except BranchHeldError as e:
+                if on_conflict != "fork":
+                    refusal = str(e)
+                else:
+                    branch = self._fork_for_this_run(str(e))
+        if dist is not None and world > 1:
+            box = [branch, refusal]
+            dist.broadcast_object_list(box, src=0)
+            branch, refusal = box
+        if refusal is not None:
+            raise BranchHeldError(refusal if rank == 0 else f"rank 0: {refusal}")
+        return branch
+
+    def _fork_for_this_run(self, why: str) -> str:
+        """Fork the held branch's head to a branch named after this run, hold it, say so."""
+        name = re.sub(r"[^A-Za-z0-9._-]", "-", f"{self.branch}-{run_name()}")[:128]
+        head = self.repo.head(self.branch)
+        if self.repo.head(name) is None and head is not None:
+            self.repo.fork(head, name)
+        self.repo.hold_branch(name)
+        warnings.warn(f"{why.split(': two runs')[0]}; this run continues on branch {name!r}"
+                      + (f", forked from {head[:12]}" if head else ""), ResumeWarning, stacklevel=4)
+        return name
 
     # ----------------------------------------------------------------- resume
     def resume(self, strict: bool = True, fall_back: bool = True) -> int:
@@ -354,7 +391,8 @@ class Checkpointer:
             future.result()
 
     def close(self, final_step: int | None = None, metrics: dict | None = None) -> None:
-        """Wait for everything in flight; remove hooks and handlers. Saving afterwards raises.
+        """Wait for everything in flight; remove hooks and handlers; release the branch.
+        Saving afterwards raises.
         With `final_step` (the last step the loop ran), that step is saved first unless it was
         already, and its version is marked final, so a rerun of the finished script resumes
         past it and says the run is finished instead of training again."""
@@ -362,8 +400,10 @@ class Checkpointer:
             last = self.wait()
             if last is None or last.step != final_step or not last.meta.get("final"):
                 self.save(final_step, metrics, message="final", sync=True, meta={"final": True})
-        self.closed = True
+        was_closed, self.closed = self.closed, True
         self.wait()
+        if not was_closed and _world()[1] == 0:
+            self.repo.release_branch(self.branch)
         self._guard.remove()
         for close in self.closers:
             close()

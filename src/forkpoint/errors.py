@@ -65,3 +65,7 @@ class OutOfMemoryError(ForkpointError, MemoryError):
 class ResumeWarning(UserWarning):
     """Checkpointer.resume restored something other than the branch head as it stands (a
     damaged head skipped), or the branch's run is already finished."""
+
+
+class BranchHeldError(ConflictError):
+    """Another live run holds the branch (see Checkpointer's on_conflict and take_over)."""

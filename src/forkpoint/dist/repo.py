@@ -113,6 +113,8 @@ class Repo(NodeLocalMixin, BaseRepo):
                 skeleton, shared, local_skeleton, local, select = self._flat_parts(state, allow_pickle)
             n_shared = len(shared)
             pack_key = writer_class(shared)
+            if self.rank == 0:  # the rank that publishes the ref; the others are the same run
+                self._holds.check(branch)
             self._hold_lease(self.store)
             head = self._head_manifest(branch)
             known, deltas = self._known_chunks(head), self._delta_plan(head)

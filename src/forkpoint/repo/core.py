@@ -40,6 +40,7 @@ from ..state.device import DeviceCapture
 from ..storage import Store, open_store
 from ..tiers import Tier, open_tiers
 from .compaction import CompactionMixin
+from .holders import BranchHolds
 from .compare import CompareMixin
 from .history import HistoryMixin, ManifestCache
 from .maintenance import MaintenanceMixin
@@ -157,6 +158,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         self._recent_commits: collections.deque = collections.deque(maxlen=RECENT_COMMITS)
         self._pending_commits: collections.deque[Task] = collections.deque()
         self._leases: dict[str, float] = {}
+        self._holds = BranchHolds(self.stores[-1])
         self._release_leases_at_exit()
         self._closed = False
         if self.closes_at_exit:
@@ -192,6 +194,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         self._staging.clear()
         self._device.clear()
         self._release_leases()
+        self._holds.release_all()
         for store in self.stores:
             store.close()
         self._closed = True
@@ -248,6 +251,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
                 f"state path {sharded!r} is a sharded DTensor: this process holds only part of it; "
                 "save sharded state from every rank with fp.dist.Repo")
         record = Version("", [], branch, step, 0.0, message, metrics, meta, env=_environment())
+        self._holds.check(branch)
         self._hold_lease(self.store)
         head = self._head_manifest(branch)
         known, deltas = self._known_chunks(head), self._delta_plan(head)

@@ -13,6 +13,7 @@ from ..errors import ConflictError, RefNotFoundError
 from ..format.manifest import Version
 from ..format.refs import check_name, decode_record, encode_record, record_key, seq_of
 from ..storage import Store
+from .holders import Holder, current_holder, run_name
 
 _REF_NOUN = {"heads": "branch", "tags": "tag"}
 REF_RECORDS_KEPT = 16
@@ -130,6 +131,21 @@ class RefsMixin:
         """Remove a branch ref (its versions stay until gc finds them unreachable), even one
         whose newest record is damaged."""
         self._set_ref("heads", check_name(name, "branch"), None, must_exist=True, repair=True)
+
+    def hold_branch(self, name: str, run: str | None = None, take_over: bool = False) -> None:
+        """Make this process the one live writer of branch `name` until release_branch or
+        close (a Checkpointer does this). BranchHeldError names a live holder; a dead one is
+        replaced; `take_over` replaces a live one too (for a holder known to be dead)."""
+        self._holds.hold(check_name(name, "branch"), run or run_name(), take_over)
+
+    def release_branch(self, name: str) -> None:
+        """Stop holding branch `name` (other runs may then write it)."""
+        self._holds.release(check_name(name, "branch"))
+
+    def branch_holder(self, name: str) -> Holder | None:
+        """The live run holding branch `name`, or None."""
+        holder = current_holder(self._holds.store, check_name(name, "branch"))
+        return holder if holder is not None and holder.alive() else None
 
     def reset_branch(self, name: str, ref: str) -> Version:
         """Point branch `name` at the version `ref` names, creating the branch if absent: the

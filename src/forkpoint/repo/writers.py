@@ -16,6 +16,7 @@ import time
 import weakref
 
 from ..storage import Store
+from .holders import boot_id, process_alive, start_ticks
 
 LEASES = "writers"
 LEASE_REFRESH = 60.0
@@ -29,7 +30,8 @@ class WritersMixin:
         return f"{LEASES}/{self.writer_id.replace(':', '-')}.json"
 
     def _write_lease(self, store: Store) -> None:
-        record = {"writer": self.writer_id, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}
+        record = {"writer": self.writer_id, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time(),
+                  "boot": boot_id(), "start": start_ticks(os.getpid())}
         store.write(self._lease_key(), [json.dumps(record).encode()])
 
     def _hold_lease(self, store: Store) -> None:
@@ -86,10 +88,10 @@ class WritersMixin:
                 age = now - store.mtime(key)
             except FileNotFoundError:
                 continue
-            if age < grace:
-                quiet = False
-            elif age > max(grace, 2 * LEASE_REFRESH):
+            if age > max(grace, 2 * LEASE_REFRESH) or _dead_here(store, key):
                 stale.append(key)
+            elif age < grace:
+                quiet = False
         if not dry_run:
             for key in stale:
                 try:
@@ -99,14 +101,19 @@ class WritersMixin:
         return now - QUIET_MARGIN if quiet else None
 
 
-def _pid_alive(pid: int) -> bool:
+def _dead_here(store: Store, key: str) -> bool:
+    """True when lease `key` is of a process of this host that is no longer running."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        record = json.loads(store.read(key))
+    except (FileNotFoundError, ValueError):
         return False
-    except PermissionError:
-        return True
-    return True
+    if not isinstance(record, dict) or record.get("host") != socket.gethostname() or not isinstance(record.get("pid"), int):
+        return False
+    return not _process_alive(record)
+
+
+def _process_alive(record: dict) -> bool:
+    return process_alive(record["pid"], str(record.get("boot", "")), str(record.get("start", "")))
 
 
 def live_writer(store: Store, key: str, own: str, young: float) -> bool:
@@ -120,7 +127,7 @@ def live_writer(store: Store, key: str, own: str, young: float) -> bool:
     except (FileNotFoundError, ValueError):
         return False
     if record.get("host") == socket.gethostname() and isinstance(record.get("pid"), int):
-        return record["pid"] == os.getpid() or _pid_alive(record["pid"])
+        return _process_alive(record)
     return age < young
 
 
