@@ -134,3 +134,51 @@ def test_demo_end_to_end(tmp_path):
                         "--steps", "30"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "SIGKILL" in r.stdout and "bit-identical" in r.stdout and "lr-sweep" in r.stdout
+
+
+def test_verify_prints_one_line_per_damaged_object_with_what_it_affects(tmp_path):
+    import pathlib
+
+    import numpy as np
+
+    url = str(tmp_path / "repo")
+    repo = fp.Repo(url, create=True)
+    shared = np.arange(300_000, dtype=np.float64)
+    for step in range(3):
+        repo.save({"w": shared, "b": np.full(1000, step)}, step=step)
+    repo.gc(keep=fp.Keep(last=2), grace=0)
+    digest = next(leaf for leaf in repo.manifest("main").leaves if leaf.path == "w").chunks[0].objects[0]
+    path = next(pathlib.Path(url, "objects").rglob(digest + "*"))
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1
+    path.chmod(0o644)
+    path.write_bytes(bytes(data))
+    r = subprocess.run([sys.executable, "-m", "forkpoint.cli.main", "verify", "-r", url],
+                       capture_output=True, text=True)
+    assert r.returncode == 1
+    problems = [line for line in r.stdout.splitlines() if line.startswith("problem:")]
+    assert len(problems) == 1, r.stdout
+    assert digest in problems[0] and "does not match its hash" in problems[0] and "it holds w of 2 version(s)" in problems[0]
+    for ref in ("main", "main~1"):
+        assert repo.resolve(ref)[:12] in problems[0]
+    assert "2 version(s)" in r.stdout.splitlines()[-1], "the pruned version is not counted as checked"
+
+
+def test_piped_output_keeps_whole_paths_and_tags_are_listed(tmp_path):
+    url = str(tmp_path / "repo")
+    repo = fp.Repo(url, create=True)
+    name = "exp_avg_of_a_parameter_with_a_long_name_" * 3
+    long_path = f"optim/state/{name}"
+    repo.save({"optim": {"state": {name: torch.ones(3)}}, "x": torch.zeros(2)}, step=1)
+    repo.tag("best", "main")
+    cmd = [sys.executable, "-m", "forkpoint.cli.main"]
+    shown = subprocess.run([*cmd, "show", "main", "-r", url], capture_output=True, text=True, check=True).stdout
+    assert long_path in shown and "…" not in shown
+    listed = subprocess.run([*cmd, "tags", "-r", url], capture_output=True, text=True, check=True).stdout
+    assert listed.split()[:4] == ["best", repo.resolve("main")[:12], "step", "1"]
+    data = json.loads(subprocess.run([*cmd, "tags", "-r", url, "--json"], capture_output=True, text=True,
+                                     check=True).stdout)
+    assert data == {"best": {"id": repo.resolve("main"), "step": 1}}
+    logged = json.loads(subprocess.run([*cmd, "log", "-r", url, "--json"], capture_output=True, text=True,
+                                       check=True).stdout)
+    assert logged[0]["tags"] == ["best"] and logged[0]["branches"] == ["main"]

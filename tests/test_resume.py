@@ -157,3 +157,21 @@ def test_close_does_not_save_a_final_step_twice(repo):
     ck.close(final_step=9)
     ck.close(final_step=9)
     assert [v.step for v in repo.log()] == [9, 5, 0]
+
+
+def test_continuing_a_fork_is_not_a_restart(repo):
+    model = torch.nn.Linear(4, 4)
+    ck = fp.Checkpointer(repo, {"model": model}, every=1, sync=True)
+    ck.step(0)
+    ck.close()
+    repo.fork("main", "exp")
+    ck = fp.Checkpointer(repo, {"model": model}, every=1, sync=True, branch="exp")
+    ck.step(ck.resume())
+    ck.close()
+    meta = repo.version("exp").meta
+    assert meta.get("forked_from") == repo.resolve("main")
+    assert "restarts" not in meta and "lost_seconds" not in meta
+    ck = fp.Checkpointer(repo, {"model": model}, every=1, sync=True, branch="exp")
+    ck.step(ck.resume())
+    ck.close()
+    assert repo.version("exp").meta["restarts"] == 1, "a resume of the fork's own version is a restart"

@@ -203,10 +203,15 @@ class Checkpointer:
         self.last_version = version
         count = next((int(os.environ[v]) for v in RESTART_COUNT_VARIABLES if os.environ.get(v, "").isdigit()),
                      None)
-        restarts = int(version.meta.get("restarts", 0)) + 1 if isinstance(version.meta, dict) else 1
-        self.restart_meta = {"restarts": restarts if count is None else count,
-                             "resumed_from": version.id,
-                             "lost_seconds": round(max(0.0, time.time() - version.time), 3)}
+        if version.branch != self.branch:
+            # The branch was forked from this version (by hand or on_conflict="fork"): it
+            # continues another line, which is not a restart of this one.
+            self.restart_meta = {"forked_from": version.id}
+        else:
+            restarts = int(version.meta.get("restarts", 0)) + 1 if isinstance(version.meta, dict) else 1
+            self.restart_meta = {"restarts": restarts if count is None else count,
+                                 "resumed_from": version.id,
+                                 "lost_seconds": round(max(0.0, time.time() - version.time), 3)}
         self.finished = isinstance(version.meta, dict) and version.meta.get("final") is True
         if self.finished and _world()[1] == 0:
             warnings.warn(f"branch {self.branch!r} finished at step {version.step} (version {version.id[:12]}, "

@@ -18,7 +18,8 @@ from ..policy import Keep
 from ..repo import Repo
 from .graph import newest_first, render_graph
 
-console = Console(highlight=False, soft_wrap=True)
+# Piped output keeps whole lines (paths, ids) for grep and scripts; a terminal wraps to its width.
+console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 1 << 14)
 repo_option = click.option("--repo", "-r", "repo_url", envvar="FORKPOINT_REPO", default=".",
                            show_default=True, help="repository path or URL (env FORKPOINT_REPO)")
 json_option = click.option("--json", "as_json", is_flag=True, help="print JSON")
@@ -230,6 +231,22 @@ def branches(repo_url, as_json):
     for name, vid in heads.items():
         v = repo.version(vid)
         click.echo(f"{name:20} {vid[:12]}  step {v.step}")
+
+
+@cli.command()
+@repo_option
+@json_option
+def tags(repo_url, as_json):
+    """List tags and the versions they name."""
+    repo = _open(repo_url)
+    named = repo.tags()
+    if as_json:
+        return _emit({name: {"id": vid, "step": repo.version(vid).step} for name, vid in named.items()})
+    if not named:
+        click.echo("no tags (make one with `forkpoint tag NAME REF`)")
+    for name, vid in sorted(named.items()):
+        v = repo.version(vid)
+        click.echo(f"{name:20} {vid[:12]}  step {v.step}  branch {v.branch}")
 
 
 @cli.command()

@@ -1,7 +1,7 @@
 """Integrity and space: verify, retention, gc, usage."""
 
+import re
 import time
-
 
 from ..engine.restore import ReadRequest, read_leaves
 from ..engine.save import stored_codec
@@ -22,6 +22,7 @@ class MaintenanceMixin:
         """Re-read and re-hash every object of `ref` (or of every version) on every tier holding it."""
         wanted = {self.resolve(ref)} if ref is not None else None
         report = VerifyReport()
+        damaged: dict[str, tuple[str, dict, set]] = {}  # object -> (why, {version: step}, leaves)
         if ref is None:
             report.problems.extend(self._lineage_problems())
         seen = set()
@@ -45,11 +46,21 @@ class MaintenanceMixin:
                     try:
                         read_leaves(store, [ReadRequest(leaf, buf)], vid, self._submit_read, trust=False)
                     except Exception as e:
-                        report.problems.append(str(e))
+                        found = _DAMAGED_OBJECT.search(str(e))
+                        if found is None:
+                            report.problems.append(str(e))
+                        else:
+                            what = damaged.setdefault(found["object"], (found["why"], {}, set()))
+                            what[1][vid] = m.version.step
+                            what[2].add(leaf.path)
                     report.objects += len(leaf.chunks)
                     report.bytes += leaf.nbytes
                     if progress is not None:
                         progress(leaf.nbytes)
+        for obj, (why, versions, leaves) in damaged.items():
+            report.problems.append(f"object {obj} {why}; it holds {_some(sorted(leaves))} of "
+                                   f"{len(versions)} version(s): "
+                                   + _some([f"{vid[:12]} (step {step})" for vid, step in versions.items()]))
         return report
 
     def _lineage_problems(self) -> list[str]:
@@ -318,3 +329,10 @@ class MaintenanceMixin:
                               "logical_bytes": v.logical_bytes, "stored_bytes": v.stored_bytes}
                              for v in versions.values()],
                 "branches": branches, "objects_bytes": total, "codecs": codecs}
+
+
+_DAMAGED_OBJECT = re.compile(r"object (?P<object>\S+?/objects/[^\s:]+)(?::| )\s*(?P<why>.*)", re.S)
+
+
+def _some(items: list[str], shown: int = 5) -> str:
+    return ", ".join(items[:shown]) + (f" and {len(items) - shown} more" if len(items) > shown else "")
