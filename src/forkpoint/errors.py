@@ -69,3 +69,7 @@ class ResumeWarning(UserWarning):
 
 class BranchHeldError(ConflictError):
     """Another live run holds the branch (see Checkpointer's on_conflict and take_over)."""
+
+
+class SaveAbortedError(ForkpointError):
+    """A save was aborted (a second Ctrl-C) before its commit: nothing was committed."""

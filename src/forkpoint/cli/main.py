@@ -336,6 +336,14 @@ def gc(keep_last, keep_every, keep_best, branch_names, grace, dry_run, repo_url,
     click.echo(f"{verb} {_size(report.freed_bytes)}: {len(report.pruned_versions)} version(s) pruned, "
                f"{report.deleted_objects} object(s), {report.deleted_manifests} orphan manifest(s), "
                f"{report.deleted_temp} temp file(s)")
+    if report.kept_young:
+        why = (f"another process is writing to {', '.join(report.others_writing)}, so the {grace:.0f} s grace "
+               "period applies" if report.others_writing else "no other process is writing, but a save of the last "
+               "few seconds may still use them")
+        click.echo(f"kept {report.kept_young} unreferenced object(s) or temp file(s): {why}")
+    elif not (report.deleted_objects or report.deleted_manifests or report.deleted_temp or report.pruned_versions):
+        click.echo("nothing to free: every object is used by a version" + ("" if keep else
+                   " (pass --keep-last/--keep-every/--keep-best to prune old versions)"))
 
 
 @cli.command()

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import SaveAbortedError
 from ..format.codecs import POLICIES, codec_by_id, codec_by_name, codec_for
 from ..format.delta import Delta
 from ..format.lossy import Lossy, round_significand, supports
@@ -144,6 +145,7 @@ class ObjectWriter:
         self.pinned: set[str] = set()
         self.defers = defers
         self.later: list[LaterEncode] = []
+        self.aborted = False
 
     def holds(self, digest: str) -> bool:
         """True when this save wrote, is writing or refers to object `digest`."""
@@ -164,6 +166,8 @@ class ObjectWriter:
         `slot` names the chunk (the same from one save to the next) for the codec's layouts;
         `row` is the elements of one of its rows (see Codec.pieces). `encoded` is the payload
         of `encode_ahead` when the caller encoded `data` already."""
+        if self.aborted:
+            raise SaveAbortedError("the save was aborted: object not written")
         key = object_key(digest)
         with self.lock:
             event = self.claimed.get(digest)

@@ -30,7 +30,8 @@ from ..engine.restore import chunk_value
 from ..engine.save import SaveOptions, codec_rules, object_key, schedule_save, staging_sizes
 from ..engine.scheduler import Budget, Priority, Scheduler, Task, usable_cores
 from ..engine.staging import StagingPool
-from ..errors import ConflictError, FormatError, RefNotFoundError, RepoNotFoundError, UnsupportedTypeError
+from ..errors import (ConflictError, FormatError, RefNotFoundError, RepoNotFoundError, SaveAbortedError,
+                      UnsupportedTypeError)
 from ..format.delta import Delta
 from ..format.floatcodec import Layouts
 from ..format.manifest import FORMAT_VERSION, Chunk, Manifest, Version, check_format
@@ -41,6 +42,7 @@ from ..storage import Store, open_store
 from ..tiers import Tier, open_tiers
 from .compaction import CompactionMixin
 from .holders import BranchHolds
+from .interrupts import finishing_on_first_interrupt
 from .compare import CompareMixin
 from .history import HistoryMixin, ManifestCache
 from .maintenance import MaintenanceMixin
@@ -226,7 +228,12 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
             plan, commit = self._schedule_save(state, branch, step, message, metrics, meta, sync, allow_pickle)
             self._last_commit = commit
             if sync:
-                return commit.result()
+                what = f"the save of step {step} on branch {branch!r}" if step is not None else \
+                    f"the save on branch {branch!r}"
+                with finishing_on_first_interrupt(what, lambda: self._abort_save(plan, commit)) as outcome:
+                    version = commit.result()
+                    outcome.append(f"committed as version {version.id}")
+                return version
         self._pending_commits.append(commit)
         return pending_save(commit, plan, plan.flat)
 
@@ -365,7 +372,16 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
             with self._lock:
                 self._delta_plans.discard(plan.deltas)
 
+    def _abort_save(self, plan, commit: Task) -> None:
+        """Stop a save before its commit: writes not begun are refused, the commit publishes
+        nothing; returns once the writes in flight have ended. What it wrote is unreferenced
+        and goes at the next gc once this process has ended (or after the grace period)."""
+        plan.writer.aborted = True
+        futures.wait([commit.future])
+
     def _finish_save(self, plan, skeleton, record: Version, allow_pickle: bool) -> Version:
+        if plan.writer.aborted:
+            raise SaveAbortedError(f"the save on branch {record.branch!r} was aborted: nothing committed")
         with gc_paused():
             stored = plan.assemble()
         self.store.barrier(stored.written_keys)

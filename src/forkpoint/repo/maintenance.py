@@ -200,6 +200,7 @@ class MaintenanceMixin:
                 continue
             try:
                 if store.mtime(key) >= deadline:
+                    report.kept_young += 1
                     continue
                 size = store.size(key)
             except FileNotFoundError:
@@ -220,10 +221,12 @@ class MaintenanceMixin:
                     deleting += time.thread_time() - begun
         for key in store.list("tmp"):
             try:
-                if now - store.mtime(key) > grace:
+                if store.mtime(key) < deadline:  # LocalStore.delete spares its own temp files in flight
                     report.deleted_temp += 1
                     if not dry_run:
                         store.delete(key)
+                else:
+                    report.kept_young += 1
             except FileNotFoundError:
                 pass
         if not dry_run:

@@ -64,6 +64,9 @@ class GcReport:
     others_writing: list[str] = field(default_factory=list)
     """Tiers where another process's writer lease was younger than the grace period, so
     unreferenced objects and manifests younger than it were kept."""
+    kept_young: int = 0
+    """Unreferenced objects and temp files kept because they were younger than the grace
+    period (or, where no other process writes, than a few seconds): a save may be using them."""
 
 
 @dataclass
