@@ -118,9 +118,15 @@ def test_export_safetensors(filled, tmp_path):
     out = run("export", "main", out_dir, "-r", filled)
     assert "model.safetensors" in out
     tensors = load_file(os.path.join(out_dir, "model.safetensors"))
-    assert torch.equal(tensors["model/weight"], fp.Repo(filled).load("main")["model"]["weight"])
+    assert sorted(tensors) == ["bias", "weight"], "named as the module's state_dict keys"
+    model = torch.nn.Linear(8, 4)
+    model.load_state_dict(tensors)
+    assert torch.equal(model.weight, fp.Repo(filled).load("main")["model"]["weight"])
     meta = json.load(open(os.path.join(out_dir, "state.json")))
     assert meta["leaves"]["epoch"] == {"value": 3} and meta["leaves"]["name"] == {"value": "run"}
+    assert meta["leaves"]["model/weight"] == {"tensor": "weight", "file": "model.safetensors"}
+    run("export", "main", str(tmp_path / "prefixed"), "--keep-prefix", "-r", filled)
+    assert sorted(load_file(str(tmp_path / "prefixed" / "model.safetensors"))) == ["model/bias", "model/weight"]
 
 
 def test_bad_refs_are_clear(filled):

@@ -31,6 +31,29 @@ def same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_non_tensor_entries_of_a_dcp_save_load_as_values(tmp_path):
+    """Values DCP pickles (optimizer hyper-parameters, strings, counters) come back from
+    repo.load and the exports as the values, not torch.save archives."""
+    url = str(tmp_path / "repo")
+    repo = fp.Repo(url, create=True)
+    model, opt = trained()
+    dcp.save({"model": model.state_dict(), "optim": opt.state_dict(), "epoch": 3, "run": "baseline"},
+             storage_writer=forkpoint.dcp.Writer(repo, step=3), no_dist=True)
+    tree = repo.load("main")
+    assert tree["epoch"] == 3 and tree["run"] == "baseline"
+    assert tree["optim"]["param_groups"][0]["lr"] == 0.001 and tree["optim"]["param_groups"][0]["params"] == [0, 1, 2, 3]
+    result = CliRunner().invoke(cli, ["export", "main", str(tmp_path / "st"), "--repo", url])
+    assert result.exit_code == 0, result.output
+    import json
+
+    leaves = json.load(open(tmp_path / "st" / "state.json"))["leaves"]
+    assert leaves["run"] == {"value": "baseline"} and leaves["optim/param_groups/0/lr"] == {"value": 0.001}
+    target = {"model": trained(seed=1)[0].state_dict(), "optim": trained(seed=1)[1].state_dict(), "epoch": 0,
+              "run": ""}
+    dcp.load(target, storage_reader=forkpoint.dcp.Reader(repo, "main"), no_dist=True)
+    assert target["epoch"] == 3 and target["run"] == "baseline"
+
+
 def test_dcp_save_and_load_through_forkpoint(tmp_path):
     repo = fp.Repo(str(tmp_path / "repo"), create=True)
     model, opt = trained()
@@ -102,10 +125,16 @@ def test_export_dcp_read_by_stock_dcp_and_import_back(tmp_path):
     assert same(target["model"], model.state_dict()) and target["step"] == 5
     result = CliRunner().invoke(cli, ["import", str(out), "--branch", "imported", "--step", "5", "--repo", url])
     assert result.exit_code == 0, result.output
-    assert "left out" in result.output, "DCP's pickled non-tensor entries need --allow-pickle"
+    assert "left out" not in result.output, "plain non-tensor entries load with the weights-only loader"
     tree = fp.Repo(url).load("imported")
-    assert same(tree["model"], model.state_dict())
+    assert same(tree["model"], model.state_dict()) and tree["step"] == 5
     assert torch.equal(tree["optim"]["state"]["0"]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
+    groups = tree["optim"]["param_groups"]
+    assert isinstance(groups, list) and groups[0]["lr"] == 0.001 and groups[0]["params"] == [0, 1, 2, 3], \
+        "lists stay lists, as dcp_to_torch_save keeps them"
+    fresh = torch.optim.Adam(trained(seed=2)[0].parameters())
+    fresh.load_state_dict({"state": {}, "param_groups": groups})
+    assert fresh.param_groups[0]["lr"] == 0.001
     result = CliRunner().invoke(cli, ["import", str(out), "--branch", "imported2", "--allow-pickle", "--repo", url])
     assert result.exit_code == 0, result.output
     assert fp.Repo(url).load("imported2")["step"] == 5

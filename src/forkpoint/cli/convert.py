@@ -45,33 +45,62 @@ def detect_format(source: str) -> str:
     return "safetensors" if source.endswith(".safetensors") else "torch"
 
 
-def read_dcp(directory: str, allow_pickle: bool = False) -> dict:
-    """The state of a DCP directory as a nested tree of full tensors. Non-tensor entries are
-    pickles inside DCP; they are loaded only with allow_pickle, else left out."""
+def read_dcp(directory: str, allow_pickle: bool = False) -> tuple[dict, list[str]]:
+    """(state, entries left out) of a DCP directory: full tensors, and the non-tensor entries
+    DCP pickles read with torch's weights-only loader (numbers, strings, lists, dicts);
+    entries that need a full unpickler are left out unless `allow_pickle`. Nested as the
+    saved state was: list indices make lists again, dict keys dicts (as dcp_to_torch_save)."""
     import torch
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
-    metadata = dcp.FileSystemReader(directory).read_metadata()
-    flat, skipped = {}, []
-    for fqn, md in metadata.state_dict_metadata.items():
-        if isinstance(md, BytesStorageMetadata):
-            if allow_pickle:
-                flat[fqn] = None
-            else:
+    skipped = []
+
+    class PlainValuesPlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item, value) -> None:
+            fqn = read_item.dest_index.fqn
+            try:
+                self.original_state_dict[fqn] = torch.load(value, weights_only=not allow_pickle)
+            except Exception:
+                if allow_pickle:
+                    raise
                 skipped.append(fqn)
-        else:
-            flat[fqn] = torch.empty(tuple(md.size), dtype=md.properties.dtype)
-    dcp.load(flat, checkpoint_id=directory, no_dist=True)
+
+    metadata = dcp.FileSystemReader(directory).read_metadata()
+    flat = {}
+    for fqn, md in metadata.state_dict_metadata.items():
+        flat[fqn] = None if isinstance(md, BytesStorageMetadata) else torch.empty(tuple(md.size),
+                                                                                   dtype=md.properties.dtype)
+    dcp.load(flat, checkpoint_id=directory, no_dist=True, planner=PlainValuesPlanner(flatten_state_dict=False))
     paths = metadata.planner_data if isinstance(metadata.planner_data, dict) else {}
     tree: dict = {}
     for fqn, value in flat.items():
-        keys = list(paths.get(fqn, (fqn,)))
-        cur = tree
-        for k in keys[:-1]:
-            cur = cur.setdefault(k, {})
-        cur[keys[-1]] = value
-    return tree, skipped
+        if fqn not in skipped:
+            _place(tree, list(paths.get(fqn, (fqn,))), value)
+    return tree, sorted(skipped)
+
+
+def _place(tree: dict, keys: list, value) -> None:
+    """Put `value` at `keys` under `tree`, making a list under each int key, a dict elsewhere."""
+    cur = tree
+    for key, below in zip(keys[:-1], keys[1:]):
+        if _get(cur, key) is None:
+            _set(cur, key, [] if isinstance(below, int) else {})
+        cur = _get(cur, key)
+    _set(cur, keys[-1], value)
+
+
+def _get(container, key):
+    if isinstance(container, list):
+        return container[key] if key < len(container) else None
+    return container.get(key)
+
+
+def _set(container, key, value) -> None:
+    if isinstance(container, list):
+        container.extend([None] * (key + 1 - len(container)))
+    container[key] = value
 
 
 def read_source(source: str, fmt: str = "auto", allow_pickle: bool = False) -> tuple[dict, list[str]]:

@@ -1,7 +1,9 @@
 """Export a version to a plain directory: safetensors files plus JSON for other leaves.
 
 Each top-level key of the state becomes `<key>.safetensors` holding its tensors and
-arrays under their paths; `state.json` holds the tree with scalars inline and tensors by name.
+arrays named by their paths below that key, so `model.load_state_dict(load_file("model.safetensors"))`
+works for a state saved as {"model": model, ...} (with keep_prefix, by their whole paths);
+`state.json` holds the tree with scalars inline and tensors by file and name.
 """
 
 import json
@@ -9,7 +11,7 @@ import os
 
 import numpy as np
 
-from ..format.paths import split_path
+from ..format.paths import join_path, split_path
 from ..repo import Repo
 from ..state.flatten import walk_skeleton
 from ..state.leaves import is_torch_tensor
@@ -29,7 +31,8 @@ def _to_jsonable(value):
     return value
 
 
-def export_version(repo: Repo, ref: str, directory: str, allow_pickle: bool = False) -> list[str]:
+def export_version(repo: Repo, ref: str, directory: str, allow_pickle: bool = False,
+                   keep_prefix: bool = False) -> list[str]:
     """Write `ref` under `directory`; return the files written."""
     import torch
     from safetensors.torch import save_file
@@ -43,11 +46,13 @@ def export_version(repo: Repo, ref: str, directory: str, allow_pickle: bool = Fa
         value = tree
         for k in keys:
             value = value[k]
-        group = (split_path(path)[0] if path else "state").replace(os.sep, "_")
+        parts = split_path(path) if path else ["state"]
+        group = parts[0].replace(os.sep, "_")
         if node.get("t") == "leaf" and (is_torch_tensor(value) or isinstance(value, np.ndarray)):
             t = value if is_torch_tensor(value) else torch.from_numpy(np.ascontiguousarray(value))
-            groups.setdefault(group, {})[path] = t.detach().cpu().contiguous().clone()
-            index[path] = {"tensor": path, "file": f"{group}.safetensors"}
+            name = path if keep_prefix or len(parts) == 1 else join_path(*parts[1:])
+            groups.setdefault(group, {})[name] = t.detach().cpu().contiguous().clone()
+            index[path] = {"tensor": name, "file": f"{group}.safetensors"}
         else:
             index[path] = {"value": _to_jsonable(value)}
     files = []

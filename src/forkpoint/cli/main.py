@@ -380,9 +380,12 @@ def du(repo_url, as_json):
 @click.option("--format", "fmt", type=click.Choice(["safetensors", "dcp"]), default="safetensors",
               show_default=True, help="safetensors files + state.json, or a PyTorch DCP directory")
 @click.option("--allow-pickle", is_flag=True, help="also unpickle leaves stored with pickle")
+@click.option("--keep-prefix", is_flag=True,
+              help="name tensors in <key>.safetensors by their whole path (model/0.bias), not the "
+                   "path below the key (0.bias, what model.load_state_dict expects)")
 @repo_option
-def export(ref, directory, fmt, allow_pickle, repo_url):
-    """Write REF as safetensors files plus JSON for non-tensor leaves, or as a DCP directory."""
+def export(ref, directory, fmt, allow_pickle, keep_prefix, repo_url):
+    """Write REF as safetensors files (one per top-level key) plus state.json, or as a DCP directory."""
     if fmt == "dcp":
         from .convert import export_dcp
 
@@ -390,7 +393,7 @@ def export(ref, directory, fmt, allow_pickle, repo_url):
     else:
         from .export import export_version
 
-        files = export_version(_open(repo_url), ref, directory, allow_pickle=allow_pickle)
+        files = export_version(_open(repo_url), ref, directory, allow_pickle=allow_pickle, keep_prefix=keep_prefix)
     for f in files:
         click.echo(f)
 

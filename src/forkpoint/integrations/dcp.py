@@ -18,7 +18,7 @@ from ..engine.save import ObjectWriter
 from ..format.manifest import Chunk, Leaf, Manifest, Version
 from ..format.objects import content_hash
 from ..repo.records import _environment
-from ..state.flatten import unflatten, walk_skeleton
+from ..state.flatten import flatten, unflatten, walk_skeleton
 from ..state.leaves import torch_leaf
 
 PACK_ITEM_BYTES = 1 << 20
@@ -34,6 +34,9 @@ class StoredItem:
     size: int
     codec: str
     written: int = 0
+    value: dict | None = None
+    """A plain value (numbers, strings, lists and dicts of them) as its skeleton node, stored
+    in the manifest instead of DCP's pickled bytes, so repo.load returns the value itself."""
 
 
 def _storage_classes():
@@ -89,6 +92,9 @@ def make_writer_class():
             self._object_writers.append(writer)
             results, pack, pack_items = [], [], []
             for item in plan.items:
+                if item.type == WriteItemType.BYTE_IO and (node := _plain_node(planner, item)) is not None:
+                    results.append(WriteResult(item.index, 0, StoredItem("", "", 0, 0, "raw", 0, node)))
+                    continue
                 if item.type == WriteItemType.BYTE_IO:
                     buf = planner.resolve_data(item)
                     data = np.frombuffer(buf.getbuffer(), dtype=np.uint8).copy()
@@ -127,6 +133,10 @@ def make_writer_class():
             leaves, keys, values, byte_fqns = [], [], [], []
             paths = metadata.planner_data if isinstance(metadata.planner_data, dict) else {}
             for fqn, md in metadata.state_dict_metadata.items():
+                if isinstance(md, BytesStorageMetadata) and _lookup(where, fqn, None).value is not None:
+                    keys.append(tuple(paths.get(fqn, (fqn,))))
+                    values.append(_lookup(where, fqn, None).value)
+                    continue
                 if isinstance(md, BytesStorageMetadata):
                     stored = _lookup(where, fqn, None)
                     chunk = Chunk([0], [stored.size], stored.hash, stored.object, stored.start, stored.size,
@@ -182,6 +192,19 @@ def _nest(paths: list[tuple], nodes: list[dict]) -> dict:
         cur["k"].append(path[-1])
         cur["v"].append(node)
     return root
+
+
+def _plain_node(planner, item) -> dict | None:
+    """The skeleton node of a DCP bytes item whose object is plain data (no tensor, nothing
+    that needs pickle), or None (it is then stored as DCP's bytes)."""
+    lookup = getattr(planner, "lookup_object", None)
+    if lookup is None:
+        return None
+    try:
+        skeleton, flat = flatten(lookup(item.index))
+    except Exception:  # a type only pickle can store: DCP's bytes keep it
+        return None
+    return skeleton if not flat else None
 
 
 def _lookup(where: dict, fqn: str, offsets):
