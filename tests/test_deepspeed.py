@@ -47,6 +47,32 @@ def test_save_checkpoint_to_versions_and_resume(tmp_path):
     assert torch.load(tmp_path / "c.pt")["ran"] == 4, "no tag: the branch head (step 8)"
 
 
+def test_load_needs_only_the_repository(tmp_path):
+    """The save directory wiped (a job resumed on another node): load by branch head, tag or
+    version id from a directory that never held the checkpoint; an empty repository loads
+    nothing and trains from scratch, as stock DeepSpeed without a checkpoint."""
+    import shutil
+
+    url, d = str(tmp_path / "repo"), str(tmp_path / "ckpt")
+    run("--dir", str(tmp_path / "plain"), "--steps", "8", "--out", str(tmp_path / "ref.pt"))
+    ref = torch.load(tmp_path / "ref.pt")
+    run("--repo", url, "--dir", d, "--steps", "8", "--out", str(tmp_path / "a.pt"))
+    shutil.rmtree(d)
+    elsewhere = str(tmp_path / "elsewhere")
+    step4 = fp.Repo(url).resolve("main~1")
+    for tag, out in ((None, "head.pt"), ("global_step4", "tag.pt"), (step4, "id.pt")):
+        run("--repo", url, "--dir", elsewhere, "--steps", "8", "--resume", *(["--tag", tag] if tag else []),
+            "--out", str(tmp_path / out))
+    assert torch.load(tmp_path / "head.pt")["ran"] == 0
+    for out in ("tag.pt", "id.pt"):
+        resumed = torch.load(tmp_path / out)
+        assert resumed["ran"] == 4 and same(resumed["params"], ref["params"])
+    run("--repo", str(tmp_path / "empty"), "--dir", str(tmp_path / "e"), "--steps", "8", "--resume",
+        "--out", str(tmp_path / "fresh.pt"))
+    fresh = torch.load(tmp_path / "fresh.pt")
+    assert fresh["ran"] == 8 and same(fresh["params"], ref["params"])
+
+
 def test_decoupled_protocol(tmp_path):
     url, d = str(tmp_path / "repo"), str(tmp_path / "ckpt")
     run("--dir", str(tmp_path / "plain"), "--steps", "8", "--out", str(tmp_path / "ref.pt"))

@@ -53,7 +53,7 @@ def main():
     start = 0
     if a.resume:
         _, client = engine.load_checkpoint(a.dir, tag=a.tag)
-        start = client["next_step"]
+        start = client["next_step"] if client is not None else 0
     g = torch.Generator().manual_seed(rank)
     data = [(torch.randn(8, 16, generator=g), torch.randn(8, 1, generator=g)) for _ in range(a.steps)]
     ran = 0

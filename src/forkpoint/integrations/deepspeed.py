@@ -6,8 +6,10 @@ engine, repo)` sets `engine.checkpoint_engine` and wraps `engine.load_checkpoint
 DeepSpeed writes for that tag (model states, ZeRO optimizer shards, client state), tagged
 with the DeepSpeed tag; the version appears only at `commit`, after all files of the tag
 were handed over. A small pointer file at each file's path keeps DeepSpeed's own path
-checks working. `load_checkpoint(load_dir)` with no tag loads the branch head ("latest"
-maps to the head); `tag=` also accepts forkpoint refs ("main~1", a version id).
+checks working. Loading needs nothing but the repository: `load_checkpoint(load_dir)` with no
+tag loads the branch head (an empty branch: a warning and `(None, None)`, as stock DeepSpeed
+without a checkpoint); `tag=` takes a DeepSpeed tag or any forkpoint ref ("main~1", a
+version id); `load_dir` is not read, so a moved or wiped save directory does not matter.
 
 DeepSpeed's files hold two kinds of small objects besides tensors and plain data: its loss
 scaler and ZeRO's fragment addresses. They are stored as plain data (class name from a fixed
@@ -24,8 +26,10 @@ A crash before then loses only that checkpoint. In a process group, pass an
 """
 
 import os
+import tempfile
 
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
+from deepspeed.utils import logger
 
 from ..state.providers import RankLocal
 from .pointers import read_pointer, resolve, tag_for, write_pointer
@@ -168,6 +172,30 @@ class ForkpointCheckpointEngine(CheckpointEngine):
         return True
 
 
+def _version_to_load(repo, branch: str, tag):
+    """The version a load_checkpoint tag names: None for the branch head (None when the
+    branch has no version yet), else a DeepSpeed tag, a pointer file, or any forkpoint ref."""
+    if tag is None:
+        head = repo.head(branch)
+        return None if head is None else repo.version(head)
+    if tag_for(str(tag)) in repo.tags():
+        return repo.version(tag_for(str(tag)))
+    return repo.version(resolve(str(tag)))
+
+
+def _file_names(repo, vid: str) -> list[str]:
+    """The names of the DeepSpeed files version `vid` holds (of every rank)."""
+    names = set()
+    files = next((v for k, v in zip(repo.manifest(vid).tree.get("k", []), repo.manifest(vid).tree.get("v", []))
+                  if k == "files"), {})
+    for part in files.get("v", []) if files.get("t") == "ranks" else [files]:
+        names.update(k for k in part.get("k", []) if isinstance(k, str))
+    bad = [n for n in names if not n or "/" in n or n in (".", "..")]
+    if bad:
+        raise ValueError(f"version {vid} names DeepSpeed files {bad[:3]} that are not plain file names")
+    return sorted(names)
+
+
 def install(engine, repo, branch: str = "main", sync: bool = True, allow_pickle: bool = False,
             decoupled: bool = False) -> ForkpointCheckpointEngine:
     """Make `engine.save_checkpoint`/`load_checkpoint` write and read forkpoint versions."""
@@ -185,14 +213,21 @@ def install(engine, repo, branch: str = "main", sync: bool = True, allow_pickle:
 
     def load_checkpoint(load_dir, tag=None, *args, **kwargs):
         repo.drain()
-        ref = branch if tag is None else str(tag)
-        if tag is None or not os.path.isdir(os.path.join(str(load_dir), str(tag))):
-            version = repo.version(resolve(ref) if tag is not None else ref)
-            tag = version.meta.get("deepspeed_tag")
-            load_dir = version.meta.get("deepspeed_dir", load_dir)
-            if tag is None:
-                raise ValueError(f"version {version.id} was not saved by DeepSpeed (no deepspeed_tag)")
-        return original_load(load_dir, tag, *args, **kwargs)
+        version = _version_to_load(repo, branch, tag)
+        if version is None:  # as stock DeepSpeed does without a `latest` file
+            logger.warning(f"forkpoint: branch {branch!r} of {repo.url} has no checkpoint yet; "
+                           "nothing loaded (training starts from scratch)")
+            return None, None
+        ds_tag = version.meta.get("deepspeed_tag") if isinstance(version.meta, dict) else None
+        if not isinstance(ds_tag, str) or not ds_tag or "/" in ds_tag or ds_tag in (".", ".."):
+            raise ValueError(f"version {version.id} was not saved by DeepSpeed (no valid deepspeed_tag); "
+                             "load a version that engine.save_checkpoint made")
+        # DeepSpeed finds its files by listing a directory: recreate the pointers to this
+        # version's files in a private one, so nothing of the save directory is needed.
+        with tempfile.TemporaryDirectory(prefix="forkpoint-deepspeed-") as where:
+            for name in _file_names(repo, version.id):
+                write_pointer(os.path.join(where, ds_tag, name), repo.url, version.id, None)
+            return original_load(where, ds_tag, *args, **kwargs)
 
     engine.load_checkpoint = load_checkpoint
     return ckpt
