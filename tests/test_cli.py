@@ -188,3 +188,30 @@ def test_piped_output_keeps_whole_paths_and_tags_are_listed(tmp_path):
     logged = json.loads(subprocess.run([*cmd, "log", "-r", url, "--json"], capture_output=True, text=True,
                                        check=True).stdout)
     assert logged[0]["tags"] == ["best"] and logged[0]["branches"] == ["main"]
+
+
+def test_long_operations_show_progress_on_a_terminal_only(filled, tmp_path):
+    """gc, export and import name what they are doing on a terminal (stderr a tty), and print
+    nothing extra when piped."""
+    import pty
+
+    for args, text in ((["gc", "-r", filled], "collecting garbage"),
+                       (["export", "main", str(tmp_path / "e"), "-r", filled], "exporting main")):
+        master, slave = pty.openpty()
+        proc = subprocess.Popen([sys.executable, "-m", "forkpoint.cli.main", *args], stdout=subprocess.PIPE,
+                                stderr=slave)
+        os.close(slave)
+        proc.wait(timeout=120)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+        os.close(master)
+        assert proc.returncode == 0 and text in seen.decode(errors="replace"), (args, seen[-500:])
+        piped = subprocess.run([sys.executable, "-m", "forkpoint.cli.main", *args], capture_output=True, text=True)
+        assert piped.returncode == 0 and piped.stderr == "", piped.stderr

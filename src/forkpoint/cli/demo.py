@@ -5,6 +5,7 @@ kill is a real SIGKILL of a process in the middle of training.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -74,6 +75,11 @@ def train(repo_url: str, branch: str, steps: int, lr: float | None, log_path: st
     repo.close()
 
 
+def _phase(console, text: str):
+    """A spinner while a phase's training process runs (on a terminal only)."""
+    return console.status(text) if console.is_terminal else contextlib.nullcontext()
+
+
 def _child(args: list[str]) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "forkpoint.cli.demo", "train", *args])
 
@@ -102,22 +108,24 @@ def run_demo(directory: str, steps: int, console) -> None:
     common = ["--steps", str(steps), "--sleep", "0.05"]
 
     console.print("[bold]1. reference run[/bold] (no interruption, no checkpoints)")
-    _child(["--repo", repo_url, "--branch", "main", "--log", logs["reference"], "--every", "0",
-            *common]).wait()
+    with _phase(console, "training the reference run"):
+        _child(["--repo", repo_url, "--branch", "main", "--log", logs["reference"], "--every", "0",
+                *common]).wait()
 
     console.print("[bold]2. training run with a checkpoint every 5 steps[/bold]")
-    proc = _child(["--repo", repo_url, "--branch", "main", "--log", logs["main"], "--every", "5", *common])
-    repo = None
-    while proc.poll() is None:
-        if repo is None and os.path.exists(os.path.join(repo_url, "forkpoint.json")):
-            repo = Repo(repo_url)
-        head = repo.head("main") if repo else None
-        if head and repo.version(head).step >= steps // 2:
-            time.sleep(0.13)
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-            break
-        time.sleep(0.02)
+    with _phase(console, "training until the run is killed"):
+        proc = _child(["--repo", repo_url, "--branch", "main", "--log", logs["main"], "--every", "5", *common])
+        repo = None
+        while proc.poll() is None:
+            if repo is None and os.path.exists(os.path.join(repo_url, "forkpoint.json")):
+                repo = Repo(repo_url)
+            head = repo.head("main") if repo else None
+            if head and repo.version(head).step >= steps // 2:
+                time.sleep(0.13)
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+                break
+            time.sleep(0.02)
     last = max(_losses(logs["main"]))
     committed = Repo(repo_url).version("main")
     lost = (f"steps {committed.step + 1}..{last} are lost and will be recomputed" if last > committed.step
@@ -126,7 +134,8 @@ def run_demo(directory: str, steps: int, console) -> None:
                   f"{committed.step}, so {lost}")
 
     console.print("[bold]3. resume[/bold]: a new process restores model, optimizer, scheduler, RNG and data position")
-    _child(["--repo", repo_url, "--branch", "main", "--log", logs["main"], "--every", "5", *common]).wait()
+    with _phase(console, "resuming and training to the end"):
+        _child(["--repo", repo_url, "--branch", "main", "--log", logs["main"], "--every", "5", *common]).wait()
     ref, resumed = _losses(logs["reference"]), _losses(logs["main"])
     mismatched = [s for s in ref if ref[s] != resumed.get(s)]
     for s in range(committed.step - 1, min(committed.step + 5, steps)):
@@ -139,8 +148,9 @@ def run_demo(directory: str, steps: int, console) -> None:
 
     start = next(v for v in Repo(repo_url).log("main") if v.step is not None and v.step <= steps // 3)
     console.print(f"[bold]4. fork[/bold] 'lr-sweep' from step {start.step} ({start.id[:12]}) with lr=3e-3")
-    _child(["--repo", repo_url, "--branch", "lr-sweep", "--log", logs["fork"], "--every", "5",
-            "--start", start.id, "--lr", "3e-3", *common]).wait()
+    with _phase(console, "training the fork"):
+        _child(["--repo", repo_url, "--branch", "lr-sweep", "--log", logs["fork"], "--every", "5",
+                "--start", start.id, "--lr", "3e-3", *common]).wait()
 
     _cli(console, "log", "-r", repo_url)
     _cli(console, "diff", "-r", repo_url, "main", "lr-sweep")

@@ -4,6 +4,7 @@ Read commands print for humans by default and JSON with `--json`; long operation
 a progress bar on a terminal.
 """
 
+import contextlib
 import json
 import sys
 from dataclasses import asdict
@@ -48,6 +49,16 @@ def _size(n: int | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)
+
+
+@contextlib.contextmanager
+def _working(text: str):
+    """A spinner naming the operation on a terminal (stderr); nothing when piped."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    with Console(stderr=True).status(text):
+        yield
 
 
 def _progress(total: int, label: str):
@@ -328,8 +339,9 @@ def gc(keep_last, keep_every, keep_best, branch_names, grace, dry_run, repo_url,
         best = (parts[0], int(parts[1]), parts[2])
     given = keep_last is not None or keep_every is not None or best is not None
     keep = Keep(last=keep_last, every=keep_every, best=best) if given else None
-    report = _open(repo_url).gc(keep=keep, branches=list(branch_names) or None, dry_run=dry_run,
-                                grace=grace)
+    with _working("collecting garbage (pruning, then listing objects)"):
+        report = _open(repo_url).gc(keep=keep, branches=list(branch_names) or None, dry_run=dry_run,
+                                    grace=grace)
     if as_json:
         return _emit(asdict(report))
     verb = "would free" if dry_run else "freed"
@@ -389,11 +401,14 @@ def export(ref, directory, fmt, allow_pickle, keep_prefix, repo_url):
     if fmt == "dcp":
         from .convert import export_dcp
 
-        files = export_dcp(_open(repo_url), ref, directory, allow_pickle=allow_pickle)
+        with _working(f"exporting {ref} as a DCP checkpoint"):
+            files = export_dcp(_open(repo_url), ref, directory, allow_pickle=allow_pickle)
     else:
         from .export import export_version
 
-        files = export_version(_open(repo_url), ref, directory, allow_pickle=allow_pickle, keep_prefix=keep_prefix)
+        with _working(f"exporting {ref} as safetensors"):
+            files = export_version(_open(repo_url), ref, directory, allow_pickle=allow_pickle,
+                                   keep_prefix=keep_prefix)
     for f in files:
         click.echo(f)
 
@@ -412,12 +427,14 @@ def import_(source, fmt, branch, step, message, allow_pickle, repo_url):
     from .convert import import_source
 
     try:
-        version, skipped = import_source(_open(repo_url), source, fmt, branch, step, message, allow_pickle)
+        with _working(f"importing {source}"):
+            version, skipped = import_source(_open(repo_url), source, fmt, branch, step, message, allow_pickle)
     except (FileNotFoundError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"{version.id} on {branch} (step {version.step})")
     if skipped:
-        click.echo(f"left out {len(skipped)} pickled entries (use --allow-pickle to import them): "
+        click.echo(f"left out {len(skipped)} entries that only a full unpickler reads (use --allow-pickle "
+                   "to import them, for a trusted source): "
                    + ", ".join(skipped[:10]))
 
 
