@@ -155,9 +155,6 @@ def test_rank_killed_mid_save_leaves_no_version_and_others_fail_fast(tmp_path):
     assert repo.verify().ok
 
 
-@pytest.mark.skipif(not os.environ.get("FORKPOINT_DIST_CRASH_POINTS"),
-                    reason="opt-in (FORKPOINT_DIST_CRASH_POINTS=1): one launch hung in a fresh-clone CI run, "
-                           "not yet diagnosed")
 def test_a_rank_dying_at_any_storage_operation_of_a_coordinated_commit_loses_nothing(tmp_path):
     """Each mutating storage operation of a 2-rank save (shards, packs, manifest, ref, leases),
     on each rank in turn, is where that rank dies (SIGKILL). After each: the committed step 1
@@ -170,7 +167,13 @@ def test_a_rank_dying_at_any_storage_operation_of_a_coordinated_commit_loses_not
     for victim in (0, 1):
         for at in range(ops[victim]):
             url = str(tmp_path / f"r{victim}-{at}")
-            records = launch("crash_point_save", 2, tmp_path / f"out{victim}-{at}", url, victim, at, timeout=120)
+            try:
+                records = launch("crash_point_save", 2, tmp_path / f"out{victim}-{at}", url, victim, at, timeout=120)
+            except RanksHung as e:  # rare and not reproduced: run this point again, keep the stacks
+                warnings.warn(f"crash point {victim}/{at} ran again after a hang: {e}")
+                url = str(tmp_path / f"r{victim}-{at}-again")
+                records = launch("crash_point_save", 2, tmp_path / f"out{victim}-{at}-again", url, victim, at,
+                                 timeout=120)
             assert records[victim] is None, "the victim died"
             survivor = records[1 - victim]
             repo = fp.Repo(url)
