@@ -439,6 +439,42 @@ def import_(source, fmt, branch, step, message, allow_pickle, repo_url):
 
 
 @cli.command()
+@repo_option
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="address to listen on (another than 127.0.0.1 lets other machines read the repository)")
+@click.option("--port", "-p", type=click.IntRange(0, 65535), default=8765, show_default=True, help="0: any free port")
+def ui(repo_url, host, port):
+    """Serve a read-only web page of the repository: lineage, metrics, diffs, usage."""
+    from .webui import serve
+
+    server = serve(_open(repo_url), host, port)
+    click.echo(f"forkpoint ui for {repo_url} at http://{host}:{server.server_address[1]}/ (Ctrl-C stops)")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+@cli.command()
+@click.argument("metric")
+@click.option("--branches", "-b", "branch_names", multiple=True, help="branches to plot (default: all)")
+@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False), help="image file (.png, .svg, .pdf)")
+@click.option("--log-y", is_flag=True, help="logarithmic y axis")
+@repo_option
+def plot(metric, branch_names, out, log_y, repo_url):
+    """Plot METRIC over step for each branch, fork points marked, into an image file."""
+    from .plot import plot_metric
+
+    try:
+        drawn = plot_metric(_open(repo_url), metric, out, list(branch_names) or None, log_y)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"{out}: {metric} of {', '.join(drawn)}")
+
+
+@cli.command()
 @click.option("--dir", "directory", default="demo-repo", show_default=True, help="where to put the demo repository")
 @click.option("--steps", default=60, show_default=True)
 def demo(directory, steps):

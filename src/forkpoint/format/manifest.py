@@ -4,6 +4,7 @@ A manifest holds the version's identity and lineage, its metrics and metadata, t
 environment that wrote it, the skeleton of the state tree and the table of stored leaves.
 """
 
+import html
 import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -183,6 +184,14 @@ class Version:
         """Return the record as plain JSON data."""
         return asdict(self)
 
+    def _repr_html_(self) -> str:
+        """A table of the record for Jupyter (every value escaped)."""
+        rows = [("id", self.id), ("branch", self.branch), ("step", self.step), ("parents", ", ".join(self.parents)),
+                ("message", self.message), ("metrics", self.metrics), ("meta", self.meta),
+                ("bytes", f"logical {self.logical_bytes}, newly stored {self.stored_bytes}"),
+                ("pruned", self.pruned)]
+        return html_table("forkpoint version", rows)
+
 
 @dataclass
 class Manifest:
@@ -326,3 +335,10 @@ def _check_id(record: dict, data: bytes, where: str) -> None:
         recomputed = None
     if recomputed != vid:
         raise CorruptObjectError(f"manifest {where} does not match its id {vid!r}: it was corrupted or edited")
+
+
+def html_table(caption: str, rows) -> str:
+    """An HTML table of (name, value) rows with every text escaped."""
+    body = "".join(f"<tr><th style='text-align:left'>{html.escape(str(k))}</th>"
+                   f"<td style='text-align:left'>{html.escape(str(v))}</td></tr>" for k, v in rows)
+    return f"<table><caption>{html.escape(caption)}</caption>{body}</table>"

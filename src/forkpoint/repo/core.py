@@ -34,7 +34,7 @@ from ..errors import (ConflictError, FormatError, RefNotFoundError, RepoNotFound
                       UnsupportedTypeError)
 from ..format.delta import Delta
 from ..format.floatcodec import Layouts
-from ..format.manifest import FORMAT_VERSION, Chunk, Manifest, Version, check_format
+from ..format.manifest import FORMAT_VERSION, Chunk, Manifest, Version, check_format, html_table
 from ..format.refs import check_name
 from ..state import capture, flatten
 from ..state.device import DeviceCapture
@@ -200,6 +200,16 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         for store in self.stores:
             store.close()
         self._closed = True
+
+    def _repr_html_(self) -> str:
+        """Branches and tags with their head versions, for Jupyter (every value escaped)."""
+        rows = []
+        for kind, names in (("branch", self.branches()), ("tag", self.tags())):
+            for name, vid in sorted(names.items()):
+                v = self._version_by_id(vid)
+                metrics = " ".join(f"{k}={x}" for k, x in v.metrics.items())
+                rows.append((f"{kind} {name}", f"{vid[:12]}  step {v.step}  {metrics}  {v.message}"))
+        return html_table(f"forkpoint repository {self.url}", rows or [("", "no versions yet")])
 
     def __enter__(self):
         return self
