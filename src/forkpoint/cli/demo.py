@@ -158,6 +158,8 @@ def run_demo(directory: str, steps: int, console) -> None:
     if div:
         console.print(f"\nruns diverge first at step {div.step} ({len(div.paths)} leaves, max |diff| {div.max_abs:.3g})")
     _cli(console, "du", "-r", repo_url)
+    console.print(f"\nsee it in a browser: [bold]forkpoint ui -r {repo_url}[/bold]; "
+                  f"plot it: [bold]forkpoint plot loss -r {repo_url} --out loss.png[/bold]")
 
 
 def main(argv=None) -> None:

@@ -39,9 +39,10 @@ def kinds(v: Version) -> list[str]:
         out.append("pruned")
     if v.message.startswith("emergency:") or meta.get("reason"):
         out.append("emergency")
-    if meta.get("restarts"):
+    parent = v.parents[0] if v.parents else None
+    if meta.get("restarts") and meta.get("resumed_from") == parent:  # the first save after a restart
         out.append("restart")
-    if meta.get("forked_from"):
+    if meta.get("forked_from") and meta.get("forked_from") == parent:  # the first save of a fork's run
         out.append("fork")
     if meta.get("final") is True:
         out.append("final")

@@ -5,7 +5,7 @@
 const SVG = "http://www.w3.org/2000/svg";
 const ROW = 26, LANE = 18, PAGE = 300;
 const COLORS = ["#3b6fd8", "#d8703b", "#2e9e5b", "#a23bd8", "#c9a400", "#d83b6f", "#3bb8d8", "#7a7a7a"];
-const KIND_COLORS = {emergency: "#b3261e", restart: "#c9a400", pruned: "#ffffff", final: "#2e9e5b"};
+const KIND_COLORS = {emergency: "#b3261e", restart: "#c9a400", pruned: "#ffffff", final: "#111111"};
 const state = {rows: [], total: 0, lanes: 0, selected: null, branchColor: {}};
 
 async function api(path) {
@@ -31,7 +31,7 @@ function colorOf(branch) {
 
 function swatch(color) {
   const s = el("svg", {width: 12, height: 12, class: "swatch"}, null, SVG);
-  s.appendChild(el("rect", {width: 12, height: 12, fill: color}, null, SVG));
+  s.appendChild(el("rect", {x: 0.5, y: 0.5, width: 11, height: 11, fill: color, stroke: "#1d2330"}, null, SVG));
   return s;
 }
 
