@@ -3,6 +3,7 @@
 __version__ = "0.1.0"
 
 from . import adjoint, dist, errors  # noqa: E402
+from .automation import AuditReport, audit  # noqa: E402
 from .checkpointer import Checkpointer  # noqa: E402
 from .errors import ResumeWarning  # noqa: E402
 from .format.delta import Delta  # noqa: E402
