@@ -49,3 +49,33 @@ def test_a_nondeterministic_loop_is_not_blamed_on_the_checkpoint():
 def test_functions_a_fresh_process_cannot_import_are_refused():
     with pytest.raises(TypeError, match="define it at module level"):
         fp.audit(lambda: {}, audit_loops.step)
+
+
+def _audit_cli(*script_args):
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(__file__)
+    return subprocess.run([sys.executable, "-m", "forkpoint.cli.main", "audit", "--steps", "4", "--then", "3", "--",
+                           sys.executable, *script_args], capture_output=True, text=True, timeout=600, cwd=here)
+
+
+def test_the_example_training_script_resumes_exactly(tmp_path):
+    import os
+
+    example = os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples", "train.py")
+    run = _audit_cli(example, "--repo", str(tmp_path / "runs"), "--steps", "50")
+    assert run.returncode == 0 and run.stdout.startswith("exact"), run.stdout + run.stderr
+    assert not (tmp_path / "runs" / "versions").exists() or not os.listdir(tmp_path / "runs" / "versions"), \
+        "the audit writes nothing to the script's own repository"
+
+
+@pytest.mark.parametrize("forget, named", [("nothing", None), ("sched", "local sched: LR scheduler"),
+                                           ("rng", "torch RNG")])
+def test_a_script_audit_names_what_the_checkpoint_forgot(tmp_path, forget, named):
+    run = _audit_cli("helpers/audit_script.py", "--repo", str(tmp_path / "r"), "--forget", forget)
+    if named is None:
+        assert run.returncode == 0 and run.stdout.startswith("exact"), run.stdout + run.stderr
+    else:
+        assert run.returncode == 1 and named in run.stdout and "not exact" in run.stdout, run.stdout + run.stderr

@@ -3,6 +3,8 @@
 __version__ = "0.1.0"
 
 from . import adjoint, dist, errors  # noqa: E402
+import os as _os  # noqa: E402
+
 from .automation import AuditReport, audit  # noqa: E402
 from .checkpointer import Checkpointer  # noqa: E402
 from .errors import ResumeWarning  # noqa: E402
@@ -16,7 +18,13 @@ from .tiers import Tier, tier  # noqa: E402
 
 __all__ = ["PREEMPTED_EXIT_CODE", "Auto", "Preemption", "Checkpointer", "CompactReport", "Delta", "Divergence", "EverySteps", "GcReport", "Keep", "LeafDiff", "Lossy",
            "PendingSave", "RankLocal", "Repo", "ResumableSampler", "RNGState", "Seconds", "Tier", "Version",
-           "VerifyReport", "adjoint", "dist", "errors", "tier", "__version__"]
+           "VerifyReport", "adjoint", "dist", "errors", "tier", "__version__", "AuditReport", "audit",
+           "ResumeWarning"]
+
+if _os.environ.get("FORKPOINT_AUDIT"):  # this process is a phase of `forkpoint audit`
+    from .automation.script_audit import install_from_environment
+
+    install_from_environment()
 
 
 def __getattr__(name: str):

@@ -109,12 +109,23 @@ def _run(phase: str, build: Callable, step: Callable, state_of: Callable | None,
     return {**result, "losses": losses, "after": after}
 
 
-def _first_difference(a: dict, b: dict, k: int) -> tuple[int | None, str | None]:
+RANDOM_KINDS = {"Python RNG", "numpy RNG", "torch RNG", "CUDA RNG", "RNGState"}
+
+
+def _noisy(a: dict, b: dict) -> set[str]:
+    """Random streams that differ between two uninterrupted runs (left unseeded): not a sign
+    of nondeterminism while the losses agree, and no use for diagnosing a resume."""
+    kinds = {name: kind for name, (kind, _) in a["before"].items()} if "before" in a else {}
+    return {name for sa, sb in zip(a["after"], b["after"]) for name in sa
+            if sa[name] != sb.get(name) and (kinds.get(name, name) in RANDOM_KINDS)}
+
+
+def _first_difference(a: dict, b: dict, k: int, skip=frozenset()) -> tuple[int | None, str | None]:
     for i, (la, lb, sa, sb) in enumerate(zip(a["losses"], b["losses"], a["after"], b["after"])):
         if la != lb:
             return k + i, "loss"
         for name in sa:
-            if sa[name] != sb.get(name):
+            if name not in skip and sa[name] != sb.get(name):
                 return k + i, name
     return None, None
 
@@ -145,17 +156,19 @@ def audit(build: Callable, step: Callable, steps: int = 3, then: int = 3, state:
             resumed = pool.submit(_run, "resumed", build, step, state, steps, then, f"{where}/repo")
             ctl, res = control.result(timeout), resumed.result(timeout)
     report = AuditReport(exact=False, steps=steps, then=then)
-    at, what = _first_difference(ref, ctl, steps)
+    noisy = _noisy(ref, ctl)
+    at, what = _first_difference(ref, ctl, steps, skip=noisy)
     if at is not None:
         report.nondeterministic, report.diverged_at, report.first_difference = True, at, what
         report.message = (f"not reproducible even without a checkpoint: two uninterrupted runs differ at step "
                           f"{at} ({what}); make the loop deterministic first (seeds, "
                           "torch.use_deterministic_algorithms(True), a fixed data order), then audit again")
         return report
-    at, what = _first_difference(ref, res, steps)
+    at, what = _first_difference(ref, res, steps, skip=noisy)
     report.diverged_at, report.first_difference = at, what
     before, after = ref["before"], res["before"]
-    differ = [name for name in before if before[name][1] is not None and before[name][1] != after.get(name, (0, None))[1]]
+    differ = [name for name in before if name not in noisy and before[name][1] is not None
+              and before[name][1] != after.get(name, (0, None))[1]]
     report.unchecked = [f"{name} ({kind})" for name, (kind, digest) in before.items() if digest is None]
     report.missing = [f"{name}: {before[name][0]}" for name in differ]
     if at is None and not differ:
@@ -177,4 +190,83 @@ def audit(build: Callable, step: Callable, steps: int = 3, then: int = 3, state:
                           "audit can read matched after the restore; likely missing: "
                           + ("; ".join(suspects) if suspects else "state the step reads from elsewhere "
                              "(another module's globals, a file, the clock)"))
+    return report
+
+
+def audit_command(argv: list[str], steps: int = 3, then: int = 3, timeout: float = 600.0) -> AuditReport:
+    """The resume audit of a script that uses a Checkpointer (see automation.script_audit):
+    run `argv` as reference, control and resumed run, compare what each recorded."""
+    import json
+    import os
+    import subprocess
+
+    from .script_audit import ENV
+
+    if steps < 1 or then < 1:
+        raise ValueError(f"steps and then must be at least 1, got {steps} and {then}")
+    with tempfile.TemporaryDirectory(prefix="forkpoint-audit-") as where:
+        def start(phase: str, repo: str):
+            spec = {"phase": phase, "steps": steps, "then": then, "repo": f"{where}/{repo}",
+                    "out": f"{where}/{phase}.json"}
+            return subprocess.Popen(argv, env={**os.environ, ENV: json.dumps(spec)}, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, text=True)
+
+        def finish(proc, phase: str) -> dict:
+            _, err = proc.communicate(timeout=timeout)
+            path = f"{where}/{phase}.json"
+            if not os.path.exists(path):
+                tail = "\n".join(err.strip().splitlines()[-5:])
+                raise RuntimeError(f"the {phase} run of {' '.join(argv)} ended (exit {proc.returncode}) before "
+                                   f"Checkpointer.step({steps + then - 1}): it must call ck.step every step and run "
+                                   f"at least {steps + then} steps\n{tail}")
+            with open(path) as f:
+                return json.load(f)
+
+        reference, control = start("reference", "repo"), start("control", "control")
+        ref = finish(reference, "reference")
+        resumed = start("resumed", "repo")
+        ctl, res = finish(control, "control"), finish(resumed, "resumed")
+    report = AuditReport(exact=False, steps=steps, then=then)
+
+    noisy = {name for key, pieces in ref["pieces"].items() for name, (kind, digest, _) in pieces.items()
+             if kind in RANDOM_KINDS and digest != (ctl["pieces"].get(key, {}).get(name) or [None, None])[1]}
+
+    def first(a: dict, b: dict):
+        for s in range(steps, steps + then):
+            key = str(s)
+            if a["losses"].get(key) != b["losses"].get(key):
+                return s, "loss", key
+            pa, pb = a["pieces"].get(key, {}), b["pieces"].get(key, {})
+            for name, (_, digest, _) in pa.items():
+                if name not in noisy and digest is not None and digest != (pb.get(name) or [None, None])[1]:
+                    return s, name, key
+        return None, None, None
+
+    at, what, _ = first(ref, ctl)
+    if at is not None:
+        report.nondeterministic, report.diverged_at, report.first_difference = True, at, what
+        report.message = (f"not reproducible even without a checkpoint: two uninterrupted runs differ at step {at} "
+                          f"({what}); make the script deterministic first, then audit again")
+        return report
+    at, what, key = first(ref, res)
+    report.diverged_at, report.first_difference = at, what
+    last = ref["pieces"].get(str(steps + then - 1), {})
+    report.unchecked = sorted(f"{name} ({kind})" for name, (kind, digest, _) in last.items() if digest is None)
+    if at is None:
+        report.exact = True
+        report.message = (f"exact: resuming after step {steps - 1} reproduced the next {then} steps bit for bit "
+                          "(losses, the checkpointed state, the random streams and the loop's variables)")
+        return report
+    pa, pb = ref["pieces"].get(key, {}), res["pieces"].get(key, {})
+    differ = [(name, kind) for name, (kind, digest, saved) in pa.items()
+              if not saved and name not in noisy and digest is not None and digest != (pb.get(name) or [None, None])[1]]
+    report.missing = [f"{name}: {kind}" for name, kind in differ]
+    if differ:
+        hints = dict.fromkeys(FIXES.get(kind, f"save {name}") for name, kind in differ)
+        report.message = (f"not exact: the resumed run first differs at step {at} ({what}); not in the checkpoint: "
+                          + "; ".join(report.missing) + " (" + "; ".join(hints) + ")")
+    else:
+        report.message = (f"not exact: the resumed run first differs at step {at} ({what}); nothing outside the "
+                          "checkpoint that the audit can read differed; likely missing: "
+                          + ("; ".join(report.unchecked) or "state the loop reads from elsewhere"))
     return report

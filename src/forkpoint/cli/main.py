@@ -438,6 +438,29 @@ def import_(source, fmt, branch, step, message, allow_pickle, repo_url):
                    + ", ".join(skipped[:10]))
 
 
+@cli.command(context_settings={"ignore_unknown_options": True})
+@click.option("--steps", "-k", type=click.IntRange(1), default=3, show_default=True,
+              help="steps before the checkpoint")
+@click.option("--then", "-j", type=click.IntRange(1), default=3, show_default=True,
+              help="steps compared after it")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def audit(steps, then, command):
+    """Prove a resume exact: run COMMAND (a script using a Checkpointer) three times, checkpoint
+    after STEPS steps, resume in a fresh process, compare the next THEN steps bit for bit.
+
+    \b
+    forkpoint audit --steps 5 --then 5 -- python train.py --repo runs/x
+    """
+    from ..automation.audit import audit_command
+
+    try:
+        report = audit_command(list(command), steps, then)
+    except RuntimeError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(str(report))
+    sys.exit(0 if report.exact else 1)
+
+
 @cli.command()
 @repo_option
 @click.option("--host", default="127.0.0.1", show_default=True,
