@@ -490,20 +490,30 @@ def test_the_pacer_writes_raw_while_the_process_keeps_its_cores_busy():
     pacer.ready()
     assert pacer.encodes()  # the first look only marks the clocks
     blob = bytes(8 << 20)
-    end = time.perf_counter() + 10 * CPU_WINDOW
+    stop = threading.Event()
 
     def burn():  # blake3 lets go of the interpreter lock: three of them keep both cores busy
-        while time.perf_counter() < end:
+        while not stop.is_set():
             blake3.blake3(blob).digest()
 
     burners = [threading.Thread(target=burn) for _ in range(3)]
     for t in burners:
         t.start()
-    for t in burners:
-        t.join()
-    assert not pacer.encodes()
-    time.sleep(5 * CPU_WINDOW)
-    assert pacer.encodes()
+    # On a machine busy with other work the burners may need several windows to fill a core:
+    # the verdict must come once they do (within a generous bound), not at a fixed time.
+    try:
+        deadline = time.monotonic() + 30
+        while pacer.encodes() and time.monotonic() < deadline:
+            time.sleep(CPU_WINDOW)
+        assert not pacer.encodes(), "a process keeping its cores busy gets its chunks written raw"
+    finally:
+        stop.set()
+        for t in burners:
+            t.join()
+    deadline = time.monotonic() + 30
+    while not pacer.encodes() and time.monotonic() < deadline:
+        time.sleep(CPU_WINDOW)
+    assert pacer.encodes(), "after an idle spell chunks are encoded again"
 
 
 def test_the_pacer_counts_what_other_processes_take_of_its_cores():
