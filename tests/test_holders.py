@@ -93,10 +93,10 @@ def test_two_copies_of_one_script_do_not_interleave(tmp_path):
     assert [v.step for v in fp.Repo(url).log("main")] == [0]
 
 
-def _fake_holder(repo, **fields):
+def _fake_holder(repo, seq=0, **fields):
     record = {"host": socket.gethostname(), "pid": os.getppid(), "boot": boot_id(),
               "start": start_ticks(os.getppid()), "since": time.time(), "run": "other", **fields}
-    key = "holders/main/0000000000000000.json"
+    key = f"holders/main/{seq:016d}.json"
     repo.store.write(key, [json.dumps(record).encode()])
     return key
 
@@ -129,3 +129,18 @@ def test_take_over_replaces_a_live_holder(holder):
     ck.step(ck.resume())
     ck.close()
     assert [v.step for v in repo.log("main")] == [1, 0]
+
+
+def test_a_run_whose_branch_was_taken_over_cannot_save_there(tmp_path):
+    """Another run took the branch over (take_over=True): at this run's next refresh its
+    record is gone, and its saves on the branch raise, naming the new holder."""
+    repo = fp.Repo(str(tmp_path / "repo"), create=True)
+    ck = fp.Checkpointer(repo, {"model": torch.nn.Linear(4, 4)}, every=1, sync=True)
+    ck.step(0)
+    for key in repo.store.list("holders/main"):
+        repo.store.delete(key)
+    _fake_holder(repo, seq=1, run="the new holder")
+    repo._holds.refresh()
+    with pytest.raises(BranchHeldError, match="taken over by run 'the new holder'"):
+        ck.step(1)
+    assert [v.step for v in repo.log("main")] == [0]

@@ -206,17 +206,21 @@ class BranchHolds:
             self._thread.start()
 
     def _refresh(self) -> None:
-        """Keep this process's holds young for runs on other hosts (they judge by age)."""
         while not self._stop.wait(HOLD_REFRESH):
-            with self._lock:
-                held = list(self.held.items())
-            for branch, seq in held:
-                try:
-                    self.store.touch(_key(branch, seq))
-                except FileNotFoundError:  # another run took the branch over
-                    with self._lock:
-                        if self.held.get(branch) == seq:
-                            self.held.pop(branch)
-                            self.lost.add(branch)
-                except Exception:  # a missed refresh only ages the hold; the next try may work
-                    pass
+            self.refresh()
+
+    def refresh(self) -> None:
+        """Keep this process's holds young for runs on other hosts (they judge by age); a hold
+        whose record is gone was taken over, and later saves on that branch raise."""
+        with self._lock:
+            held = list(self.held.items())
+        for branch, seq in held:
+            try:
+                self.store.touch(_key(branch, seq))
+            except FileNotFoundError:  # another run took the branch over
+                with self._lock:
+                    if self.held.get(branch) == seq:
+                        self.held.pop(branch)
+                        self.lost.add(branch)
+            except Exception:  # a missed refresh only ages the hold; the next try may work
+                pass
