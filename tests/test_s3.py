@@ -357,3 +357,34 @@ def test_a_store_that_always_fails_commits_nothing(s3):
         proxy.close()
     clean = fp.Repo(url, storage_options=opts)
     assert [v.step for v in clean.log()] == [0] and clean.verify().ok
+
+
+def test_the_ui_serves_a_repository_on_s3_without_writing(s3):
+    import json
+    import threading
+    import urllib.request
+
+    import s3fs
+
+    from forkpoint.cli.webui import serve
+
+    url, opts = s3
+    repo = fp.Repo(url, create=True, storage_options=opts)
+    for step in range(3):
+        repo.save({"x": torch.full((10,), float(step))}, step=step, metrics={"loss": 1.0 / (step + 1)})
+    repo.fork("main~1", "alt")
+    fs = s3fs.S3FileSystem(**opts)
+    before = sorted(fs.find(url))
+    server = serve(fp.Repo(url, storage_options=opts), port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    page = json.load(urllib.request.urlopen(base + "/api/versions"))
+    assert page["total"] == 3 and {r["id"] for r in page["versions"]} == {v.id for v in repo.log("main")}
+    detail = json.load(urllib.request.urlopen(base + "/api/version/main"))
+    assert detail["metrics"]["loss"] == 1 / 3 and detail["tiers"][0]["holds"]
+    series = json.load(urllib.request.urlopen(base + "/api/series?metric=loss"))
+    assert series["branches"]["alt"]["fork"]["step"] == 1
+    server.shutdown()
+    server.server_close()
+    fs.invalidate_cache()
+    assert sorted(fs.find(url)) == before, "the page only reads"
