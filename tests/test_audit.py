@@ -69,6 +69,7 @@ def test_the_example_training_script_resumes_exactly(tmp_path):
     assert run.returncode == 0 and run.stdout.startswith("exact"), run.stdout + run.stderr
     assert not (tmp_path / "runs" / "versions").exists() or not os.listdir(tmp_path / "runs" / "versions"), \
         "the audit writes nothing to the script's own repository"
+    assert not (tmp_path / "runs" / "holders").exists(), "nor holds its branch (the phases run side by side)"
 
 
 @pytest.mark.parametrize("forget, named", [("nothing", None), ("sched", "local sched: LR scheduler"),

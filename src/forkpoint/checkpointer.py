@@ -25,6 +25,9 @@ from .state.hooks import CaptureGuard
 POLICY_FACTORIES: dict = {}
 RETENTION_FACTORIES: dict = {}
 EXTENSIONS: list[Callable[["Checkpointer"], None]] = []
+REPOSITORY_OVERRIDE: Callable[[Repo, str], tuple[Repo, str]] | None = None
+"""Set by `forkpoint audit` in the processes it runs: every Checkpointer then uses the
+audit's private repository and branch instead of the script's, before touching either."""
 DAMAGE_ERRORS = (CorruptObjectError, MissingObjectError)
 RESTART_COUNT_VARIABLES = ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
 RETENTION_SHARE = 0.1
@@ -116,6 +119,8 @@ class Checkpointer:
         if not isinstance(repo, Repo):
             raise TypeError(f"Checkpointer needs an fp.Repo, got {type(repo).__name__} {repo!r}: "
                             "pass fp.Repo(path, create=True)")
+        if REPOSITORY_OVERRIDE is not None:
+            repo, branch = REPOSITORY_OVERRIDE(repo, branch)
         if on_conflict not in ("error", "fork"):
             raise ValueError(f"on_conflict must be 'error' or 'fork', got {on_conflict!r}")
         keep = resolve_retention(keep)

@@ -44,7 +44,7 @@ def _pieces(ck, frame_locals: dict) -> dict[str, list]:
 
 def install(spec: dict) -> None:
     """Register the extension that makes every Checkpointer of this process play `spec`'s phase."""
-    from ..checkpointer import EXTENSIONS
+    from .. import checkpointer
 
     k, j, phase = int(spec["steps"]), int(spec["then"]), spec["phase"]
     records: dict = {"losses": {}, "pieces": {}}
@@ -56,13 +56,15 @@ def install(spec: dict) -> None:
         sys.stderr.flush()
         os._exit(0)
 
+    private: list[Repo] = []
+
+    def private_repository(repo, branch):
+        """The script's repository is not the audit's business: it is never written."""
+        if not private:
+            private.append(Repo(spec["repo"], create=True))
+        return private[0], "main"
+
     def extend(ck) -> None:
-        try:
-            ck.repo.release_branch(ck.branch)
-        except Exception:  # the script's repository is not the audit's business
-            pass
-        ck.repo = Repo(spec["repo"], create=True)
-        ck.branch = "main"
         if phase != "resumed":
             ck.resume = lambda *args, **kwargs: 0
 
@@ -80,7 +82,8 @@ def install(spec: dict) -> None:
 
         ck.step = step
 
-    EXTENSIONS.append(extend)
+    checkpointer.REPOSITORY_OVERRIDE = private_repository
+    checkpointer.EXTENSIONS.append(extend)
 
 
 def install_from_environment() -> None:
