@@ -8,6 +8,7 @@ that turns blank ended: its version's parent is not shown (a root, or cut by a l
 
 import datetime
 import heapq
+from dataclasses import dataclass
 
 from ..format.manifest import Version
 
@@ -54,21 +55,31 @@ def _cells(lanes: list) -> list[str]:
     return ["|" if lane else " " for lane in lanes]
 
 
-def render_graph(versions: list[Version], heads: dict, tags: dict) -> list[str]:
-    """Return rich-markup lines, newest first: '*' a version, '|' a lane, '/' a lane joining
-    the version of the next row (see the module's reading rule)."""
+@dataclass
+class Row:
+    """One version's place in the graph: its column, and the text cells of the join row
+    drawn above it (empty when no lane ends in it) and of its own row."""
+
+    version: Version
+    column: int
+    join_cells: list[str]
+    cells: list[str]
+
+
+def lay_out(versions: list[Version]) -> list[Row]:
+    """Place `versions` newest first, one column per line of descent (see the module's rule)."""
     lanes: list[str | None] = []
-    lines = []
+    rows = []
     previous: list[str] = []
     for v in newest_first(versions):
         hits = [i for i, lane in enumerate(lanes) if lane == v.id]
+        joined: list[str] = []
         if len(hits) > 1:
             joined = _cells(lanes)
             for extra in hits[1:]:
                 joined[extra] = "/"
                 lanes[extra] = None
             previous = joined
-            lines.append("".join(joined).rstrip())
             while lanes[-1] is None:
                 lanes.pop()
         if hits:
@@ -81,11 +92,23 @@ def render_graph(versions: list[Version], heads: dict, tags: dict) -> list[str]:
             if col == len(lanes):
                 lanes.append(None)
             lanes[col] = v.id
-        row = _cells(lanes)
-        row[col] = "*"
-        previous = row
-        lines.append(f"{''.join(row)} [yellow]{v.id[:12]}[/yellow]{_decorations(v, heads, tags)}  {_describe(v)}")
+        cells = _cells(lanes)
+        cells[col] = "*"
+        previous = cells
+        rows.append(Row(v, col, joined, cells))
         lanes[col] = v.parents[0] if v.parents else None
         while lanes and lanes[-1] is None:
             lanes.pop()
+    return rows
+
+
+def render_graph(versions: list[Version], heads: dict, tags: dict) -> list[str]:
+    """Return rich-markup lines, newest first: '*' a version, '|' a lane, '/' a lane joining
+    the version of the next row (see the module's reading rule)."""
+    lines = []
+    for row in lay_out(versions):
+        v = row.version
+        if row.join_cells:
+            lines.append("".join(row.join_cells).rstrip())
+        lines.append(f"{''.join(row.cells)} [yellow]{v.id[:12]}[/yellow]{_decorations(v, heads, tags)}  {_describe(v)}")
     return lines

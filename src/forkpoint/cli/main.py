@@ -18,6 +18,7 @@ from ..errors import ForkpointError
 from ..policy import Keep
 from ..repo import Repo
 from .graph import newest_first, render_graph
+from .webapi import reachable
 
 # Piped output keeps whole lines (paths, ids) for grep and scripts; a terminal wraps to its width.
 console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 1 << 14)
@@ -93,13 +94,7 @@ def log(ref, limit, repo_url, as_json):
     if ref:
         versions = repo.log(ref, limit=limit)
     else:
-        seen = {}
-        for name in [*heads, *tags]:
-            for v in repo.log(name):
-                if v.id in seen:
-                    break
-                seen[v.id] = v
-        versions = newest_first(list(seen.values()))[:limit]
+        versions = newest_first(list(reachable(repo, [*heads, *tags]).values()))[:limit]
     if as_json:
         return _emit([{**v.summary(),
                        "branches": sorted(b for b, vid in heads.items() if vid == v.id),

@@ -11,7 +11,7 @@ from dataclasses import asdict
 from ..errors import ForkpointError, RefNotFoundError
 from ..format.manifest import Version
 from ..repo import Repo
-from .graph import newest_first
+from .graph import lay_out
 
 MAX_PAGE = 1000
 
@@ -76,29 +76,24 @@ class LineageView:
                 "lanes": max((r["lane"] for r in rows), default=-1) + 1}
 
 
-def _layout(repo: Repo, heads: dict, tags: dict) -> list[dict]:
+def reachable(repo: Repo, names) -> dict[str, Version]:
+    """Every version the branches and tags `names` reach through first parents, by id."""
     seen: dict[str, Version] = {}
-    for name in [*heads, *tags]:
+    for name in names:
         for v in repo.log(name):
             if v.id in seen:
                 break
             seen[v.id] = v
-    lanes: list[str | None] = []
+    return seen
+
+
+def _layout(repo: Repo, heads: dict, tags: dict) -> list[dict]:
+    seen = reachable(repo, [*heads, *tags])
     rows = []
-    for v in newest_first(list(seen.values())):
-        hits = [i for i, lane in enumerate(lanes) if lane == v.id]
-        if hits:
-            col = hits[0]
-            for extra in hits[1:]:
-                lanes[extra] = None
-        else:
-            col = lanes.index(None) if None in lanes else len(lanes)
-            if col == len(lanes):
-                lanes.append(None)
-        parent = v.parents[0] if v.parents and v.parents[0] in seen else None
-        lanes[col] = parent
-        rows.append({"id": v.id, "parent": parent, "lane": col, "branch": v.branch, "step": v.step,
-                     "time": v.time, "message": v.message,
+    for row in lay_out(list(seen.values())):
+        v = row.version
+        rows.append({"id": v.id, "parent": v.parents[0] if v.parents and v.parents[0] in seen else None,
+                     "lane": row.column, "branch": v.branch, "step": v.step, "time": v.time, "message": v.message,
                      "metrics": {k: _finite(x) for k, x in v.metrics.items()},
                      "heads": sorted(b for b, vid in heads.items() if vid == v.id),
                      "tags": sorted(t for t, vid in tags.items() if vid == v.id), "kinds": kinds(v)})
