@@ -80,3 +80,10 @@ def test_a_script_audit_names_what_the_checkpoint_forgot(tmp_path, forget, named
         assert run.returncode == 0 and run.stdout.startswith("exact"), run.stdout + run.stderr
     else:
         assert run.returncode == 1 and named in run.stdout and "not exact" in run.stdout, run.stdout + run.stderr
+
+
+def test_bad_audit_arguments_and_a_script_too_short_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="at least 1"):
+        fp.audit(audit_loops.build, audit_loops.step, steps=0)
+    short = _audit_cli("helpers/audit_script.py", "--repo", str(tmp_path / "r"), "--steps", "5")
+    assert short.returncode != 0 and "run at least 7 steps" in short.stderr, short.stderr

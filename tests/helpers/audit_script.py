@@ -12,6 +12,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repo", required=True)
     ap.add_argument("--forget", choices=["nothing", "sched", "rng"], default="nothing")
+    ap.add_argument("--steps", type=int, default=20)
     args = ap.parse_args()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(32, 1))
@@ -23,7 +24,7 @@ def main():
         state.pop(args.forget)
     ck = fp.Checkpointer(fp.Repo(args.repo, create=True), state, every=10)
     step = ck.resume()
-    while step < 20:
+    while step < args.steps:
         loss = model(data).pow(2).mean()
         opt.zero_grad()
         loss.backward()
