@@ -228,7 +228,13 @@ class Checkpointer:
         """Restore the branch head, or with `fall_back` the newest first-parent ancestor whose
         bytes are all intact; every rank of a distributed run takes the same version."""
         skipped = []
-        for v in self.repo.log(self.branch):
+
+        def newest_first():
+            # The whole history is read only when the head turns out damaged.
+            yield self.repo.version(self.branch)
+            yield from self.repo.log(self.branch)[1:]
+
+        for v in newest_first():
             if v.pruned:
                 continue
             try:
