@@ -49,7 +49,8 @@ def start_ticks(pid: int) -> str:
 def process_alive(pid: int, boot: str = "", start: str = "") -> bool:
     """Whether process `pid` of this host runs and, where they were recorded, has the same
     boot id and start time (a pid reused after the recorded process died is another one)."""
-    if boot and boot_id() and boot != boot_id():
+    here = boot_id()
+    if boot and here and boot != here:
         return False
     if pid == os.getpid():
         return True
@@ -59,7 +60,8 @@ def process_alive(pid: int, boot: str = "", start: str = "") -> bool:
         return False
     except PermissionError:
         pass
-    return not (start and start_ticks(pid) and start_ticks(pid) != start)
+    now = start_ticks(pid) if start else ""
+    return not (now and now != start)
 
 
 @dataclass
