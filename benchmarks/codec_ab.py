@@ -176,10 +176,10 @@ def coded_planes(codec, buf: np.ndarray, itemsize: int) -> dict:
             planes.setdefault(coder, []).append(plane.copy())
         return plain(plane, coder, block)
     layouts = codec.Layouts()
-    codec.encode_pieces(buf, itemsize, 1, layouts=layouts)
+    codec.encode_pieces(buf, itemsize, layouts=layouts)
     codec._encode_plane = grab
     try:
-        codec.encode_pieces(buf, itemsize, 1, layouts=layouts)
+        codec.encode_pieces(buf, itemsize, layouts=layouts)
     finally:
         codec._encode_plane = plain
     return planes
@@ -235,7 +235,7 @@ def decode_only(codecs: dict, args) -> None:
         for _ in range(args.repeats):
             for key, codec in codecs.items():
                 start = time.perf_counter()
-                codec.decode(payloads[key], buf.nbytes, 1, out=out)
+                codec.decode(payloads[key], buf.nbytes, None, out=out)
                 seconds.setdefault(key, []).append(time.perf_counter() - start)
                 assert np.array_equal(out, buf)
         speed = {k: buf.nbytes / 1e6 / statistics.median(v) for k, v in seconds.items()}

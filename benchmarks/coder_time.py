@@ -46,7 +46,7 @@ def timed_encodes(fc, units: list, itemsize: int, layouts: list | None) -> tuple
     try:
         start, coded = time.perf_counter(), 0
         for i, (data, row) in enumerate(units):
-            pieces = fc.encode_pieces(data, itemsize, 1, layouts=None if layouts is None else layouts[i], row=row)
+            pieces = fc.encode_pieces(data, itemsize, layouts=None if layouts is None else layouts[i], row=row)
             coded += sum(memoryview(p).nbytes for p in pieces)
         return time.perf_counter() - start, coded, per_coder
     finally:
@@ -78,7 +78,7 @@ def main() -> None:
             units = save_units(buf, tensor_split(shapes, itemsize, len(PARTS) if part == "all" else 1, kind == "full"))
             layouts = [fc.Layouts() for _ in units]
             for (data, row), chosen in zip(units, layouts):
-                fc.encode_pieces(data, itemsize, 1, layouts=chosen, row=row)
+                fc.encode_pieces(data, itemsize, layouts=chosen, row=row)
             for way in ("afresh", "reused"):
                 best = min((timed_encodes(fc, units, itemsize, None if way == "afresh" else
                                           [fc.Layouts(l.itemsize, l.segments, 0, l.coded, l.row) for l in layouts])

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+from forkpoint.engine.parallel import pmap_of
+
 PARTS = ("weights", "exp_avg", "exp_avg_sq")
 LAGS = (1, 10, 50)
 
@@ -115,13 +117,13 @@ def methods(itemsize: int, dtype: str) -> dict:
         return work[buf.nbytes]
 
     def forkpoint(buf, threads):
-        return sum(memoryview(p).nbytes for p in fp_codec.pieces(memoryview(buf), itemsize, threads, scratch(buf)))
+        return sum(memoryview(p).nbytes for p in fp_codec.pieces(memoryview(buf), itemsize, pmap_of(threads), scratch(buf)))
 
     def forkpoint_fresh(buf, threads):
-        return sum(memoryview(p).nbytes for p in fp_codec.pieces(memoryview(buf), itemsize, threads))
+        return sum(memoryview(p).nbytes for p in fp_codec.pieces(memoryview(buf), itemsize, pmap_of(threads)))
 
     def forkpoint_reused(buf, threads, layouts):
-        return sum(memoryview(p).nbytes for p in fp_codec.pieces(memoryview(buf), itemsize, threads, scratch(buf),
+        return sum(memoryview(p).nbytes for p in fp_codec.pieces(memoryview(buf), itemsize, pmap_of(threads), scratch(buf),
                                                                  layouts=copy.deepcopy(layouts)))
 
     def forkpoint_units(buf, threads, units, layouts=None):
@@ -209,7 +211,7 @@ def encode_units(pieces, itemsize: int, units: list, threads: int, layouts=None,
 
     def one(i):
         data, row = units[i]
-        return sum(memoryview(p).nbytes for p in pieces(memoryview(data), itemsize, threads, work[i], layouts[i], row))
+        return sum(memoryview(p).nbytes for p in pieces(memoryview(data), itemsize, pmap_of(threads), work[i], layouts[i], row))
     if threads == 1:
         return sum(map(one, range(len(units))))
     with ThreadPoolExecutor(threads) as pool:
@@ -258,7 +260,7 @@ def decode_speed(buf: np.ndarray, itemsize: int, threads: int, repeats: int) -> 
     speeds = []
     for _ in range(repeats):
         start = time.perf_counter()
-        floatcodec.decode(coded, buf.nbytes, threads)
+        floatcodec.decode(coded, buf.nbytes, pmap_of(threads))
         speeds.append(buf.nbytes / (time.perf_counter() - start) / 1e6)
     return statistics.median(speeds)
 

@@ -3,7 +3,7 @@
 Monte Carlo over jobs of `--work-h` hours of compute. Failures are exponential with MTBF M
 (work since the last checkpoint is lost, then a restart costs R); preemptions arrive at
 random (rate 1/(4M)) and are handled as forkpoint does: an emergency checkpoint (cost C),
-exit, restart (R), no work lost. The automatic policy is forkpoint's own `Auto` class fed
+exit, restart (R), no work lost. The automatic policy is forkpoint's own `YoungDaly` class fed
 with the measured checkpoint cost (±20% noise per checkpoint); fixed intervals are scanned
 and the best one is picked in hindsight, on the same random failure times.
 
@@ -15,7 +15,7 @@ import math
 import random
 import statistics
 
-from forkpoint.policy.interval import Auto
+from forkpoint.policy.interval import YoungDaly
 
 
 def simulate(work: float, cost: float, restart: float, mtbf: float, interval, rng: random.Random):
@@ -54,7 +54,7 @@ def simulate(work: float, cost: float, restart: float, mtbf: float, interval, rn
 
 class AutoInterval:
     def __init__(self, mtbf, max_fraction=None):
-        self.auto = Auto(mtbf=mtbf, max_fraction=max_fraction)
+        self.auto = YoungDaly(mtbf=mtbf, max_fraction=max_fraction)
 
     def __call__(self):
         return self.auto.interval()[0] if self.auto.stall is not None else 60.0

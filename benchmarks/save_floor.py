@@ -83,8 +83,8 @@ def parts(chunks: list, store: LocalStore, cores: int, repeats: int) -> dict[str
     work = {
         "encode, 1 thread": lambda: on_threads(1, encode, indices),
         f"encode, {cores} threads": lambda: on_threads(cores, encode, indices),
-        "hash, 1 thread": lambda: on_threads(1, lambda c: block_digests(c["bytes"], parallel=False), chunks),
-        f"hash, {cores} threads": lambda: on_threads(cores, lambda c: block_digests(c["bytes"], parallel=False), chunks),
+        "hash, 1 thread": lambda: on_threads(1, lambda c: block_digests(c["bytes"]), chunks),
+        f"hash, {cores} threads": lambda: on_threads(cores, lambda c: block_digests(c["bytes"]), chunks),
         "copy, 1 thread": lambda: [np.copyto(d, c["bytes"]) for d, c in zip(copies, chunks)],
         f"write raw objects, {WRITERS} threads": lambda: write_all([[c["bytes"]] for c in chunks]),
         f"write encoded objects, {WRITERS} threads": lambda: write_all([encoded[i] for i in indices]),

@@ -6,7 +6,7 @@ import torch
 import forkpoint as fp
 from forkpoint.engine import Budget, Scheduler
 from forkpoint.errors import RefNotFoundError
-from forkpoint.policy.interval import Auto, young_daly
+from forkpoint.policy.interval import YoungDaly, young_daly
 
 
 def test_tier_and_repo_arguments(tmp_path):
@@ -62,13 +62,13 @@ def test_policy_arguments(repo):
     with pytest.raises(TypeError, match="should_save"):
         fp.Checkpointer(repo, {"m": model}, every=object())
     with pytest.raises(ValueError, match="max_fraction"):
-        Auto(max_fraction=1.5)
+        YoungDaly(max_fraction=1.5)
     with pytest.raises(ValueError, match="mtbf"):
-        Auto(mtbf=-1)
+        YoungDaly(mtbf=-1)
     with pytest.raises(ValueError, match="> 0"):
         young_daly(0.0, 10.0)
     with pytest.raises(ValueError, match="seconds"):
-        fp.Seconds(0)
+        fp.EverySeconds(0)
     with pytest.raises(ValueError, match="Keep"):
         fp.Keep(best=("loss", 1, "sideways"))
 
@@ -104,7 +104,7 @@ def test_save_and_checkpointer_fields_are_checked(tmp_path):
         fp.Checkpointer(str(tmp_path / "r"), {"m": model}, every=1)
     with pytest.raises(TypeError, match="keep must be fp.Keep"):
         fp.Checkpointer(repo, {"m": model}, every=1, keep="3")
-    with pytest.raises(ValueError, match="every= takes one of: int, 'auto'"):
+    with pytest.raises(ValueError, match="every= takes a step count, 'auto'"):
         fp.Checkpointer(repo, {"m": model}, every="5")
     ck = fp.Checkpointer(repo, {"m": model}, every=1, keep=2, sync=True)
     assert ck.keep == fp.Keep(last=2)

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import forkpoint as fp
+from forkpoint.engine.parallel import parallel_map
 from forkpoint.format.codecs import CODECS, codec_for
 
 
@@ -185,8 +186,8 @@ def test_float_codec_chooses_layout_and_coder_per_plane(monkeypatch):
 
 
 @pytest.mark.parametrize("itemsize", [1, 2, 4, 8])
-@pytest.mark.parametrize("threads", [1, 2])
-def test_float_codec_round_trips_every_bit_pattern(itemsize, threads):
+@pytest.mark.parametrize("pmap", [None, parallel_map], ids=["serial", "parallel"])
+def test_float_codec_round_trips_every_bit_pattern(itemsize, pmap):
     from forkpoint.format import floatcodec
 
     rng = np.random.default_rng(itemsize)
@@ -195,8 +196,8 @@ def test_float_codec_round_trips_every_bit_pattern(itemsize, threads):
     specials = np.array([np.inf, -np.inf, np.nan, -0.0, 1e-45, -3e38], np.float32).view(np.uint8)
     raw[1000:1000 + specials.nbytes] = specials
     for data in (raw, raw[:7 * itemsize + 3], raw[:0]):
-        coded = floatcodec.encode(data, itemsize, threads)
-        assert bytes(floatcodec.decode(coded, data.nbytes, threads)) == data.tobytes()
+        coded = floatcodec.encode(data, itemsize, pmap)
+        assert bytes(floatcodec.decode(coded, data.nbytes, pmap)) == data.tobytes()
 
 
 def test_float_codec_pieces_are_the_payload_and_outlive_later_encodes():
@@ -204,16 +205,16 @@ def test_float_codec_pieces_are_the_payload_and_outlive_later_encodes():
     from forkpoint.format.codecs import codec_by_name
 
     weights, moments = _weights_and_moments()
-    first = floatcodec.encode_pieces(weights.view(np.uint8), 4, 2)
+    first = floatcodec.encode_pieces(weights.view(np.uint8), 4, parallel_map)
     joined = b"".join(first)
-    floatcodec.encode_pieces(moments.view(np.uint8), 4, 2)
+    floatcodec.encode_pieces(moments.view(np.uint8), 4, parallel_map)
     assert b"".join(first) == joined, "a later encode must not overwrite the pieces of an earlier one"
-    assert joined == floatcodec.encode(weights.view(np.uint8), 4, 2)
+    assert joined == floatcodec.encode(weights.view(np.uint8), 4, parallel_map)
     assert bytes(floatcodec.decode(joined, weights.nbytes)) == weights.tobytes()
     zstd = codec_by_name("zstd")
     assert b"".join(zstd.pieces(memoryview(moments.view(np.uint8)), 4)) == zstd.encode(memoryview(moments.view(np.uint8)), 4)
     scratch = np.full(weights.nbytes + 100, 0xAB, np.uint8)
-    assert b"".join(codec_by_name("float-planes").pieces(weights.view(np.uint8), 4, 2, scratch)) == joined, \
+    assert b"".join(codec_by_name("float-planes").pieces(weights.view(np.uint8), 4, parallel_map, scratch)) == joined, \
         "a caller's scratch buffer gives the same payload"
 
 
@@ -685,8 +686,8 @@ def test_scattered_zeros_are_coded_as_a_bitmap_and_the_nonzero_bytes(monkeypatch
         plain = floatcodec.encode(data, 2)
         assert plain[0] < floatcodec.SPARSE_VERSION
     assert len(payload) < 0.95 * len(plain), f"{len(payload)} bytes sparse against {len(plain)}"
-    for threads in (1, 2):
-        assert bytes(floatcodec.decode(payload, data.nbytes, threads)) == data.tobytes()
+    for pmap in (None, parallel_map):
+        assert bytes(floatcodec.decode(payload, data.nbytes, pmap)) == data.tobytes()
 
 
 @pytest.mark.parametrize("kernels", ["native", "numpy"])
@@ -863,7 +864,7 @@ def test_float_codec_reuses_layouts_and_chooses_again_when_stale(monkeypatch):
 
     weights, moments = _weights_and_moments()
     nudged = np.nextafter(weights, np.float32(1))
-    fresh = floatcodec.encode(nudged.view(np.uint8), 4, 1)
+    fresh = floatcodec.encode(nudged.view(np.uint8), 4)
     chosen = []
     real_choose = floatcodec.choose
     monkeypatch.setattr(floatcodec, "choose", lambda *a: chosen.append(1) or real_choose(*a))
@@ -881,7 +882,7 @@ def test_float_codec_reuses_layouts_and_chooses_again_when_stale(monkeypatch):
     assert len(chosen) == 2 and layouts.uses == 0, "chosen afresh after REUSE_LIMIT reuses"
 
     random_bytes = np.random.default_rng(1).integers(0, 256, weights.nbytes, dtype=np.uint8)
-    coded = b"".join(floatcodec.encode_pieces(random_bytes, 4, 1, layouts=layouts))
+    coded = b"".join(floatcodec.encode_pieces(random_bytes, 4, layouts=layouts))
     assert len(chosen) == 2, "reused although the data changed"
     assert bytes(floatcodec.decode(coded, random_bytes.nbytes)) == random_bytes.tobytes()
     assert layouts.segments == [(True, [floatcodec.RAW] * 4)], "the stale Huffman plane was left raw"
@@ -890,7 +891,7 @@ def test_float_codec_reuses_layouts_and_chooses_again_when_stale(monkeypatch):
     floatcodec.encode_pieces(moments.view(np.uint8), 4, 1, layouts=layouts)
     assert len(chosen) == 3
 
-    floatcodec.encode_pieces(np.tile(moments, 3).view(np.uint8), 4, 1, layouts=layouts)
+    floatcodec.encode_pieces(np.tile(moments, 3).view(np.uint8), 4, layouts=layouts)
     assert len(chosen) == 5, "layouts for another number of segments are not reused: each of 2 is chosen"
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import forkpoint as fp
+from forkpoint.engine.parallel import parallel_map
 from forkpoint.format import floatcodec
 
 
@@ -55,7 +56,7 @@ def test_rows_let_moments_code_smaller_and_round_trip_bit_exactly(dtype, scale, 
         "the grid was chosen for an outer-product matrix"
     assert len(grid) <= gain * len(plain), f"{len(grid)} bytes with rows against {len(plain)} without"
     assert bytes(floatcodec.decode(grid, data.nbytes)) == data.tobytes()
-    assert bytes(floatcodec.decode(grid, data.nbytes, threads=1)) == data.tobytes()
+    assert bytes(floatcodec.decode(grid, data.nbytes, pmap=None)) == data.tobytes()
 
 
 def test_special_values_and_every_exponent_round_trip_through_the_grid():
@@ -77,7 +78,7 @@ def test_segments_hold_whole_rows_and_pick_the_grid_each(monkeypatch):
     monkeypatch.setattr(floatcodec, "SEGMENT_BYTES", 200_000)
     t = torch.cat([_outer(300, 768, True), _outer(300, 768, False, seed=1)])
     data = _bytes(t)
-    payload = _payload(data, 2, 768, threads=2)
+    payload = _payload(data, 2, 768, pmap=parallel_map)
     version, itemsize, _, count, per = floatcodec._HEAD.unpack_from(payload)
     (row,) = floatcodec._ROW.unpack_from(payload, floatcodec._HEAD.size)
     assert (version, row, count) == (floatcodec.GRID_VERSION, 768, 600 * 768)
@@ -303,8 +304,8 @@ def test_rows_near_multiples_of_rows_shortly_before_are_matched(monkeypatch):
         without = floatcodec.encode(data, 2)
         assert without[0] < floatcodec.MATCH_VERSION and floatcodec.ZSTD in without[16:19]
     assert len(payload) < 0.9 * len(without), f"{len(payload)} bytes matched against {len(without)}"
-    for threads in (1, None):
-        assert bytes(floatcodec.decode(payload, data.nbytes, threads=threads)) == data.tobytes()
+    for pmap in (None, parallel_map):
+        assert bytes(floatcodec.decode(payload, data.nbytes, pmap=pmap)) == data.tobytes()
     weights = _bytes(_outer(512, 384, False, scale=1e-2) * 0 + torch.randn(512, 384, dtype=torch.bfloat16))
     assert not any(form & floatcodec.MATCH for form in _segment_forms(weights, 2)), "weights: nothing to match"
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import forkpoint as fp
-from forkpoint.policy.interval import Auto, young_daly
+from forkpoint.policy.interval import YoungDaly, young_daly
 
 HERE = os.path.dirname(__file__)
 
@@ -24,14 +24,14 @@ def test_daly_worked_cases(mtbf_h, expected_min):
 
 
 def test_auto_interval_uses_measured_stall_and_time_cap():
-    capped = Auto(mtbf=30.0, max_fraction=0.05)
+    capped = YoungDaly(mtbf=30.0, max_fraction=0.05)
     assert capped.should_save(0, time.monotonic()), "no measurement yet: save to get one"
     assert "no checkpoint measured yet" in capped.explain()
     capped.observe(2.0)
     tau, why = capped.interval()
     assert why == "5% time cap" and tau == pytest.approx(2.0 * 0.95 / 0.05)
     assert tau > young_daly(2.0, 30.0), "the cap saves less often than Young/Daly here"
-    auto = Auto(mtbf=3600.0)
+    auto = YoungDaly(mtbf=3600.0)
     auto.observe(0.05)
     auto.observe(0.01)
     assert auto.stall == pytest.approx(0.03)

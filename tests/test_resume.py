@@ -51,7 +51,7 @@ def test_checkpointer_async_and_time_policy(repo):
     last = ck.close() or ck.last_version
     assert [v.step for v in repo.log()] == [6, 3, 0]
     assert not torch.equal(repo.load()["model"]["weight"], model.weight), "captured before the mutation"
-    ck2 = fp.Checkpointer(repo, {"model": model}, every=fp.Seconds(3600), branch="timed")
+    ck2 = fp.Checkpointer(repo, {"model": model}, every=fp.EverySeconds(3600), branch="timed")
     assert ck2.step(0) is None
     ck2._last_save -= 3601
     assert ck2.step(1) is not None

@@ -1,6 +1,6 @@
 """forkpoint: versioned, lineage-aware checkpoint/restart for training and simulations."""
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 from . import adjoint, dist, errors  # noqa: E402
 import os as _os  # noqa: E402
@@ -11,13 +11,13 @@ from .errors import ResumeWarning  # noqa: E402
 from .format.delta import Delta  # noqa: E402
 from .format.lossy import Lossy  # noqa: E402
 from .format.manifest import Version  # noqa: E402
-from .policy import PREEMPTED_EXIT_CODE, Auto, EverySteps, Keep, Preemption, Seconds  # noqa: E402
+from .policy import PREEMPTED_EXIT_CODE, YoungDaly, EverySteps, Keep, Preemption, EverySeconds  # noqa: E402
 from .repo import CompactReport, Divergence, GcReport, LeafDiff, PendingSave, Repo, VerifyReport  # noqa: E402
 from .state import RankLocal, ResumableSampler, RNGState  # noqa: E402
 from .tiers import Tier, tier  # noqa: E402
 
-__all__ = ["PREEMPTED_EXIT_CODE", "Auto", "Preemption", "Checkpointer", "CompactReport", "Delta", "Divergence", "EverySteps", "GcReport", "Keep", "LeafDiff", "Lossy",
-           "PendingSave", "RankLocal", "Repo", "ResumableSampler", "RNGState", "Seconds", "Tier", "Version",
+__all__ = ["PREEMPTED_EXIT_CODE", "YoungDaly", "Preemption", "Checkpointer", "CompactReport", "Delta", "Divergence", "EverySteps", "GcReport", "Keep", "LeafDiff", "Lossy",
+           "PendingSave", "RankLocal", "Repo", "ResumableSampler", "RNGState", "EverySeconds", "Tier", "Version",
            "VerifyReport", "adjoint", "dist", "errors", "tier", "__version__", "AuditReport", "audit",
            "ResumeWarning"]
 
@@ -25,6 +25,11 @@ if _os.environ.get("FORKPOINT_AUDIT"):  # this process is a phase of `forkpoint 
     from .automation.script_audit import install_from_environment
 
     install_from_environment()
+
+
+def __dir__() -> list[str]:
+    """The public API only (the layers below it are importable, but not part of it)."""
+    return sorted(__all__ + ["lightning", "transformers", "deepspeed", "dcp"])
 
 
 def __getattr__(name: str):

@@ -1,10 +1,9 @@
 """Checkpointer: the object a training loop holds to resume, save on schedule and retain.
 
 `every` is a step count, a policy object with `should_save(step, last_save_time)` (e.g.
-`fp.Seconds(600)`), or a name registered by `forkpoint.policy` ("auto"); `keep` is any
-object with `select(versions, tagged)` (e.g. `fp.Keep`). Upper layers extend a
-Checkpointer through `POLICY_FACTORIES`, `RETENTION_FACTORIES` and `EXTENSIONS` (e.g. preemption handlers), so
-this module never imports them.
+`fp.EverySeconds(600)`), or "auto" (`fp.YoungDaly()`); `keep` is any object with
+`select(versions, tagged)` (e.g. `fp.Keep`). Layers above this one (the resume audit) extend
+a Checkpointer through `EXTENSIONS`.
 """
 
 import os
@@ -16,14 +15,14 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .errors import BranchHeldError, CorruptObjectError, MissingObjectError, ResumeWarning
+from .policy import EverySteps, Keep, YoungDaly, install_preemption
 from .repo import PendingSave, Repo
 from .repo.holders import run_name
 from .repo.core import step_number
 from .state import capture
 from .state.hooks import CaptureGuard
 
-POLICY_FACTORIES: dict = {}
-RETENTION_FACTORIES: dict = {}
+POLICY_NAMES = {"auto": YoungDaly}
 EXTENSIONS: list[Callable[["Checkpointer"], None]] = []
 REPOSITORY_OVERRIDE: Callable[[Repo, str], tuple[Repo, str]] | None = None
 """Set by `forkpoint audit` in the processes it runs: every Checkpointer then uses the
@@ -60,8 +59,8 @@ def resolve_retention(keep):
     `select(versions, tagged)`) into a retention policy or None."""
     if keep is None or callable(getattr(keep, "select", None)):
         return keep
-    if isinstance(keep, int) and not isinstance(keep, bool) and int in RETENTION_FACTORIES:
-        return RETENTION_FACTORIES[int](keep)
+    if isinstance(keep, int) and not isinstance(keep, bool):
+        return Keep(last=keep)
     raise TypeError(f"keep must be fp.Keep(...) or an int (the newest versions kept), got {keep!r}")
 
 
@@ -71,13 +70,14 @@ def resolve_policy(every):
         return _Never()
     if isinstance(every, bool):
         raise TypeError("every must be a step count, a policy or a policy name, not a bool")
-    key = int if isinstance(every, int) else every if isinstance(every, str) else None
-    if key is not None:
-        if key not in POLICY_FACTORIES:
-            known = ", ".join(f"'{k}'" if isinstance(k, str) else k.__name__ for k in POLICY_FACTORIES)
-            raise ValueError(f"unknown save policy {every!r}; every= takes one of: {known}, or a policy "
-                             "object such as fp.Seconds(600)")
-        return POLICY_FACTORIES[key](every)
+    if isinstance(every, int):
+        return EverySteps(every)
+    if isinstance(every, str):
+        if every not in POLICY_NAMES:
+            known = ", ".join(f"'{k}'" for k in POLICY_NAMES)
+            raise ValueError(f"unknown save policy {every!r}; every= takes a step count, {known}, or a "
+                             "policy object such as fp.EverySeconds(600)")
+        return POLICY_NAMES[every]()
     if not callable(getattr(every, "should_save", None)):
         raise TypeError(f"every={every!r} has no should_save(step, last_save_time)")
     return every
@@ -151,6 +151,7 @@ class Checkpointer:
         self.on_remote_stop: Callable = lambda version: None
         self.closed = False
         self.branch = self._hold_branch(on_conflict, take_over)
+        install_preemption(self)
         for extend in EXTENSIONS:
             extend(self)
 

@@ -9,6 +9,7 @@ import math
 import statistics
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 
 MIN_MEASURED_BYTES = 8 << 20
@@ -19,6 +20,8 @@ STATE_FORMAT = "forkpoint.auto-codec"
 WAYS = {False: "raw", True: "encoded"}
 
 log = logging.getLogger("forkpoint")
+_CHOICES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_CHOICES_LOCK = threading.Lock()
 
 
 @dataclass
@@ -140,9 +143,10 @@ class AutoChoice:
 
 
 def choice_for(store) -> AutoChoice:
-    """The one AutoChoice of `store` in this process (kept on the store object, shared by every
-    save to it), loaded from the store the first time."""
-    choice = store.__dict__.get("_auto_choice")
-    if choice is None:
-        choice = store.__dict__.setdefault("_auto_choice", AutoChoice.load(store))
-    return choice
+    """The one AutoChoice of `store` in this process (shared by every save to it while the
+    store object lives), loaded from the store the first time."""
+    with _CHOICES_LOCK:
+        choice = _CHOICES.get(store)
+        if choice is None:
+            choice = _CHOICES[store] = AutoChoice.load(store)
+        return choice

@@ -95,7 +95,7 @@ def _raw_object(store: Store, key: str) -> tuple[memoryview, memoryview] | None:
     if codec_id != 0:
         return None
     data = view[header_size:header_size + length]
-    if data.nbytes != length or content_hash(data, parallel=False) != key.rsplit("/", 1)[-1]:
+    if data.nbytes != length or content_hash(data) != key.rsplit("/", 1)[-1]:
         raise CorruptObjectError(f"{where} does not match its hash: corrupted")
     return view, data
 
@@ -104,7 +104,7 @@ def _encoded_parts(item: LaterEncode, view: memoryview, data: memoryview, encodi
     """The header and payload of `data` encoded with `item.codec` (holding `encoding()` while
     it encodes), or None where they are not 5% smaller than the raw object `view`."""
     with encoding() if encoding is not None else contextlib.nullcontext():
-        payload = item.codec.pieces(data, item.itemsize, threads=1, row=item.row)
+        payload = item.codec.pieces(data, item.itemsize, row=item.row)
     if OBJECT_HEADER_SIZE + sum(memoryview(p).nbytes for p in payload) >= MIN_GAIN * view.nbytes:
         return None
     return [pack_header(item.codec.id, data.nbytes), *payload]

@@ -24,6 +24,7 @@ from ..format.manifest import Chunk, Leaf
 from ..format.objects import (ALIGNED_HEADER_SIZE, BLOCK_BYTES, DIGEST_BYTES, OBJECT_HEADER_SIZE,
                               block_table, content_hash, decode_limit, decode_object, unpack_header)
 from ..storage.base import Store
+from .parallel import parallel_map
 from .save import object_key, stored_codec
 
 
@@ -98,7 +99,7 @@ class _Reader:
         """Read, decode and verify a whole object of at most `limit` decoded bytes."""
         key = object_key(digest)
         return decode_object(self.read_stored(key, leaf), digest, self.where(leaf, key), verify=self.rehash,
-                             limit=limit)
+                             limit=limit, pmap=parallel_map)
 
     def read_direct(self, leaf: Leaf, chunk: Chunk, dest: np.ndarray) -> None:
         """Read a raw standalone chunk straight into `dest` and verify it (unless it comes from
@@ -117,7 +118,7 @@ class _Reader:
             if length == chunk.size and self.reencoded(key, leaf):
                 return self.decode_into(leaf, chunk, dest)
             raise CorruptObjectError(f"{self.where(leaf, key)} is truncated or of the wrong size")
-        if self.rehash and content_hash(dest) != chunk.hash:
+        if self.rehash and content_hash(dest, parallel_map) != chunk.hash:
             raise CorruptObjectError(f"{self.where(leaf, key)} does not match its hash: corrupted")
 
     def reencoded(self, key: str, leaf: Leaf) -> bool:
@@ -139,15 +140,15 @@ class _Reader:
             raise CorruptObjectError(f"{self.where(leaf, key)} holds {length} bytes, the chunk needs {chunk.size}")
         if codec.decode_into is None:
             dest[...] = self.chunk_bytes(leaf, chunk, decode_object(blob, chunk.object, self.where(leaf, key),
-                                                                    verify=self.rehash))
+                                                                    verify=self.rehash, pmap=parallel_map))
             return
         try:
-            codec.decode_into(blob[header_size:], length, dest)
+            codec.decode_into(blob[header_size:], length, dest, pmap=parallel_map)
         except FormatError as e:
             raise FormatError(f"{self.where(leaf, key)}: {e}") from None
         except Exception as e:  # any decoder failure means the stored bytes are damaged
             raise CorruptObjectError(f"{self.where(leaf, key)} cannot be decoded as {codec.name} ({e}): corrupted") from None
-        if self.rehash and content_hash(dest) != chunk.hash:
+        if self.rehash and content_hash(dest, parallel_map) != chunk.hash:
             raise CorruptObjectError(f"{self.where(leaf, key)} does not match its hash: corrupted")
 
     def chunk_bytes(self, leaf: Leaf, chunk: Chunk, data=None) -> np.ndarray:
@@ -160,7 +161,7 @@ class _Reader:
             piece = self.undelta(leaf, chunk, piece)
         elif chunk.standalone and len(data) == chunk.size:
             return piece
-        if self.rehash and content_hash(piece) != chunk.hash:
+        if self.rehash and content_hash(piece, parallel_map) != chunk.hash:
             raise CorruptObjectError(
                 f"{self.where(leaf, object_key(chunk.object))}: chunk {chunk.hash} does not match its hash")
         return piece
@@ -330,6 +331,6 @@ def mapped_leaf(store: Store, leaf: Leaf, version_id: str) -> np.ndarray | None:
     if view is None:
         return None
     data = np.frombuffer(view, dtype=np.uint8)
-    if content_hash(data) != chunk.hash:
+    if content_hash(data, parallel_map) != chunk.hash:
         raise CorruptObjectError(f"{reader.where(leaf, key)} does not match its hash: corrupted")
     return data

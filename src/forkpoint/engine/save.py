@@ -25,6 +25,7 @@ from ..storage.streamcopy import stream_copy
 from .autocodec import BusyMeter, choice_for
 from .chunkmemory import ChunkMemory
 from .pacing import EncodePacer, PaceMemory
+from .parallel import parallel_map
 from .reencode import MIN_GAIN, LaterEncode
 from .scheduler import Priority, Scheduler, Task
 from .staging import StagingPool
@@ -300,7 +301,7 @@ class ObjectWriter:
         payload keeps are placed at block-aligned offsets of the object file."""
         layouts = self.layouts.get(slot) if self.layouts is not None and slot is not None else None
         aligned = scratch is not None and self.store.aligned_writes and view.nbytes >= DIRECT_MIN_BYTES
-        return codec.pieces(view, itemsize, scratch=scratch, layouts=layouts, row=row,
+        return codec.pieces(view, itemsize, parallel_map, scratch=scratch, layouts=layouts, row=row,
                             at=OBJECT_HEADER_SIZE if aligned else None)
 
     def _adopt(self, key: str, data: np.ndarray, owned: np.ndarray, table: bytes | None) -> str:
@@ -327,7 +328,7 @@ def raw_header(view: memoryview, table: bytes | None) -> tuple[int, bytes]:
     header_size = raw_header_size(view.nbytes)
     blocks = -(-view.nbytes // BLOCK_BYTES)
     if header_size > OBJECT_HEADER_SIZE and blocks > 1 and OBJECT_HEADER_SIZE + blocks * DIGEST_BYTES <= header_size:
-        return header_size, table or block_digests(view)
+        return header_size, table or block_digests(view, pmap=parallel_map)
     return header_size, b""
 
 
@@ -545,7 +546,7 @@ def hash_with_table(data: np.ndarray) -> tuple[str, bytes]:
     """(content hash, block digest table) of bytes already in memory."""
     if data.nbytes <= BLOCK_BYTES:
         return content_hash(data), b""
-    table = block_digests(memoryview(data))
+    table = block_digests(memoryview(data), pmap=parallel_map)
     return block_root(table, data.nbytes), table
 
 
@@ -741,7 +742,7 @@ def _schedule_pack(sched, plan: ScheduledSave, group, total, known, pool, io, ti
         offset, seen, members = 0, {}, []
         for index, data, box in group:
             _await_device(plan.flat[index].data)
-            digest = content_hash(data)
+            digest = content_hash(data, parallel_map)
             where = known.get(digest) or seen.get(digest)
             if where is None:
                 n = int(data.nbytes)
@@ -762,7 +763,7 @@ def _schedule_pack(sched, plan: ScheduledSave, group, total, known, pool, io, ti
             if not used:
                 return "", "raw", members
             blob = buf[:used]
-            digest = content_hash(blob)
+            digest = content_hash(blob, parallel_map)
             itemsize, floating = pack_kind(plan.flat[group[0][0]].data)
             slot = ("pack", plan.flat[group[0][0]].path, len(group))
             return digest, plan.writer.put(digest, blob, itemsize, floating, slot=slot), members

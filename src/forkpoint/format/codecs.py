@@ -16,10 +16,11 @@ from . import floatcodec, zstdframe
 @dataclass(frozen=True)
 class Codec:
     """A lossless transform of an object's bytes, known by id and name: encode(data, itemsize,
-    threads=None) and decode(payload, decoded length); `estimate(data, itemsize)`, where a
-    codec has one, is the coded size of a sample of the data (cheaper than encoding one), and
-    `sample(data, itemsize)` those sampled bytes; `decode_into(payload, decoded length, out)`
-    decodes into a caller's uint8 array."""
+    pmap=None) and decode(payload, decoded length, pmap=None); `estimate(data, itemsize)`, where
+    a codec has one, is the coded size of a sample of the data (cheaper than encoding one), and
+    `sample(data, itemsize)` those sampled bytes; `decode_into(payload, decoded length, out,
+    pmap=None)` decodes into a caller's uint8 array. `pmap` is a parallel `map` a codec may
+    spread its parts over (the engine's helper threads); without one it works serially."""
 
     id: int
     name: str
@@ -30,7 +31,7 @@ class Codec:
     decode_into: Callable[..., None] | None = None
     sample: Callable[..., np.ndarray] | None = None
 
-    def pieces(self, data, itemsize: int = 1, threads: int | None = None, scratch=None, layouts=None,
+    def pieces(self, data, itemsize: int = 1, pmap=None, scratch=None, layouts=None,
                row: int = 0, at: int | None = None) -> list:
         """The encoded payload as a list of buffers to write in order (no final join where
         the codec produces it in parts); `scratch` (uint8, the data's size) is memory a
@@ -41,19 +42,24 @@ class Codec:
         payload's offset in its file, asks a codec that can to place the parts of `scratch` it
         keeps at block-aligned file offsets (see floatcodec.encode_pieces)."""
         if self.encode_pieces is not None:
-            return self.encode_pieces(data, itemsize, threads, scratch, layouts, row, at)
-        return [self.encode(data, itemsize, threads)]
+            return self.encode_pieces(data, itemsize, pmap, scratch, layouts, row, at)
+        return [self.encode(data, itemsize, pmap)]
 
 
-def _zstd_encode(data: memoryview, itemsize: int = 1, threads: int | None = None) -> bytes:
-    return zstandard.ZstdCompressor(level=3, threads=0 if threads == 1 else -1).compress(data)
+def _zstd_threads(pmap) -> int:
+    """zstd's own worker threads: as many as the cores where the caller works in parallel."""
+    return 0 if pmap is None else -1
 
 
-def _zstd_decode(payload, decoded_length: int) -> bytes:
+def _zstd_encode(data: memoryview, itemsize: int = 1, pmap=None) -> bytes:
+    return zstandard.ZstdCompressor(level=3, threads=_zstd_threads(pmap)).compress(data)
+
+
+def _zstd_decode(payload, decoded_length: int, pmap=None) -> bytes:
     return zstdframe.decompress(payload, decoded_length)
 
 
-def _planes_encode(data: memoryview, itemsize: int = 1, threads: int | None = None) -> bytes:
+def _planes_encode(data: memoryview, itemsize: int = 1, pmap=None) -> bytes:
     """Byte planes: all first bytes of the elements, then all second bytes, ..., each plane
     zstd-compressed together. Payload: itemsize (u8), then one zstd frame."""
     if itemsize <= 1 or len(data) % itemsize or itemsize > 255:
@@ -61,10 +67,10 @@ def _planes_encode(data: memoryview, itemsize: int = 1, threads: int | None = No
         planes = data
     else:
         planes = np.ascontiguousarray(np.frombuffer(data, np.uint8).reshape(-1, itemsize).T)
-    return bytes([itemsize]) + zstandard.ZstdCompressor(level=1, threads=-1).compress(planes)
+    return bytes([itemsize]) + zstandard.ZstdCompressor(level=1, threads=_zstd_threads(pmap)).compress(planes)
 
 
-def _planes_decode(payload, decoded_length: int) -> bytes:
+def _planes_decode(payload, decoded_length: int, pmap=None) -> bytes:
     view = memoryview(payload)
     itemsize = view[0]
     raw = zstdframe.decompress(view[1:], decoded_length)
@@ -76,7 +82,7 @@ def _planes_decode(payload, decoded_length: int) -> bytes:
 CODECS = {
     c.id: c
     for c in (
-        Codec(0, "raw", lambda b, itemsize=1, threads=None: b, lambda p, n: p),
+        Codec(0, "raw", lambda b, itemsize=1, pmap=None: b, lambda p, n, pmap=None: p),
         Codec(1, "zstd", _zstd_encode, _zstd_decode),
         Codec(2, "planes+zstd", _planes_encode, _planes_decode),
         Codec(3, "float-planes", floatcodec.encode, floatcodec.decode, floatcodec.encode_pieces,

@@ -20,7 +20,7 @@ log|v_c|, as a sum of outer products makes them; the residual has 25-35% less en
 exponents). With or without rows, a top plane that zstd would code may instead be coded by
 row matching: rows of MATCH_ROW bytes, each an earlier row (up to MATCH_REACH back) plus a
 constant plus a residual that Huffman codes (an Adam moment's rows are often an earlier row
-times a power of two). Segments of elements are coded independently, in parallel threads, each segment
+times a power of two). Segments of elements are coded independently (the caller may run them in parallel), each segment
 with the layout and coders its own sample picks (a chunk that holds weights and then moments
 codes each part as suits it). Payload (little-endian):
 
@@ -43,11 +43,9 @@ for all segments, right after the counts) still decode.
 """
 
 import math
-import os
 import struct
 import threading
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -98,16 +96,7 @@ GRID_MIN_ROWS, GRID_MIN_COLS, GRID_MAX_COLS = 16, 8, 16384
 ZSTD_PARAMS = zstandard.ZstdCompressionParameters(
     window_log=18, hash_log=13, chain_log=13, search_log=1, min_match=7, target_length=0,
     strategy=zstandard.STRATEGY_FAST)
-_pool: ThreadPoolExecutor | None = None
 _scratch = threading.local()
-THREADS = min(8, os.cpu_count() or 1)
-
-
-def _threads_pool() -> ThreadPoolExecutor:
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(THREADS, thread_name_prefix="forkpoint-codec")
-    return _pool
 
 
 def _planes_buffer(itemsize: int, count: int) -> np.ndarray:
@@ -674,9 +663,10 @@ def estimate(data, itemsize: int = 1) -> int:
     return choose(data, itemsize)[2]
 
 
-def encode(data, itemsize: int = 1, threads: int | None = None) -> bytes:
-    """Encode bytes whose elements are `itemsize` wide (a float type's size)."""
-    return b"".join(encode_pieces(data, itemsize, threads))
+def encode(data, itemsize: int = 1, pmap=None) -> bytes:
+    """Encode bytes whose elements are `itemsize` wide (a float type's size); `pmap` as in
+    encode_pieces."""
+    return b"".join(encode_pieces(data, itemsize, pmap))
 
 
 @dataclass
@@ -710,7 +700,7 @@ REUSE_LIMIT = 7
 REGROW = 1.02  # a training step grew payloads up to 1.3%; choosing afresh then gained under 0.1%
 
 
-def encode_pieces(data, itemsize: int = 1, threads: int | None = None, out=None,
+def encode_pieces(data, itemsize: int = 1, pmap=None, out=None,
                   layouts: Layouts | None = None, row: int = 0, at: int | None = None) -> list:
     """The payload of `encode` as a list of buffers, in order: raw planes are views of one work
     array per call (no copy out of it, no join into one large freshly faulted buffer). `out`, a
@@ -723,7 +713,8 @@ def encode_pieces(data, itemsize: int = 1, threads: int | None = None, out=None,
     each raw plane at a file offset that is a multiple of ALIGN, zero bytes filling the gap:
     from a page-aligned `out`, a store writing with direct I/O then sends raw planes to disk
     from where they lie instead of copying them (segments are then, where rows allow, a
-    multiple of ALIGN elements, so that each of their planes starts page-aligned in `out`)."""
+    multiple of ALIGN elements, so that each of their planes starts page-aligned in `out`).
+    `pmap`, a parallel `map`, encodes the segments at once (serially without one)."""
     data, itemsize = _elements(data, itemsize)
     count = data.nbytes // itemsize
     row = row if itemsize in _WORDS and grid_fits(count, row) else 0
@@ -754,11 +745,7 @@ def encode_pieces(data, itemsize: int = 1, threads: int | None = None, out=None,
             coded[-1].insert(0, shifts)
         return (form, coders), coded
 
-    threads = THREADS if threads is None else threads
-    if threads > 1 and len(starts) > 1:
-        coded = list(_threads_pool().map(segment, range(len(starts))))
-    else:
-        coded = [segment(j) for j in range(len(starts))]
+    coded = list((pmap or map)(segment, range(len(starts))))
     lengths = [sum(len(c) for c in plane) for _, planes in coded for plane in planes]
     if layouts is not None:
         layouts.update(itemsize, [(int(form), list(coders)) for (form, coders), _ in coded], sum(lengths),
@@ -800,15 +787,15 @@ def _plane_offsets(pos: int, lengths, coders: list, version: int, skew: int, siz
     return offsets + [pos]
 
 
-def decode_into(payload, decoded_length: int, out: np.ndarray) -> None:
+def decode_into(payload, decoded_length: int, out: np.ndarray, pmap=None) -> None:
     """Decode a payload of `encode` into `out` (contiguous uint8 of `decoded_length` bytes)."""
-    decode(payload, decoded_length, out=out)
+    decode(payload, decoded_length, pmap, out=out)
 
 
-def decode(payload, decoded_length: int, threads: int | None = None, out=None) -> np.ndarray:
+def decode(payload, decoded_length: int, pmap=None, out=None) -> np.ndarray:
     """Decode a payload of `encode` into `decoded_length` bytes (a uint8 array: large ones
     come from numpy's huge-page-backed allocations, not zero-filled fresh pages; `out` when
-    given)."""
+    given); `pmap`, a parallel `map`, decodes the segments at once."""
     view = memoryview(payload).cast("B")
     version, itemsize, rotated, count, per = _HEAD.unpack_from(view)
     skew = rotated if version == ALIGNED_VERSION else 0
@@ -876,10 +863,5 @@ def decode(payload, decoded_length: int, threads: int | None = None, out=None) -
             _unmatch_rows(planes[-1], shifts)
         _from_planes(planes, itemsize, bool(form & ROTATED), dest[lo * itemsize:hi * itemsize])
 
-    threads = THREADS if threads is None else threads
-    if threads > 1 and len(starts) > 1:
-        list(_threads_pool().map(segment, range(len(starts))))
-    else:
-        for j in range(len(starts)):
-            segment(j)
+    list((pmap or map)(segment, range(len(starts))))
     return out

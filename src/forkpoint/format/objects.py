@@ -7,7 +7,6 @@ one block (else zeros). An object is named by the content hash of its decoded by
 """
 
 import struct
-from concurrent.futures import ThreadPoolExecutor
 
 import blake3
 
@@ -27,7 +26,6 @@ MAX_PACK_BYTES = 256 << 20
 beyond what a manifest reads of it: a reader refuses longer ones before decoding them."""
 _ROOT_PREFIX = b"FPB1"
 _HEX = frozenset("0123456789abcdef")
-_hash_pool: ThreadPoolExecutor | None = None
 
 
 def object_key(digest: str) -> str:
@@ -37,31 +35,29 @@ def object_key(digest: str) -> str:
     return f"objects/{digest[:2]}/{digest}"
 
 
-def content_hash(data, parallel: bool = True) -> str:
+def content_hash(data, pmap=None) -> str:
     """Return the content hash of a bytes-like object: blake3 of the bytes up to one block,
-    else `block_root` of the blake3 digests of its 1 MiB blocks (so any block range verifies)."""
+    else `block_root` of the blake3 digests of its 1 MiB blocks (so any block range verifies).
+    `pmap` as in block_digests."""
     view = memoryview(data).cast("B")
     if view.nbytes <= BLOCK_BYTES:
         return blake3.blake3(view).hexdigest()
-    return block_root(block_digests(view, parallel=parallel), view.nbytes)
+    return block_root(block_digests(view, pmap=pmap), view.nbytes)
 
 
-def block_digests(view: memoryview, first_block: int = 0, parallel: bool = True) -> bytes:
-    """Concatenated 32-byte blake3 digests of the 1 MiB blocks of `view` (two threads when large
-    and `parallel`, else in the calling thread)."""
+def block_digests(view: memoryview, first_block: int = 0, pmap=None) -> bytes:
+    """Concatenated 32-byte blake3 digests of the 1 MiB blocks of `view`: with `pmap` (a
+    parallel `map`, such as the engine's), large views hash in two halves at once."""
     view = memoryview(view).cast("B")
     starts = range(0, view.nbytes, BLOCK_BYTES)
 
     def run(part: range) -> bytes:
         return b"".join(blake3.blake3(view[lo:lo + BLOCK_BYTES]).digest() for lo in part)
 
-    if view.nbytes < HASH_THREADS_MIN_BYTES or not parallel:
+    if view.nbytes < HASH_THREADS_MIN_BYTES or pmap is None:
         return run(starts)
-    global _hash_pool
-    if _hash_pool is None:
-        _hash_pool = ThreadPoolExecutor(2, thread_name_prefix="forkpoint-hash")
     half = (len(starts) + 1) // 2
-    return b"".join(_hash_pool.map(run, [starts[:half], starts[half:]]))
+    return b"".join(pmap(run, [starts[:half], starts[half:]]))
 
 
 def block_root(digests: bytes, length: int) -> str:
@@ -85,11 +81,12 @@ def table_header_size(length: int) -> int:
     return size if size <= MAX_HEADER_SIZE else ALIGNED_HEADER_SIZE
 
 
-def decode_object(blob, digest: str, where: str, verify: bool = True, limit: int | None = None):
+def decode_object(blob, digest: str, where: str, verify: bool = True, limit: int | None = None, pmap=None):
     """The decoded bytes of a whole object file `blob` named `digest`; CorruptObjectError
     (naming `where`) when it cannot be decoded, when its header declares more than `limit`
     decoded bytes (checked before anything is allocated) or, with `verify`, when it does not
-    match its name; FormatError when its payload is of a newer version than this reader knows."""
+    match its name; FormatError when its payload is of a newer version than this reader knows.
+    `pmap`: a parallel `map` for decoding and hashing (serial without one)."""
     codec_id, length, header_size = unpack_header(bytes(memoryview(blob)[:OBJECT_HEADER_SIZE]), where)
     if limit is not None and length > limit:
         raise CorruptObjectError(f"{where} declares {length} decoded bytes, more than the {limit} its manifest "
@@ -98,12 +95,12 @@ def decode_object(blob, digest: str, where: str, verify: bool = True, limit: int
         raise CorruptObjectError(f"{where} is truncated: its header of {header_size} bytes is longer than the file")
     codec = codec_by_id(codec_id, where)
     try:
-        data = codec.decode(memoryview(blob)[header_size:], length)
+        data = codec.decode(memoryview(blob)[header_size:], length, pmap=pmap)
     except FormatError as e:
         raise FormatError(f"{where}: {e}") from None
     except Exception as e:  # any decoder failure means the stored bytes are damaged
         raise CorruptObjectError(f"{where} cannot be decoded as {codec.name} ({e}): corrupted") from None
-    if len(data) != length or (verify and content_hash(data) != digest):
+    if len(data) != length or (verify and content_hash(data, pmap) != digest):
         raise CorruptObjectError(f"{where} does not match its hash: corrupted")
     return data
 

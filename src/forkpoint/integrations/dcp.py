@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..engine.restore import ReadRequest, read_leaves
+from ..engine.parallel import parallel_map
 from ..engine.save import ObjectWriter
 from ..format.manifest import Chunk, Leaf, Manifest, Version
 from ..format.objects import content_hash
@@ -103,16 +104,16 @@ def make_writer_class():
                     data = torch_leaf(tensor, item.index.fqn, copy=False).data
                 if data.nbytes < PACK_ITEM_BYTES:
                     pack.append(data)
-                    pack_items.append((item, content_hash(data), data.nbytes))
+                    pack_items.append((item, content_hash(data, parallel_map), data.nbytes))
                     continue
-                digest = content_hash(data)
+                digest = content_hash(data, parallel_map)
                 before = writer.stored_bytes
                 codec = writer.put(digest, data)
                 results.append(WriteResult(item.index, data.nbytes, StoredItem(
                     digest, digest, 0, data.nbytes, codec, writer.stored_bytes - before)))
             if pack:
                 blob = np.concatenate(pack) if len(pack) > 1 else pack[0]
-                digest = content_hash(blob)
+                digest = content_hash(blob, parallel_map)
                 before = writer.stored_bytes
                 codec = writer.put(digest, blob)
                 offset, written = 0, writer.stored_bytes - before

@@ -25,7 +25,7 @@ def expected_waste_fraction(tau: float, cost: float, mtbf: float, restart: float
 
 
 @dataclass
-class Auto:
+class YoungDaly:
     """Save every Young/Daly interval for the measured stall C and the MTBF M; with
     `max_fraction` (e.g. 0.05), never spend more than that fraction of the time
     checkpointing (whichever of the two saves less often).

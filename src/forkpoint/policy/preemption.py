@@ -109,9 +109,9 @@ class WalltimeGuard:
 
 def install_preemption(ck) -> None:
     """Checkpointer extension: signal handlers, deadline watchdog, walltime save, MTBF estimate."""
-    from .interval import Auto
+    from .interval import YoungDaly
 
-    if isinstance(ck.policy, Auto) and ck.policy.mtbf is None:
+    if isinstance(ck.policy, YoungDaly) and ck.policy.mtbf is None:
         ck.policy.mtbf_estimate = estimate_mtbf(ck.repo, ck.branch)
     opts = ck.preemption
     if not opts:

@@ -22,7 +22,7 @@ class EverySteps:
 
 
 @dataclass(frozen=True)
-class Seconds:
+class EverySeconds:
     """Save when at least `t` seconds of wall time passed since the last save (or start)."""
 
     t: float

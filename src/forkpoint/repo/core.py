@@ -7,7 +7,6 @@ A version is visible once its manifest is durable and a ref record points at it.
 import atexit
 import collections
 import collections.abc
-import concurrent.futures.thread  # registers its exit call before ours, so ours runs first
 import dataclasses
 import json
 import math
@@ -64,8 +63,8 @@ _OPEN_AT_EXIT: "weakref.WeakSet" = weakref.WeakSet()
 def _close_left_open() -> None:
     """At interpreter exit, close the repositories a program left open: their saves in flight
     commit and their threads stop before the interpreter tears down (left running, they made
-    the process abort at exit now and then). It runs among threading's exit calls, before
-    concurrent.futures refuses new work to the thread pools that hashing and encoding use."""
+    the process abort at exit now and then). The scheduler's and the helper threads are daemon
+    threads, so they still run when exit handlers do."""
     for repo in list(_OPEN_AT_EXIT):
         try:
             repo.close()
@@ -73,7 +72,7 @@ def _close_left_open() -> None:
             print(f"forkpoint: closing {repo.url} at exit failed: {e}", file=sys.stderr)
 
 
-getattr(threading, "_register_atexit", atexit.register)(_close_left_open)
+atexit.register(_close_left_open)
 
 
 class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin, CompactionMixin, PlacementMixin,

@@ -12,6 +12,7 @@ from ..format.manifest import Manifest, version_from_bytes
 from ..format.objects import object_key
 from ..storage import Store
 from ..tiers import farthest_next_use
+from ..engine.parallel import parallel_map
 from ..tiers.movement import copy_manifest, copy_object, object_keys, sweep
 from .compaction import encodable_objects
 
@@ -141,13 +142,13 @@ class PlacementMixin:
         where `way` says so; auto objects are timed (decoded bytes) for the AutoChoice."""
         item = way.items.get(key) if way is not None else None
         if item is None:
-            return copy_object(self.stores[k:], dst, key)
+            return copy_object(self.stores[k:], dst, key, parallel_map)
         way.meter.start()
         written = 0
         try:
             done = copy_encoded(self.stores[k:], dst, item, lambda: self._sched.hold("encode")) \
                 if way.encoded else None
-            copied = done[0] if done is not None else copy_object(self.stores[k:], dst, key)
+            copied = done[0] if done is not None else copy_object(self.stores[k:], dst, key, parallel_map)
             written = item.nbytes if copied else 0
             return copied
         finally:
@@ -331,7 +332,7 @@ class PlacementMixin:
         keys = sorted(object_keys(m))
         self._hold_lease(self.store)
         for key in keys:
-            copy_object(self.stores[1:], self.store, key)
+            copy_object(self.stores[1:], self.store, key, parallel_map)
         self.store.barrier(keys)
         copy_manifest(source, self.store, vid)
         self._evict(0, spare=vid)

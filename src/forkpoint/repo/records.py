@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import __version__
+from .._version import __version__
 from ..engine.scheduler import Task
 from ..format.manifest import Version
 

@@ -163,7 +163,3 @@ class FsspecStore(Store):
             except (NotImplementedError, ValueError, TypeError):
                 self.fs.pipe_file(path, self.fs.cat_file(path))
         self.fs.invalidate_cache(path)
-
-    def invalidate(self) -> None:
-        """Forget cached listings (other processes may have written)."""
-        self.fs.invalidate_cache()

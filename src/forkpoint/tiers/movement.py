@@ -17,9 +17,10 @@ def object_keys(manifest) -> set[str]:
     return {object_key(o) for o in manifest.objects()}
 
 
-def copy_object(sources: list[Store], dst: Store, key: str) -> int:
+def copy_object(sources: list[Store], dst: Store, key: str, pmap=None) -> int:
     """Copy `key` to `dst` from the first source that has it; return bytes copied (0 if present).
-    Into a trusted store (whose reads are not re-hashed) only a copy that verifies goes."""
+    Into a trusted store (whose reads are not re-hashed) only a copy that verifies goes (checked
+    with `pmap`, a parallel `map`, where given)."""
     if dst.exists(key):
         dst.touch(key)
         return 0
@@ -28,7 +29,7 @@ def copy_object(sources: list[Store], dst: Store, key: str) -> int:
         try:
             data = _source_bytes(src, key)
             if dst.trusted and not src.trusted:
-                decode_object(data, key.rsplit("/", 1)[-1], f"{src.url}/{key}")
+                decode_object(data, key.rsplit("/", 1)[-1], f"{src.url}/{key}", pmap=pmap)
         except FileNotFoundError:
             continue
         except CorruptObjectError as e:

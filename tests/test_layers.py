@@ -1,0 +1,55 @@
+"""The package's shape: the layer order of DESIGN.md holds, and the public face is the API only."""
+
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import forkpoint as fp
+from forkpoint.engine.parallel import HelperThreads, parallel_map
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    lint = shutil.which("lint-imports") or str(Path(sys.executable).with_name("lint-imports"))
+    out = subprocess.run([lint, "--config", str(ROOT / "pyproject.toml")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    assert "KEPT" in out.stdout
+
+
+def test_dir_shows_the_public_api_only():
+    names = set(dir(fp))
+    assert {"Repo", "Checkpointer", "Keep", "EverySteps", "EverySeconds", "YoungDaly", "tier", "dist"} <= names
+    assert not names & {"engine", "format", "storage", "repo", "tiers", "state", "policy", "os"}
+    assert all(hasattr(fp, name) for name in fp.__all__)
+
+
+def test_helper_threads_map_in_order_and_raise_what_an_item_raised():
+    assert parallel_map(lambda x: x * x, range(50)) == [x * x for x in range(50)]
+    assert parallel_map(str, []) == []
+
+    def boom(x):
+        if x == 7:
+            raise KeyError("item 7")
+        return x
+
+    with pytest.raises(KeyError, match="item 7"):
+        parallel_map(boom, range(20))
+
+
+def test_nested_maps_finish_when_every_helper_is_busy():
+    helpers = HelperThreads(2)
+    release = threading.Event()
+    busy = threading.Thread(target=helpers.map, args=(lambda _: release.wait(30), range(3)), daemon=True)
+    busy.start()  # both helpers and that caller now wait
+    try:
+        inner = helpers.map(lambda x: sum(helpers.map(lambda y: x * y, range(4))), range(3))
+        assert inner == [0, 6, 12]  # done by this thread alone
+    finally:
+        release.set()
+        busy.join(30)
