@@ -869,16 +869,16 @@ def test_float_codec_reuses_layouts_and_chooses_again_when_stale(monkeypatch):
     real_choose = floatcodec.choose
     monkeypatch.setattr(floatcodec, "choose", lambda *a: chosen.append(1) or real_choose(*a))
     layouts = floatcodec.Layouts()
-    first = b"".join(floatcodec.encode_pieces(weights.view(np.uint8), 4, 1, layouts=layouts))
+    first = b"".join(floatcodec.encode_pieces(weights.view(np.uint8), 4, layouts=layouts))
     assert len(chosen) == 1 and layouts.uses == 0 and layouts.coded < len(first) < layouts.coded + 64
     assert layouts.segments == [(True, [floatcodec.RAW] * 3 + [floatcodec.HUFFMAN])]
-    again = b"".join(floatcodec.encode_pieces(nudged.view(np.uint8), 4, 1, layouts=layouts))
+    again = b"".join(floatcodec.encode_pieces(nudged.view(np.uint8), 4, layouts=layouts))
     assert len(chosen) == 1 and layouts.uses == 1, "the second encode reuses the layout"
     assert again == fresh, "same payload as a fresh choice here"
     for _ in range(floatcodec.REUSE_LIMIT - 1):
-        floatcodec.encode_pieces(nudged.view(np.uint8), 4, 1, layouts=layouts)
+        floatcodec.encode_pieces(nudged.view(np.uint8), 4, layouts=layouts)
     assert len(chosen) == 1 and layouts.uses == floatcodec.REUSE_LIMIT
-    floatcodec.encode_pieces(nudged.view(np.uint8), 4, 1, layouts=layouts)
+    floatcodec.encode_pieces(nudged.view(np.uint8), 4, layouts=layouts)
     assert len(chosen) == 2 and layouts.uses == 0, "chosen afresh after REUSE_LIMIT reuses"
 
     random_bytes = np.random.default_rng(1).integers(0, 256, weights.nbytes, dtype=np.uint8)
@@ -888,7 +888,7 @@ def test_float_codec_reuses_layouts_and_chooses_again_when_stale(monkeypatch):
     assert layouts.segments == [(True, [floatcodec.RAW] * 4)], "the stale Huffman plane was left raw"
     assert len(coded) < random_bytes.nbytes + 64
     assert layouts.uses == floatcodec.REUSE_LIMIT, "a payload that grew has its layout chosen afresh"
-    floatcodec.encode_pieces(moments.view(np.uint8), 4, 1, layouts=layouts)
+    floatcodec.encode_pieces(moments.view(np.uint8), 4, layouts=layouts)
     assert len(chosen) == 3
 
     floatcodec.encode_pieces(np.tile(moments, 3).view(np.uint8), 4, layouts=layouts)
