@@ -84,7 +84,7 @@ SAMPLE_SHARE, SAMPLE_MIN_ELEMENTS = 16, 1 << 10  # an encode samples at most 1/1
 MIN_GAIN = 0.98
 ZSTD_MIN_GAIN = 0.95
 RUNS_MIN_GAIN = 0.95
-RUNS_MIN_SHARE = 0.10  # runs are tried where this share of bytes equals the two before (below it they gained under 1%)
+RUNS_MIN_SHARE = 0.10  # runs are tried where this share of bytes equals the two before (below it they gain little)
 SEVEN_MIN_GAIN = 0.95
 SEVEN_PRICE = 0.005
 SPARSE_MIN_ZEROS = 0.3
@@ -199,9 +199,8 @@ def _sparse_scratch(n: int) -> tuple[np.ndarray, np.ndarray]:
 def _bitmap_coder(bitmap: np.ndarray) -> tuple[int, int]:
     """(coder, block) for a sparse plane's bitmap: deflate with runs where 10% or more of the
     bytes of its first 64 KiB equal the two before them (zero stretches: rows that matched
-    whole, runs of zeros), else Huffman-only. On the 354 sparse planes of
-    benchmarks/compression.py's and codecs.py's states as saves split them, the bitmaps under
-    that share coded 0.1-0.2% larger Huffman-only, in two thirds of the time."""
+    whole, runs of zeros), else Huffman-only: below that share, Huffman-only codes the
+    bitmaps of the benchmark states (benchmarks/compression.py) hardly larger, in less time."""
     head = bitmap[:HUFFMAN_BLOCK_WIDE]
     entropy, _, _, share = _plane_stats(head, runs=True)
     return RUNS if share >= RUNS_MIN_SHARE else HUFFMAN, _block_for(entropy, head.nbytes)
@@ -509,11 +508,11 @@ def _trial_bytes(plane: np.ndarray, coder: int, block: int) -> int:
 
 def choose(data: np.ndarray, itemsize: int, row: int = 0, share: int = 1) -> tuple[int, list[int], int]:
     """(form, coder per plane, coded bytes of the sample) for `data`: the layout whose coded
-    bytes plus the price of each pass it makes over a plane (_pass_price) are fewer (a bf16
-    weight's low byte codes 0.7% smaller at Huffman's speed: coding it cost the weights ~30% of
-    their encode speed for 0.13% of their ratio). Form: 0, ROTATED, or ROTATED | GRID where
+    bytes plus the price of each pass it makes over a plane (_pass_price) are fewer (so that a
+    plane that codes only slightly smaller, such as a bf16 weight's low byte, stays raw and
+    costs no encode time). Form: 0, ROTATED, or ROTATED | GRID where
     `row` (elements per row, 0 for none) allows the grid model; the sample is then made of whole
-    rows, and the grid is tried only where its residual's order-0 entropy is 3% below the
+    rows, and the grid is tried only where its residual's order-0 entropy is below GRID_MIN_GAIN of the
     rotated top plane's coded size (weights' exponents have no such structure: their residuals
     code no smaller). A layout whose top plane zstd codes is also tried with that plane's rows
     matched (| MATCH, see _matched_option). `share` bounds the sample to that fraction of the
@@ -557,9 +556,8 @@ def _matched_option(form: int, option: list, top: np.ndarray) -> list:
     earlier rows, which matching codes smaller, and Huffman then several times faster than zstd
     codes `top`); else []. Not tried where zstd codes the plane to under a bit a byte (zero
     runs: a residual cannot code smaller than that). Neither zstd nor runs are tried on the
-    residual: across the 225 residuals of benchmarks/compression.py's and codecs.py's states as
-    saves split them, runs never came within 5% of Huffman-only nor under the sparse coder, and
-    zstd never won on 279."""
+    residual: on the residuals of the benchmark states (benchmarks/compression.py) neither
+    beat Huffman-only or the sparse coder."""
     if option[-1][0] != ZSTD or top.size < 2 * MATCH_ROW or option[-1][1] * 8 < top.size:
         return []
     residual = top.copy()
@@ -575,7 +573,7 @@ def _stretch_costs(data: np.ndarray, itemsize: int, row: int, options: list) -> 
 
     Where the sample prefers the grid to a layout whose top plane zstd codes or rows match, the
     sample's short pieces hide the repeats zstd finds at long distances (an embedding's first
-    moment: 17% smaller on the whole plane than on the sample), which the stretch shows; the
+    moment codes much smaller as a whole plane than as the sample), which the stretch shows; the
     grid is weighed against the best of each. `choose` looks so only at data of two stretches
     or more: smaller data's planes are mostly in the sample, and more encodes of each would
     multiply the cost of choosing. Options of one rotation share the stretch's planes, and the
@@ -697,7 +695,7 @@ class Layouts:
 
 
 REUSE_LIMIT = 7
-REGROW = 1.02  # a training step grew payloads up to 1.3%; choosing afresh then gained under 0.1%
+REGROW = 1.02  # payloads grow a little from step to step; choosing afresh then gains almost nothing
 
 
 def encode_pieces(data, itemsize: int = 1, pmap=None, out=None,
