@@ -114,3 +114,15 @@ def test_save_and_checkpointer_fields_are_checked(tmp_path):
         ck.step(step)
     ck.close()
     assert [(v.step, v.pruned) for v in repo.log()][:4] == [(12, False), (11, False), (10, True), (9, True)]
+
+
+def test_repository_options_are_savefield_names_given_once(tmp_path):
+    with pytest.raises(TypeError, match="unknown option.s. codek: a repository takes SaveOptions' fields"):
+        fp.Repo(tmp_path / "r", create=True, codek="lossless")
+    with pytest.raises(TypeError, match="delta must be True, False, None or fp.Delta"):
+        fp.Repo(tmp_path / "r", create=True, delta="yes")
+    repo = fp.Repo(tmp_path / "r", create=True, options=fp.SaveOptions(chunk_bytes=1 << 20), codec="lossless",
+                   delta=True)
+    assert (repo.options.chunk_bytes, repo.options.codec) == (1 << 20, "lossless")
+    assert isinstance(repo.options.delta, fp.Delta)
+    repo.close()

@@ -7,6 +7,7 @@ import os as _os  # noqa: E402
 
 from .automation import AuditReport, audit  # noqa: E402
 from .checkpointer import Checkpointer  # noqa: E402
+from .engine.save import SaveOptions  # noqa: E402
 from .errors import ResumeWarning  # noqa: E402
 from .format.delta import Delta  # noqa: E402
 from .format.lossy import Lossy  # noqa: E402
@@ -19,7 +20,7 @@ from .tiers import Tier, tier  # noqa: E402
 __all__ = ["PREEMPTED_EXIT_CODE", "YoungDaly", "Preemption", "Checkpointer", "CompactReport", "Delta", "Divergence", "EverySteps", "GcReport", "Keep", "LeafDiff", "Lossy",
            "PendingSave", "RankLocal", "Repo", "ResumableSampler", "RNGState", "EverySeconds", "Tier", "Version",
            "VerifyReport", "adjoint", "dist", "errors", "tier", "__version__", "AuditReport", "audit",
-           "ResumeWarning"]
+           "ResumeWarning", "SaveOptions"]
 
 if _os.environ.get("FORKPOINT_AUDIT"):  # this process is a phase of `forkpoint audit`
     from .automation.script_audit import install_from_environment

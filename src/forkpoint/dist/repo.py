@@ -18,14 +18,15 @@ import uuid
 import blake3
 
 from ..engine.gcpause import gc_paused
-from ..engine.save import launch_device_copies, row_split, schedule_save
+from ..engine.save import launch_device_copies, row_split
 from ..engine.scheduler import Priority
 from ..errors import ForkpointError
 from ..format.manifest import Chunk, Leaf, Manifest, Version
 from ..format.objects import object_key
 from ..repo import Repo as BaseRepo
+from ..repo.commit import SaveSession
 from ..repo.core import pending_save, save_fields
-from ..repo.records import _environment
+from ..repo.records import environment
 from ..state import RankSlot, capture, flatten
 from ..state.stateful import get_at
 from .coordinator import Coordinator, DistSaveError
@@ -112,40 +113,29 @@ class Repo(NodeLocalMixin, BaseRepo):
             with gc_paused():
                 skeleton, shared, local_skeleton, local, select = self._flat_parts(state, allow_pickle)
             n_shared = len(shared)
-            pack_key = writer_class(shared)
-            if self.rank == 0:  # the rank that publishes the ref; the others are the same run
-                self._holds.check(branch)
-            self._hold_lease(self.store)
-            head = self._head_manifest(branch)
-            known, deltas = self._known_chunks(head), self._delta_plan(head)
+            # rank 0 publishes the ref and checks the branch's holder; the others are the same run
+            session = SaveSession(self, branch, check_holder=self.rank == 0)
         except Exception as e:
             self._refuse_save(sid, e)
             raise
         with self._sched.batch():
-            with self._evict_lock:  # registered before any of its objects can be written
-                plan = schedule_save(self._sched, self.store, self._tier, shared + local, known,
-                                     self.options, self._staging, "window" if sync else "staging",
-                                     guard=self._evict_lock, select=select, deltas=deltas,
-                                     pack_key=pack_key, layouts=self._layouts, pacing=self._pacing)
-                plan.writer.keeps_advice = self.rank == 0  # one writer of codec="auto"'s advice
-                self._writers.add(plan.writer)
+            plan = session.schedule(shared + local, sync, select=select, pack_key=writer_class(shared))
+            plan.writer.keeps_advice = self.rank == 0  # one writer of codec="auto"'s advice
             fingerprint = layout_fingerprint(shared)
             part = self._sched.submit(
-                "part", lambda: self._publish_part(sid, plan, n_shared, local_skeleton, fingerprint,
+                "part", lambda: self._publish_part(session, sid, plan, n_shared, local_skeleton, fingerprint,
                                                    {"branch": branch, "step": step}),
                 priority=Priority.COMMIT, after=plan.writes)
             if self.rank == 0:
                 record = Version("", [], branch, step, 0.0, message, metrics, meta,
-                                 env={**_environment(), "world_size": self.world})
+                                 env={**environment(), "world_size": self.world})
                 finish = self._sched.submit(
-                    "commit", lambda: self._adopt_deltas(
-                        plan, self._coordinate(sid, part, skeleton, record, n_shared, allow_pickle)),
+                    "commit", lambda: self._coordinate(session, sid, part, skeleton, record, n_shared, allow_pickle),
                     priority=Priority.COMMIT, needs={f"io:{self._tier}": 1}, after=[part, self._last_commit])
             else:
-                finish = self._sched.submit("commit", lambda: self._adopt_deltas(plan, self._await_outcome(sid, part)),
+                finish = self._sched.submit("commit", lambda: self._await_outcome(session, sid, part),
                                             priority=Priority.COMMIT, after=[part, self._last_commit])
-            self._sched.submit("cleanup", lambda: self._forget_save(plan),
-                               priority=Priority.COMMIT, after=[finish])
+            self._sched.submit("cleanup", session.close, priority=Priority.COMMIT, after=[finish])
         self._last_commit = finish
         if sync:
             return finish.result()
@@ -200,8 +190,8 @@ class Repo(NodeLocalMixin, BaseRepo):
         _, shared, _, local, select = self._flat_parts(state, allow_pickle)
         return self._warm(shared + local, select, writer_class(shared))
 
-    def _publish_part(self, sid: str, plan, n_shared: int, local_skeleton: dict, fingerprint: str,
-                      call: dict):
+    def _publish_part(self, session: SaveSession, sid: str, plan, n_shared: int, local_skeleton: dict,
+                      fingerprint: str, call: dict):
         """Make this rank's written chunks durable and hand them to the coordinator."""
         try:
             failed = next((t.future.exception() for t in plan.writes if t.future.exception()), None)
@@ -209,7 +199,7 @@ class Repo(NodeLocalMixin, BaseRepo):
                 raise failed
             with gc_paused():
                 stored = plan.assemble()
-            self.store.barrier(stored.written_keys)
+            session.make_durable(stored.written_keys)
             locals_ = []
             for leaf in stored.leaves[n_shared:]:
                 d = leaf.to_json()
@@ -230,7 +220,8 @@ class Repo(NodeLocalMixin, BaseRepo):
             self.coordinator.publish(sid, {"error": f"{type(e).__name__}: {e}"})
             raise
 
-    def _coordinate(self, sid, part, skeleton, record: Version, n_shared: int, allow_pickle: bool) -> Version:
+    def _coordinate(self, session: SaveSession, sid, part, skeleton, record: Version, n_shared: int,
+                    allow_pickle: bool) -> Version:
         """(Rank 0) gather every part, assemble one manifest, commit it and announce the outcome."""
         try:
             parts = self.coordinator.gather(sid)
@@ -238,7 +229,7 @@ class Repo(NodeLocalMixin, BaseRepo):
             manifest = assemble_manifest(record, skeleton, own.leaves[:n_shared], parts, allow_pickle)
             assignment = assign_flush(manifest, parts) if self.node_local else None
             with self._flush_share(assignment[0] if assignment else None):
-                version = self._commit(manifest)
+                version = session.commit(manifest)
         except Exception as e:
             self.coordinator.announce(sid, {"error": f"{type(e).__name__}: {e}"})
             if isinstance(e, DistSaveError):
@@ -252,7 +243,7 @@ class Repo(NodeLocalMixin, BaseRepo):
         self.coordinator.announce(sid, {"id": version.id}, extras, cleanup)
         return version
 
-    def _await_outcome(self, sid: str, part) -> Version:
+    def _await_outcome(self, session: SaveSession, sid: str, part) -> Version:
         """(Other ranks) wait for rank 0's outcome; return the committed Version (with a
         node-local tier 0, after recording it there)."""
         flush = []
@@ -264,6 +255,7 @@ class Repo(NodeLocalMixin, BaseRepo):
         if flush:
             with self._flush_share(flush[0]):
                 self._after_commit(outcome["id"], 0)
+        session.adopt_deltas()
         return self._manifest_by_id(outcome["id"]).version
 
 def split_rank_local(tree, objects) -> tuple[object, list]:

@@ -6,6 +6,7 @@ budget: a state larger than it streams through.
 """
 
 import contextlib
+import dataclasses
 import fnmatch
 import threading
 from dataclasses import dataclass, field
@@ -68,6 +69,12 @@ class SaveOptions:
     for faster than the store takes them cannot pile up)."""
 
     def __post_init__(self):
+        if self.delta is not None and not isinstance(self.delta, (bool, Delta)):
+            raise TypeError(f"delta must be True, False, None or fp.Delta(...), got {self.delta!r}")
+        self.delta = Delta() if self.delta is True else self.delta or None
+        for name in ("encode_later", "adaptive"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for name, least in (("chunk_bytes", MIN_CHUNK_BYTES), ("small_leaf_bytes", 0), ("pack_bytes", 1), ("workers", 1),
                             ("staging_bytes", 1), ("window_bytes", 1), ("max_pending", 1)):
             value = getattr(self, name)
@@ -76,6 +83,17 @@ class SaveOptions:
         if self.pack_bytes + self.small_leaf_bytes > MAX_PACK_BYTES:
             raise ValueError(f"SaveOptions.pack_bytes + small_leaf_bytes must be at most {MAX_PACK_BYTES} (readers "
                              f"refuse longer packs), got {self.pack_bytes} + {self.small_leaf_bytes}")
+
+
+def with_fields(options: SaveOptions | None, fields: dict) -> SaveOptions:
+    """`options` (default: SaveOptions()) with the given fields replaced (a None value keeps
+    the field as it is); TypeError naming any keyword that is not a field."""
+    names = {f.name for f in dataclasses.fields(SaveOptions)}
+    unknown = sorted(set(fields) - names)
+    if unknown:
+        raise TypeError(f"unknown option(s) {', '.join(unknown)}: a repository takes SaveOptions' fields, "
+                        f"{', '.join(sorted(names))}")
+    return dataclasses.replace(options or SaveOptions(), **{k: v for k, v in fields.items() if v is not None})
 
 
 @dataclass

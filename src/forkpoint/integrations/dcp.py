@@ -13,12 +13,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..engine.restore import ReadRequest, read_leaves
+from ..engine.restore import ReadRequest
 from ..engine.parallel import parallel_map
-from ..engine.save import ObjectWriter
 from ..format.manifest import Chunk, Leaf, Manifest, Version
 from ..format.objects import content_hash
-from ..repo.records import _environment
+from ..repo.records import environment
 from ..state.flatten import flatten, unflatten, walk_skeleton
 from ..state.leaves import torch_leaf
 
@@ -63,7 +62,7 @@ def make_writer_class():
             self.message, self.metrics, self.meta = message, metrics or {}, meta or {}
             self.version: Version | None = None
             self.is_coordinator = True
-            self._object_writers: list = []
+            self.session = None
 
         def reset(self, checkpoint_id=None) -> None:
             self.version = None
@@ -86,11 +85,9 @@ def make_writer_class():
             from torch.distributed.checkpoint.planner import WriteItemType
             from torch.distributed.checkpoint.storage import WriteResult
 
-            self.repo._hold_lease(self.repo.store)
-            writer = ObjectWriter(self.repo.store, self.repo.options.codec)
-            with self.repo._evict_lock:  # this process's gc spares its objects until the commit
-                self.repo._writers.add(writer)
-            self._object_writers.append(writer)
+            if self.session is None:  # this process's gc spares its objects until the commit
+                self.session = self.repo.begin_save(self.branch, check_holder=self.is_coordinator)
+            writer = self.session.writer()
             results, pack, pack_items = [], [], []
             for item in plan.items:
                 if item.type == WriteItemType.BYTE_IO and (node := _plain_node(planner, item)) is not None:
@@ -120,9 +117,9 @@ def make_writer_class():
                 for item, item_hash, n in pack_items:
                     results.append(WriteResult(item.index, n, StoredItem(item_hash, digest, offset, n, codec, written)))
                     offset, written = offset + n, 0
-            self.repo.store.barrier(writer.written)
+            self.session.make_durable(writer.written)
             if not self.is_coordinator:
-                self._forget_writers()
+                self._end_session()
             fut = Future()
             fut.set_result(results)
             return fut
@@ -160,19 +157,20 @@ def make_writer_class():
             planner_data = _jsonable(metadata.planner_data) if metadata.planner_data is not None else None
             meta = {**self.meta, "dcp": {"bytes": byte_fqns, "planner_data": planner_data}}
             record = Version("", [], self.branch, self.step, 0.0, self.message, self.metrics, meta,
-                             env=_environment())
+                             env=environment())
             record.logical_bytes = sum(leaf.nbytes for leaf in leaves)
             record.stored_bytes = sum(s.written for s in where.values())
             manifest = Manifest(record, _nest(keys, values), leaves)
             try:
-                self.version = self.repo._commit(manifest)
+                session = self.session or self.repo.begin_save(self.branch)
+                self.version = session.commit(manifest)
             finally:
-                self._forget_writers()
+                self._end_session()
 
-        def _forget_writers(self) -> None:
-            for writer in self._object_writers:
-                self.repo._forget_writer(writer)
-            self._object_writers = []
+        def _end_session(self) -> None:
+            if self.session is not None:
+                self.session.close()
+            self.session = None
 
         def storage_meta(self):
             return None
@@ -245,7 +243,7 @@ def make_reader_class():
                                                                Metadata, MetadataIndex, TensorProperties,
                                                                TensorStorageMetadata)
 
-            self.manifest = m = self.repo._readable(self.ref)
+            self.manifest = m = self.repo.manifest(self.ref)
             dcp_meta = m.version.meta.get("dcp", {})
             dcp_bytes = set(dcp_meta.get("bytes", []))
             self.items, self.scalars = {}, {}
@@ -299,7 +297,7 @@ def make_reader_class():
                         blob.seek(0)
                     else:
                         buf = np.empty(where.nbytes, dtype=np.uint8)
-                        self.repo._read_with_fallback([ReadRequest(where, buf)], vid)
+                        self.repo.read_into([ReadRequest(where, buf)], vid)
                         blob = io.BytesIO(buf.tobytes())
                     planner.load_bytes(req, blob)
                     continue
@@ -311,8 +309,7 @@ def make_reader_class():
                 tmp = torch.empty(lengths, dtype=dtype)
                 flat = tmp.reshape(-1).view(torch.uint8) if tmp.numel() else torch.empty(0, dtype=torch.uint8)
                 single = Leaf(leaf.path, leaf.kind, leaf.dtype, leaf.shape, leaf.nbytes, [chunk], leaf.device)
-                read_leaves(self.repo._holders(vid)[0], [ReadRequest(single, flat.numpy(), (offsets, lengths))],
-                            vid, self.repo._submit_read)
+                self.repo.read_into([ReadRequest(single, flat.numpy(), (offsets, lengths))], vid)
                 target = planner.resolve_tensor(req).detach()
                 target.copy_(tmp)
                 planner.commit_tensor(req, target)

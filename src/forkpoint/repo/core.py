@@ -7,7 +7,6 @@ A version is visible once its manifest is durable and a ref record points at it.
 import atexit
 import collections
 import collections.abc
-import dataclasses
 import json
 import math
 import operator
@@ -26,12 +25,11 @@ from ..engine.delta import DeltaPlan, ValueEstimate, parent_chunks
 from ..engine.gcpause import gc_paused
 from ..engine.pacing import PaceMemory
 from ..engine.restore import chunk_value
-from ..engine.save import SaveOptions, codec_rules, object_key, schedule_save, staging_sizes
+from ..engine.save import SaveOptions, codec_rules, object_key, staging_sizes, with_fields
 from ..engine.scheduler import Budget, Priority, Scheduler, Task, usable_cores
 from ..engine.staging import StagingPool
 from ..errors import (ConflictError, FormatError, RefNotFoundError, RepoNotFoundError, SaveAbortedError,
                       UnsupportedTypeError)
-from ..format.delta import Delta
 from ..format.floatcodec import Layouts
 from ..format.manifest import FORMAT_VERSION, Chunk, Manifest, Version, check_format, html_table
 from ..format.refs import check_name
@@ -39,6 +37,7 @@ from ..state import capture, flatten
 from ..state.device import DeviceCapture
 from ..storage import Store, open_store
 from ..tiers import Tier, open_tiers
+from .commit import SaveSession
 from .compaction import CompactionMixin
 from .holders import BranchHolds
 from .interrupts import finishing_on_first_interrupt
@@ -48,7 +47,7 @@ from .maintenance import MaintenanceMixin
 from .writers import WritersMixin
 from .placement import PlacementMixin
 from .reading import ReadingMixin
-from .records import PendingSave, _environment
+from .records import PendingSave, environment
 from .refs import RefsMixin
 
 REPO_MARKER = "forkpoint.json"
@@ -78,22 +77,18 @@ atexit.register(_close_left_open)
 class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin, CompactionMixin, PlacementMixin,
            WritersMixin):
     """A forkpoint repository at `url`: a local path, file://, mem://name, or an fsspec URL
-    such as s3://bucket/prefix (`storage_options` go to the fsspec file system).
-    With `encode_later=True`, a lossless/zstd save writes its chunks raw where raw saves
-    measure faster on the store, and encodes them in the background after its commit.
-    A lossless/zstd/lossy save to local disk encodes a chunk only while the store, not the CPU,
-    bounds the save, else writes it raw (SaveOptions.adaptive); `adaptive=False` encodes
-    every chunk."""
+    such as s3://bucket/prefix (`storage_options` go to the fsspec file system), or a
+    hierarchy of `tiers` (see fp.tier). How saves lay out, encode and stage data is given once,
+    as `options` (a SaveOptions) and/or its fields as keywords: `codec` (a policy, or
+    {path glob: policy}), `delta`, `workers`, `chunk_bytes`, ... (see engine.save.SaveOptions)."""
 
     closes_at_exit = True
     """Whether a repository the program leaves open is closed at interpreter exit (its saves
     in flight then commit first)."""
 
-    def __init__(self, url: str | Store | None = None, create: bool = False, codec: "str | dict | None" = None,
-                 on_conflict: str = "retry", workers: int | None = None, options: SaveOptions | None = None,
-                 storage_options: dict | None = None, tiers: list | None = None,
-                 delta: "Delta | bool | None" = None, encode_later: bool | None = None,
-                 adaptive: bool | None = None):
+    def __init__(self, url: str | Store | None = None, create: bool = False, *, tiers: list | None = None,
+                 storage_options: dict | None = None, on_conflict: str = "retry",
+                 options: SaveOptions | None = None, **save_options):
         if tiers is not None and url is not None:
             raise ValueError("give either url or tiers, not both")
         if tiers is None and url is None:
@@ -101,18 +96,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         if on_conflict not in ("retry", "error"):
             raise ValueError(f"on_conflict must be 'retry' or 'error', got {on_conflict!r}")
         self.on_conflict = on_conflict
-        given = {k: v for k, v in (("codec", codec), ("workers", workers)) if v is not None}
-        self.options = dataclasses.replace(options, **given) if options is not None else SaveOptions(**given)
-        if delta is not None and not isinstance(delta, (bool, Delta)):
-            raise TypeError(f"delta must be True, False, None or fp.Delta(...), got {delta!r}")
-        if delta:
-            self.options.delta = delta if isinstance(delta, Delta) else Delta()
-        if encode_later is not None:
-            self.options.encode_later = bool(encode_later)
-        if adaptive is not None:
-            self.options.adaptive = adaptive
-        if not isinstance(self.options.adaptive, bool):
-            raise TypeError(f"adaptive must be True or False, got {self.options.adaptive!r}")
+        self.options = with_fields(options, save_options)
         self._delta_values: dict = {}
         self._delta_plans = weakref.WeakSet()  # a plan whose save never got scheduled just vanishes
         codec_rules(self.options.codec)
@@ -266,26 +250,27 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
             raise UnsupportedTypeError(
                 f"state path {sharded!r} is a sharded DTensor: this process holds only part of it; "
                 "save sharded state from every rank with fp.dist.Repo")
-        record = Version("", [], branch, step, 0.0, message, metrics, meta, env=_environment())
-        self._holds.check(branch)
-        self._hold_lease(self.store)
-        head = self._head_manifest(branch)
-        known, deltas = self._known_chunks(head), self._delta_plan(head)
+        record = Version("", [], branch, step, 0.0, message, metrics, meta, env=environment())
+        session = SaveSession(self, branch)
         with self._sched.batch():
-            with self._evict_lock:  # registered before any of its objects can be written
-                plan = schedule_save(self._sched, self.store, self._tier, flat, known, self.options,
-                                     self._staging, "window" if sync else "staging", guard=self._evict_lock,
-                                     deltas=deltas, encode_later=self.options.encode_later,
-                                     layouts=self._layouts, pacing=self._pacing)
-                self._writers.add(plan.writer)
+            plan = session.schedule(flat, sync, encode_later=self.options.encode_later)
             commit = self._sched.submit(
-                "commit", lambda: self._finish_save(plan, skeleton, record, allow_pickle),
+                "commit", lambda: self._finish_save(session, plan, skeleton, record, allow_pickle),
                 priority=Priority.COMMIT, needs={f"io:{self._tier}": 1}, deps=plan.writes,
                 after=[self._last_commit])
             plan.commit = commit
-            self._sched.submit("cleanup", lambda: self._forget_save(plan),
-                               priority=Priority.COMMIT, after=[commit])
+            self._sched.submit("cleanup", session.close, priority=Priority.COMMIT, after=[commit])
         return plan, commit
+
+    def begin_save(self, branch: str = "main", check_holder: bool = True) -> SaveSession:
+        """Start a version on `branch` written object by object (the commit protocol of
+        repo/commit.py, which the DCP Writer and fp.dist.Repo use); end it with `close()` or a
+        `with` block. BranchHeldError when another live run holds the branch, unless
+        `check_holder` is False (a rank of that run that writes objects but does not commit)."""
+        if self._closed:
+            raise RuntimeError(f"repository {self.url} is closed")
+        check_name(branch, "branch")
+        return SaveSession(self, branch, check_holder)
 
     def warm_staging(self, state, allow_pickle: bool = False) -> int:
         """Allocate and fault in the staging buffers an asynchronous save of `state` will use
@@ -374,13 +359,6 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
             self._delta_plans.add(plan)
         return plan
 
-    def _forget_save(self, plan) -> None:
-        """Once a save has ended, either way: its writer and delta plan are no longer in flight."""
-        self._forget_writer(plan.writer)
-        if plan.deltas is not None:
-            with self._lock:
-                self._delta_plans.discard(plan.deltas)
-
     def _abort_save(self, plan, commit: Task) -> None:
         """Stop a save before its commit: writes not begun are refused, the commit publishes
         nothing; returns once the writes in flight have ended. What it wrote is unreferenced
@@ -388,24 +366,18 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         plan.writer.aborted = True
         futures.wait([commit.future])
 
-    def _finish_save(self, plan, skeleton, record: Version, allow_pickle: bool) -> Version:
+    def _finish_save(self, session: SaveSession, plan, skeleton, record: Version, allow_pickle: bool) -> Version:
         if plan.writer.aborted:
             raise SaveAbortedError(f"the save on branch {record.branch!r} was aborted: nothing committed")
         with gc_paused():
             stored = plan.assemble()
-        self.store.barrier(stored.written_keys)
+        session.make_durable(stored.written_keys)
         self._encode_later(plan.writer.later, plan.commit)
         record.logical_bytes = sum(leaf.nbytes for leaf in stored.leaves if leaf.alias_of is None)
         record.stored_bytes = stored.stored_bytes
         has_pickle = any(leaf.kind == "pickle" for leaf in stored.leaves)
         manifest = Manifest(record, skeleton, stored.leaves, pickle=allow_pickle and has_pickle)
-        return self._adopt_deltas(plan, self._commit(manifest))
-
-    def _adopt_deltas(self, plan, version):
-        """After a committed save: its chunk values become the bases of the next save's deltas."""
-        if plan.deltas is not None:
-            self._delta_values = plan.deltas.next_values
-        return version
+        return session.commit(manifest)
 
     def _commit(self, manifest: Manifest) -> Version:
         record = manifest.version

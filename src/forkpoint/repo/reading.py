@@ -18,6 +18,16 @@ from ..state.skeleton import select as select_skeleton
 class ReadingMixin:
     """Reading of a Repo (see repo.core)."""
 
+    def manifest(self, ref: str) -> Manifest:
+        """The manifest of version `ref`, whose data can be read (PrunedVersionError when it
+        was pruned): its leaves, chunks and tree, for readers that place data themselves."""
+        return self._readable(ref)
+
+    def read_into(self, requests: list, vid: str) -> None:
+        """Fill `requests` (engine.restore.ReadRequest: a leaf, or a box of it, into a caller's
+        buffer) with version `vid`'s verified bytes, from the fastest tier holding them."""
+        self._read_with_fallback(requests, vid)
+
     def _readable(self, ref: str) -> Manifest:
         m = self._manifest_by_id(self.resolve(ref))
         with self._lock:

@@ -107,7 +107,7 @@ class PendingSave:
             t.result()
 
 
-def _environment() -> dict:
+def environment() -> dict:
     env = {"forkpoint": __version__, "python": sys.version.split()[0], "numpy": np.__version__,
            "hostname": socket.gethostname(), "pid": os.getpid(),
            "world_size": int(os.environ.get("WORLD_SIZE", "1"))}

@@ -1,0 +1,107 @@
+"""The commit protocol: how a version comes to exist, for every writer of a repository
+(`fp.Repo.save`, `fp.dist.Repo`, the DCP Writer, the framework plug-ins).
+
+    with repo.begin_save("main") as session:   # the branch is not held by another run, and
+        writer = session.writer()               # a lease tells other processes' gc to wait
+        codec = writer.put(digest, data)        # 1. objects (deduplicated, encoded, verified)
+        session.make_durable(writer.written)    # 2. durable before anything refers to them
+        version = session.commit(manifest)      # 3. the manifest, then 4. the branch ref
+
+Leaving the block without `commit` publishes nothing; what was written is unreferenced and
+goes at a later gc. Until the session ends, this process's gc and eviction spare every object
+its writers wrote or refer to. Saves the scheduler runs take their writer from `schedule`.
+"""
+
+from ..engine.save import ObjectWriter, ScheduledSave, schedule_save
+from ..format.manifest import Chunk, Manifest, Version
+
+
+class SaveSession:
+    """One version in the making on `branch` of `repo` (see the module's docstring).
+    `check_holder=False` skips the check that no other live run holds the branch (the ranks
+    of one run other than the one that publishes)."""
+
+    def __init__(self, repo, branch: str, check_holder: bool = True):
+        if check_holder:
+            repo._holds.check(branch)
+        repo._hold_lease(repo.store)
+        self.repo, self.branch = repo, branch
+        self.head: Manifest | None = repo._head_manifest(branch)
+        """The manifest of the branch head the new version builds on (None: no usable head)."""
+        self.deltas = None
+        self._writers: list[ObjectWriter] = []
+        self.closed = False
+
+    def known_chunks(self) -> dict[str, Chunk]:
+        """The head's packed chunks by hash, which the new version may refer to unwritten."""
+        return self.repo._known_chunks(self.head)
+
+    def writer(self, codec=None) -> ObjectWriter:
+        """An ObjectWriter to this repository's store under `codec` (default: the repository's
+        codec rules), tracked until the session ends."""
+        repo = self.repo
+        writer = ObjectWriter(repo.store, repo.options.codec if codec is None else codec, guard=repo._evict_lock)
+        with repo._evict_lock:
+            self._track(writer)
+        return writer
+
+    def schedule(self, flat, sync: bool, **options) -> ScheduledSave:
+        """Queue the capture and write tasks of `flat` on the repository's scheduler (see
+        engine.save.schedule_save; `options` go to it) with deltas against the head where the
+        repository stores them; the plan's writer is tracked before any task can run."""
+        repo = self.repo
+        self.deltas = repo._delta_plan(self.head)
+        with repo._evict_lock:
+            plan = schedule_save(repo._sched, repo.store, repo._tier, flat, self.known_chunks(), repo.options,
+                                 repo._staging, "window" if sync else "staging", guard=repo._evict_lock,
+                                 deltas=self.deltas, layouts=repo._layouts, pacing=repo._pacing, **options)
+            self._track(plan.writer)
+        return plan
+
+    def make_durable(self, keys) -> None:
+        """Make the objects at `keys` durable (before a manifest that refers to them)."""
+        self.repo.store.barrier(list(keys))
+
+    def commit(self, manifest: Manifest) -> Version:
+        """Write `manifest` and publish it as the branch's new head (its parents are set to
+        the head at that moment); ConflictError as the repository's on_conflict says."""
+        if manifest.version.branch != self.branch:
+            raise ValueError(f"a session on branch {self.branch!r} cannot commit to {manifest.version.branch!r}")
+        version = self.repo._commit(manifest)
+        self.adopt_deltas()
+        return version
+
+    def adopt_deltas(self) -> None:
+        """Once the version is committed (here, or by the rank that publishes): its chunk
+        values become the bases of the next save's deltas."""
+        if self.deltas is not None:
+            self.repo._delta_values = self.deltas.next_values
+
+    def abort(self) -> None:
+        """Refuse the writes not yet begun; the session publishes nothing."""
+        for writer in self._writers:
+            writer.aborted = True
+
+    def close(self) -> None:
+        """End the session (idempotent): its objects are no longer spared by this process."""
+        if self.closed:
+            return
+        self.closed = True
+        repo = self.repo
+        with repo._evict_lock:
+            for writer in self._writers:
+                repo._writers.discard(writer)
+        if self.deltas is not None:
+            with repo._lock:
+                repo._delta_plans.discard(self.deltas)
+
+    def _track(self, writer: ObjectWriter) -> None:
+        """Register `writer` (with the evict lock held) so that eviction spares its objects."""
+        self.repo._writers.add(writer)
+        self._writers.append(writer)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
