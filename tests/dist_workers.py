@@ -394,7 +394,7 @@ def _node_local_flush_failure(rank, world, out, nodes, shared):
     if rank == 1:
         import forkpoint.repo.placement as placement
 
-        def unreachable(sources, dst, key):
+        def unreachable(sources, dst, *rest):
             raise OSError(f"simulated: {dst.url} unreachable")
 
         placement.copy_object = unreachable
@@ -447,9 +447,9 @@ def _slow_flush_copies(seconds: float) -> None:
 
     real = placement.copy_object
 
-    def slow(sources, dst, key):
+    def slow(*args):
         time.sleep(seconds)
-        return real(sources, dst, key)
+        return real(*args)
 
     placement.copy_object = slow
 

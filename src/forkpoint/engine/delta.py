@@ -17,13 +17,13 @@ from typing import Callable
 
 import numpy as np
 
+from ..format.codecs import MIN_GAIN
 from ..format.delta import Delta, make_delta, op_for
 from ..format.manifest import Chunk, Leaf, Manifest
 from .save import ObjectWriter, hash_with_table, policy_codec
 
 SAMPLE_PIECES = 4
 SAMPLE_PIECE_BYTES = 64 << 10
-MIN_GAIN = 0.95
 REUSE_LIMIT = 7
 
 ChunkKey = tuple[str, tuple, tuple]

@@ -13,11 +13,9 @@ from dataclasses import dataclass
 from ..errors import CorruptObjectError
 from ..format.codecs import Codec
 from ..format.objects import OBJECT_HEADER_SIZE, content_hash, pack_header, unpack_header
+from ..format.codecs import MIN_GAIN
 from ..storage.base import Store
 
-MIN_GAIN = 0.95
-"""An encoding is kept only when it is smaller than this share of the raw bytes (a save's
-encoded chunks, and each rewrite in place)."""
 
 
 @dataclass

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import SaveAbortedError
-from ..format.codecs import POLICIES, codec_by_id, codec_by_name, codec_for
+from ..format.codecs import MIN_GAIN, POLICIES, codec_by_id, codec_by_name, codec_for
 from ..format.delta import Delta
 from ..format.lossy import Lossy, round_significand, supports
 from ..format.manifest import Chunk, Leaf
@@ -27,7 +27,7 @@ from .autocodec import BusyMeter, choice_for
 from .chunkmemory import ChunkMemory
 from .pacing import EncodePacer, PaceMemory
 from .parallel import parallel_map
-from .reencode import MIN_GAIN, LaterEncode
+from .reencode import LaterEncode
 from .scheduler import Priority, Scheduler, Task
 from .staging import StagingPool
 

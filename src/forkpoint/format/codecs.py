@@ -90,6 +90,9 @@ CODECS = {
     )
 }
 POLICIES = ("raw", "zstd", "lossless", "auto")
+MIN_GAIN = 0.95
+"""An encoded object (or a delta) is kept only when it is smaller than this share of what it
+replaces; else the raw bytes (or the plain value) are stored, which read faster."""
 
 
 def codec_for(policy: str, itemsize: int, floating: bool) -> Codec:

@@ -81,7 +81,7 @@ SEGMENT_BYTES = 4 << 20
 HUFFMAN_BLOCK, HUFFMAN_BLOCK_WIDE, WIDE_ENTROPY_BITS = 16 << 10, 64 << 10, 5.0
 SAMPLE_PIECES, SAMPLE_ELEMENTS = 8, 4 << 10
 SAMPLE_SHARE, SAMPLE_MIN_ELEMENTS = 16, 1 << 10  # an encode samples at most 1/16 of a small chunk
-MIN_GAIN = 0.98
+PLANE_MIN_GAIN = 0.98
 ZSTD_MIN_GAIN = 0.95
 RUNS_MIN_GAIN = 0.95
 RUNS_MIN_SHARE = 0.10  # runs are tried where this share of bytes equals the two before (below it they gain little)
@@ -471,7 +471,7 @@ def _plane_coder(plane: np.ndarray, zstd: bool = True, runs: bool = True) -> tup
     such planes). zstd is tried only with `zstd`, runs only with `runs` (see _layout_coders and
     _matched_option)."""
     entropy, zeros, odd, run_share = _plane_stats(plane, runs=runs)
-    if entropy >= MIN_GAIN * plane.nbytes:
+    if entropy >= PLANE_MIN_GAIN * plane.nbytes:
         return RAW, plane.nbytes
     seven = _seven_bytes(plane.nbytes) if plane.nbytes and not odd else None
     if seven is not None and entropy >= SEVEN_MIN_GAIN * seven:
@@ -485,7 +485,7 @@ def _plane_coder(plane: np.ndarray, zstd: bool = True, runs: bool = True) -> tup
     coder = ZSTD if sizes.get(ZSTD, float("inf")) < ZSTD_MIN_GAIN * sizes[deflate] else deflate
     if seven is not None and sizes[coder] >= SEVEN_MIN_GAIN * seven:
         return SEVEN, seven
-    return (coder, sizes[coder]) if sizes[coder] < MIN_GAIN * plane.nbytes else (RAW, plane.nbytes)
+    return (coder, sizes[coder]) if sizes[coder] < PLANE_MIN_GAIN * plane.nbytes else (RAW, plane.nbytes)
 
 
 def _layout_coders(planes: np.ndarray) -> list[tuple[int, int]]:
@@ -613,9 +613,9 @@ def _stretch_costs(data: np.ndarray, itemsize: int, row: int, options: list) -> 
 
 def _pass_price(coder: int, nbytes: int) -> float:
     """What a pass of `coder` over a plane of `nbytes` costs, in coded bytes it must save: (1 -
-    MIN_GAIN) of the plane for an entropy coder, SEVEN_PRICE for seven-bit packing (several
+    PLANE_MIN_GAIN) of the plane for an entropy coder, SEVEN_PRICE for seven-bit packing (several
     times faster), nothing for raw."""
-    return 0.0 if coder == RAW else (SEVEN_PRICE if coder == SEVEN else 1 - MIN_GAIN) * nbytes
+    return 0.0 if coder == RAW else (SEVEN_PRICE if coder == SEVEN else 1 - PLANE_MIN_GAIN) * nbytes
 
 
 def grid_fits(count: int, row: int) -> bool:
@@ -735,7 +735,7 @@ def encode_pieces(data, itemsize: int = 1, pmap=None, out=None,
             shifts = _match_rows(planes[-1])
         coded = [_encode_plane(plane, coder) for plane, coder in zip(planes, coders)]
         # raw where seven-bit packing met a set bit 0 the sample missed, or a reused coder no longer gains
-        kept_coded = [c is not None and (reuse is None or coder == RAW or len(c) < MIN_GAIN * plane.nbytes)
+        kept_coded = [c is not None and (reuse is None or coder == RAW or len(c) < PLANE_MIN_GAIN * plane.nbytes)
                       for plane, coder, c in zip(planes, coders, coded)]
         coders = [coder if keep else RAW for coder, keep in zip(coders, kept_coded)]
         coded = [[c if keep else memoryview(plane)] for plane, c, keep in zip(planes, coded, kept_coded)]
