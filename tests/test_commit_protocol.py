@@ -33,7 +33,7 @@ def test_a_version_written_object_by_object_reads_back_and_builds_on_the_head(tm
         version = session.commit(_manifest("main", data, digest, codec))
     assert version.parents == [first.id] and repo.version("main").id == version.id
     assert np.array_equal(repo.load("main")["w"], data)
-    m = repo.manifest("main")
+    m = repo.readable("main")
     out = np.empty(100, np.float64)
     repo.read_into([ReadRequest(m.leaves[0], out.view(np.uint8), ([1000], [100]))], version.id)
     assert np.array_equal(out, data[1000:1100]), "a box of a leaf, read through the public API"

@@ -53,3 +53,16 @@ def test_nested_maps_finish_when_every_helper_is_busy():
     finally:
         release.set()
         busy.join(30)
+
+
+def test_no_part_of_a_repository_hides_a_method_of_another():
+    """Each name a Repo answers is defined by one of its parts (a second definition would be
+    silently shadowed by the order of its bases)."""
+    seen: dict[str, str] = {}
+    for part in fp.Repo.__mro__[1:]:
+        if part is object:
+            continue
+        for name, value in vars(part).items():
+            if callable(value) and not name.startswith("__"):
+                assert name not in seen, f"{name} is defined by both {seen[name]} and {part.__name__}"
+                seen[name] = part.__name__

@@ -243,7 +243,7 @@ def make_reader_class():
                                                                Metadata, MetadataIndex, TensorProperties,
                                                                TensorStorageMetadata)
 
-            self.manifest = m = self.repo.manifest(self.ref)
+            self.manifest = m = self.repo.readable(self.ref)
             dcp_meta = m.version.meta.get("dcp", {})
             dcp_bytes = set(dcp_meta.get("bytes", []))
             self.items, self.scalars = {}, {}

@@ -18,9 +18,9 @@ from ..state.skeleton import select as select_skeleton
 class ReadingMixin:
     """Reading of a Repo (see repo.core)."""
 
-    def manifest(self, ref: str) -> Manifest:
-        """The manifest of version `ref`, whose data can be read (PrunedVersionError when it
-        was pruned): its leaves, chunks and tree, for readers that place data themselves."""
+    def readable(self, ref: str) -> Manifest:
+        """The manifest of version `ref` for reading its data (PrunedVersionError when it was
+        pruned): its leaves, chunks and tree, for readers that place data themselves."""
         return self._readable(ref)
 
     def read_into(self, requests: list, vid: str) -> None:
