@@ -416,7 +416,7 @@ def pack_layouts_ab(cache: Path, args) -> None:
     import torch
 
     import forkpoint as fp
-    from forkpoint.engine import save as save_module
+    from forkpoint.engine import objectwriter as save_module
 
     real_put = save_module.ObjectWriter.put
     fresh = {"on": False, "n": 0}

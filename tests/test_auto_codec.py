@@ -145,7 +145,7 @@ def test_a_damaged_auto_record_is_ignored_with_a_warning(tmp_path, caplog, recor
 
 
 def test_a_failed_write_counts_no_bytes(tmp_path):
-    from forkpoint.engine.save import ObjectWriter
+    from forkpoint.engine.objectwriter import ObjectWriter
 
     repo = fp.Repo(str(tmp_path / "r"), create=True, codec="auto")
     writer = ObjectWriter(repo.store, "auto")

@@ -36,7 +36,7 @@ def test_lossless_round_trip_is_bit_exact(tmp_path, dtype, encode_later):
 
 def stored_codecs(repo) -> dict[str, set[str]]:
     """{leaf path: codecs its chunks' objects are stored with now (their headers)}."""
-    from forkpoint.engine.save import stored_codec
+    from forkpoint.engine.objectwriter import stored_codec
     from forkpoint.format.objects import object_key
 
     return {leaf.path: {stored_codec(repo.store, object_key(c.object)) for c in leaf.chunks}

@@ -194,7 +194,7 @@ def test_cached_bases_are_recycled_and_overlapping_or_failed_saves_stay_exact(tm
     holds two versions); saves in flight together share the bases and take none; a save that
     fails half-way leaves the next one exact (the bases it took are read back from storage)."""
     from forkpoint.engine.delta import DeltaPlan
-    from forkpoint.engine.save import ObjectWriter
+    from forkpoint.engine.objectwriter import ObjectWriter
 
     repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless", delta=fp.Delta(max_chain=50), workers=16)
     states = list(train_like(6))

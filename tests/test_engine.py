@@ -296,7 +296,7 @@ def test_a_lossless_save_encodes_within_the_encoder_budget(tmp_path):
 
 def _count_encodes(monkeypatch) -> list:
     """A list that gets one entry per chunk a save encodes."""
-    from forkpoint.engine.save import ObjectWriter
+    from forkpoint.engine.objectwriter import ObjectWriter
 
     real = ObjectWriter._encode
     seen = []
@@ -637,7 +637,7 @@ def test_where_encoding_makes_saves_slower_a_repository_writes_them_raw(tmp_path
     paced, the third is written raw and measures faster: the fourth is written raw too. Every
     version restores exactly, and a raw way's chunks record codec raw."""
     from forkpoint.engine import scheduler
-    from forkpoint.engine.save import ObjectWriter
+    from forkpoint.engine.objectwriter import ObjectWriter
 
     monkeypatch.setattr(scheduler, "usable_cores", lambda: 1 << 10)
     repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless")
@@ -684,7 +684,7 @@ def test_saves_to_memory_encode_every_chunk_unpaced():
 def test_a_save_not_adaptive_encodes_every_chunk_even_behind_a_fast_store(tmp_path, monkeypatch):
     """An encoder slower than the store: a paced save writes raw the chunks whose turn finds no
     backlog; adaptive=False encodes them all."""
-    from forkpoint.engine.save import ObjectWriter, stored_codec
+    from forkpoint.engine.objectwriter import ObjectWriter, stored_codec
     from forkpoint.format.objects import object_key
 
     real = ObjectWriter._encode
@@ -714,7 +714,7 @@ def test_a_save_not_adaptive_encodes_every_chunk_even_behind_a_fast_store(tmp_pa
 
 @pytest.mark.parametrize("sync", [True, False])
 def test_a_failed_encode_fails_the_save_and_gives_every_buffer_back(tmp_path, monkeypatch, sync):
-    from forkpoint.engine.save import ObjectWriter
+    from forkpoint.engine.objectwriter import ObjectWriter
 
     repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless")
     state = {f"w{i}": torch.randn(1 << 19) for i in range(4)}

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import forkpoint as fp
-from forkpoint.engine import object_key
+from forkpoint.format.objects import object_key
 
 
 def _fill(repo, n, branch="main"):

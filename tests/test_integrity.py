@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import forkpoint as fp
-from forkpoint.engine import object_key
+from forkpoint.format.objects import object_key
 from forkpoint.errors import CorruptObjectError, FormatError, MissingObjectError, StorageFullError
 from forkpoint.storage import LocalStore
 

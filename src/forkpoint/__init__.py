@@ -7,7 +7,7 @@ import os as _os  # noqa: E402
 
 from .automation import AuditReport, audit  # noqa: E402
 from .checkpointer import Checkpointer  # noqa: E402
-from .engine.save import SaveOptions  # noqa: E402
+from .engine.save import SaveOptions # noqa: E402
 from .errors import ResumeWarning  # noqa: E402
 from .format.delta import Delta  # noqa: E402
 from .format.lossy import Lossy  # noqa: E402

@@ -2,6 +2,6 @@
 
 from .restore import read_leaves
 from .scheduler import Budget, Priority, Scheduler
-from .save import SaveOptions, object_key, schedule_save
+from .save import SaveOptions, schedule_save
 
-__all__ = ["Budget", "Priority", "Scheduler", "SaveOptions", "object_key", "schedule_save", "read_leaves"]
+__all__ = ["Budget", "Priority", "Scheduler", "SaveOptions", "schedule_save", "read_leaves"]

@@ -20,7 +20,8 @@ import numpy as np
 from ..format.codecs import MIN_GAIN
 from ..format.delta import Delta, make_delta, op_for
 from ..format.manifest import Chunk, Leaf, Manifest
-from .save import ObjectWriter, hash_with_table, policy_codec
+from .encoding import policy_codec
+from .objectwriter import ObjectWriter, hash_with_table
 
 SAMPLE_PIECES = 4
 SAMPLE_PIECE_BYTES = 64 << 10

@@ -25,7 +25,8 @@ from ..format.objects import (ALIGNED_HEADER_SIZE, BLOCK_BYTES, DIGEST_BYTES, OB
                               block_table, content_hash, decode_limit, decode_object, unpack_header)
 from ..storage.base import Store
 from .parallel import parallel_map
-from .save import object_key, stored_codec
+from ..format.objects import object_key
+from .objectwriter import stored_codec
 
 
 MEMORY_COPY_TASKS = max(2, min(8, os.cpu_count() or 2))

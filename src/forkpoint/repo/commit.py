@@ -12,7 +12,8 @@ goes at a later gc. Until the session ends, this process's gc and eviction spare
 its writers wrote or refer to. Saves the scheduler runs take their writer from `schedule`.
 """
 
-from ..engine.save import ObjectWriter, ScheduledSave, schedule_save
+from ..engine.save import ScheduledSave, schedule_save
+from ..engine.objectwriter import ObjectWriter
 from ..format.manifest import Chunk, Manifest, Version
 
 

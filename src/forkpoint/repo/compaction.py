@@ -4,8 +4,8 @@
 import logging
 
 from ..engine.reencode import LaterEncode, encode_in_place
-from ..engine.save import (codec_rules, element_of, packed_element, policy_codec, policy_for, row_elements,
-                           stored_codec)
+from ..engine.encoding import codec_rules, element_of, packed_element, policy_codec, policy_for, row_elements
+from ..engine.objectwriter import stored_codec
 from ..engine.scheduler import Priority, Task
 from ..errors import CorruptObjectError, FormatError
 from ..format.lossy import Lossy

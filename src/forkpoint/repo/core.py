@@ -25,12 +25,14 @@ from ..engine.delta import DeltaPlan, ValueEstimate, parent_chunks
 from ..engine.gcpause import gc_paused
 from ..engine.pacing import PaceMemory
 from ..engine.restore import chunk_value
-from ..engine.save import SaveOptions, codec_rules, object_key, staging_sizes, with_fields
+from ..engine.save import SaveOptions, staging_sizes, with_fields
+from ..engine.encoding import codec_rules
 from ..engine.scheduler import Budget, Priority, Scheduler, Task, usable_cores
 from ..engine.staging import StagingPool
 from ..errors import (ConflictError, FormatError, RefNotFoundError, RepoNotFoundError, SaveAbortedError,
                       UnsupportedTypeError)
 from ..format.floatcodec import Layouts
+from ..format.objects import object_key
 from ..format.manifest import FORMAT_VERSION, Chunk, Manifest, Version, check_format, html_table
 from ..format.refs import check_name
 from ..state import capture, flatten

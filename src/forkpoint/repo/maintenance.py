@@ -4,7 +4,7 @@ import re
 import time
 
 from ..engine.restore import ReadRequest, read_leaves
-from ..engine.save import stored_codec
+from ..engine.objectwriter import stored_codec
 from ..errors import CorruptObjectError, FormatError, ForkpointError
 from ..format.manifest import Manifest, Version, stub_bytes
 from ..format.objects import object_key

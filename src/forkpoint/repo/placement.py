@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 from ..engine.autocodec import BusyMeter, choice_for
 from ..engine.reencode import copy_encoded
-from ..engine.save import codec_rules
+from ..engine.encoding import codec_rules
 from ..engine.scheduler import Priority, Task
 from ..errors import FormatError, RefNotFoundError
 from ..format.manifest import Manifest, version_from_bytes
