@@ -26,7 +26,7 @@ fuzz: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m pip install -q -e '.[bench]'
-	$(PY) benchmarks/save_load.py
+	$(PY) -m benchmarks save_load
 
 clean:
 	rm -rf $(VENV) demo-repo bench-out

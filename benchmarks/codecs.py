@@ -3,7 +3,7 @@ opt-in lossy modes (value-relative bound, bf16 precision) on fp32.
 
 State: a 24M-parameter MLP trained 20 steps with AdamW, in fp32 and in bf16 (weights and
 both Adam moments), saved synchronously to local disk with each codec, every chunk encoded
-(adaptive=False: the codec's own ratio and cost; --repeated-saves compares paced saves).
+(unpaced: the codec's own ratio and cost; --repeated-saves compares paced saves).
 Medians of runs.
 The last row per dtype saves with deltas: each run saves the state, trains one more step
 and times the second save (stored against the first). "restore" is the time to restore that
@@ -45,6 +45,7 @@ import time
 import torch
 
 import forkpoint as fp
+import harness
 
 
 def train_step(state, dtype, batch: int = 32):
@@ -129,7 +130,7 @@ def main():
                          "(what a save's disk path loses to CPU work beside it, such as encoding)")
     ap.add_argument("--pacing-ab", action="store_true",
                     help="instead: same-process A/B of raw, paced lossless, paced without the last "
-                         "save's memory, and adaptive=False")
+                         "save's memory, and unpaced")
     ap.add_argument("--busy", type=int, default=0,
                     help="run the chosen mode beside this many other processes, each keeping a core "
                          "busy (a host whose cores other work shares)")
@@ -185,7 +186,7 @@ def main():
                     repo.save(state)
                     train_step(state, dtype)
                 else:
-                    repo = fp.Repo(path, create=True, codec=codec, adaptive=False)
+                    repo = harness.repo(path, unpaced=True, codec=codec)
                 v, elapsed, core_s = timed(lambda: repo.save(state))
                 _, after, after_core_s = timed(repo.drain)
                 times.append(elapsed)
@@ -217,7 +218,7 @@ def warm_restores(scratch: str, repeats: int) -> None:
         target = copy.deepcopy(state)
         for codec in ("raw", "lossless", "zstd"):
             path = os.path.join(scratch, codec)
-            with fp.Repo(path, create=True, codec=codec, adaptive=False) as repo:
+            with harness.repo(path, unpaced=True, codec=codec) as repo:
                 version = repo.save(state)
             with fp.Repo(path) as repo:
                 repo.restore(target, version.id)
@@ -254,7 +255,7 @@ def per_core_count(cores: str) -> None:
 
 def repeated_saves(scratch: str, repeats: int) -> None:
     """Per dtype, for each of raw / lossless (paced: the default) / lossless encoding every
-    chunk (adaptive=False) / lossless encoding after the commit / auto in turn (the order
+    chunk (unpaced) / lossless encoding after the commit / auto in turn (the order
     rotating by round): a repository per codec saves the state once (its first save, reported
     apart), then `repeats` times, one training step before each save (so every save writes new
     bytes). After each save, what it left to encode after its commit is drained and timed apart
@@ -268,14 +269,14 @@ def repeated_saves(scratch: str, repeats: int) -> None:
           "| chunks encoded |")
     print("|---|---|---|---|---|---|---|---|")
     configs = {"raw": {"codec": "raw"}, "lossless": {"codec": "lossless"},
-               "lossless, adaptive=False": {"codec": "lossless", "adaptive": False},
+               "lossless, unpaced": {"codec": "lossless", "unpaced": True},
                "lossless, encode_later=True": {"codec": "lossless", "encode_later": True},
                "auto": {"codec": "auto"}}
     names = list(configs)
     summary = []
     for dtype in (torch.float32, torch.bfloat16):
         state = trained_state(dtype)
-        repos = {c: fp.Repo(os.path.join(scratch, str(i)), create=True, **configs[c]) for i, c in enumerate(names)}
+        repos = {c: harness.repo(os.path.join(scratch, str(i)), **configs[c]) for i, c in enumerate(names)}
         first, times, later, cpu, ratios, encoded = {}, *({c: [] for c in names} for _ in range(5))
         for rep in range(repeats + 1):
             for c in names[rep % len(names):] + names[:rep % len(names)]:
@@ -298,7 +299,7 @@ def repeated_saves(scratch: str, repeats: int) -> None:
                   f"{statistics.median(encoded[c]):.0%} |")
             repos[c].close()
             shutil.rmtree(os.path.join(scratch, str(i)))
-        for c in ("lossless", "lossless, adaptive=False"):
+        for c in ("lossless", "lossless, unpaced"):
             paired = statistics.median(a / b for a, b in zip(times[c], times["raw"]))
             summary.append(f"{str(dtype).removeprefix('torch.')}: {c} / raw save time "
                            f"{statistics.median(times[c]) / statistics.median(times['raw']):.2f} "
@@ -366,7 +367,7 @@ def encode_later_ab(scratch: str, repeats: int) -> None:
                "inline": {"codec": "lossless"}}
     for dtype in (torch.float32, torch.bfloat16):
         state = trained_state(dtype)
-        repos = {c: fp.Repo(os.path.join(scratch, f"ab-{c}"), create=True, **kw) for c, kw in configs.items()}
+        repos = {c: harness.repo(os.path.join(scratch, f"ab-{c}"), **kw) for c, kw in configs.items()}
         choice = choice_for(repos["later"].store)
         choice.rates, choice.interval = {False: 1e15, True: 1.0}, 1 << 30
         saves, after = ({c: [] for c in configs} for _ in range(2))
@@ -403,7 +404,7 @@ def layouts_ab(scratch: str, repeats: int) -> None:
         state = trained_state(dtype)
         repos = {}
         for i, (c, (kw, layouts, estimates)) in enumerate(configs.items()):
-            repos[c] = fp.Repo(os.path.join(scratch, f"layouts-{i}"), create=True, adaptive=False, **kw)
+            repos[c] = harness.repo(os.path.join(scratch, f"layouts-{i}"), unpaced=True, **kw)
             if not layouts:
                 repos[c]._layouts = None
             if not estimates:
@@ -428,7 +429,7 @@ def pacing_ab(scratch: str, repeats: int) -> None:
     """Same-process A/B of what paces a lossless save: raw; lossless paced (the default);
     paced without the memory of past saves (its first chunks find nothing waiting and go
     raw, and it does not learn whether raw saves measure faster); and every chunk encoded
-    (adaptive=False); and a second raw repository, whose ratio to the first shows what the
+    (unpaced); and a second raw repository, whose ratio to the first shows what the
     comparison itself resolves. A repository each, saves in turn (in an order shuffled each
     round, so that no arm keeps a place), a training step before each. Medians of `repeats`
     after two saves each; "vs raw" is the
@@ -452,12 +453,12 @@ def pacing_ab(scratch: str, repeats: int) -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     configs = {"raw": {"codec": "raw"}, "lossless (paced)": {"codec": "lossless"},
                "paced, no memory of past saves": {"codec": "lossless"},
-               "adaptive=False": {"codec": "lossless", "adaptive": False}, "raw again (control)": {"codec": "raw"}}
+               "unpaced": {"codec": "lossless", "unpaced": True}, "raw again (control)": {"codec": "raw"}}
     names = list(configs)
     order = random.Random(0)
     for dtype in (torch.float32, torch.bfloat16):
         state = trained_state(dtype)
-        repos = {c: fp.Repo(os.path.join(scratch, f"pacing-{i}"), create=True, **kw) for i, (c, kw) in enumerate(configs.items())}
+        repos = {c: harness.repo(os.path.join(scratch, f"pacing-{i}"), **kw) for i, (c, kw) in enumerate(configs.items())}
         repos["paced, no memory of past saves"]._pacing = None
         times, cpu, ratios, copies, unencoded = ({c: [] for c in names} for _ in range(5))
         for rep in range(repeats + 2):
@@ -682,7 +683,7 @@ def training_loop(scratch: str, repeats: int, steps: int = 40, every: int = 5, b
         for rep in range(repeats):
             for c in names[rep % len(names):] + names[:rep % len(names)]:
                 path = os.path.join(scratch, f"loop-{names.index(c)}")
-                repo = fp.Repo(path, create=True, **configs[c]) if configs[c] else None
+                repo = harness.repo(path, **configs[c]) if configs[c] else None
 
                 def loop():
                     for step in range(1, steps + 1):

@@ -32,6 +32,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import harness
+
 import numpy as np
 
 from forkpoint.engine.parallel import pmap_of
@@ -435,7 +437,7 @@ def pack_layouts_ab(cache: Path, args) -> None:
         shapes = tensor_shapes()
         split = tensor_split(shapes, itemsize, 1, True)
         steps = sorted(snaps)
-        repos = {way: fp.Repo(str(cache / f"ab-{way}"), create=True, codec="lossless", adaptive=False)
+        repos = {way: harness.repo(str(cache / f"ab-{way}"), unpaced=True, codec="lossless")
                  for way in ("kept", "afresh")}
         times: dict = {way: [] for way in repos}
         words = {2: torch.int16, 4: torch.int32}[itemsize]

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import forkpoint as fp
+from helpers.unpaced import encode_every_chunk
 from forkpoint.engine.save import SaveOptions
 from forkpoint.storage.local import LocalStore
 
@@ -63,8 +64,10 @@ OPTIONS = dict(options=SaveOptions(chunk_bytes=4096, small_leaf_bytes=2048), wor
 
 def open_repo(root, tiered: bool, **extra):
     if tiered:
-        return fp.Repo(tiers=[fp.tier(str(root / "fast"), keep=1), str(root / "slow")], **OPTIONS, **extra)
-    return fp.Repo(str(root / "r"), **OPTIONS, **extra)
+        repo = fp.Repo(tiers=[fp.tier(str(root / "fast"), keep=1), str(root / "slow")], **OPTIONS, **extra)
+    else:
+        repo = fp.Repo(str(root / "r"), **OPTIONS, **extra)
+    return encode_every_chunk(repo) if extra.get("codec") == "lossless" else repo
 
 
 def build(root, tiered: bool) -> None:
@@ -87,7 +90,7 @@ OPERATIONS = {
     "fork and tag": lambda repo: (repo.fork("main~1", "exp"), repo.tag("best", "alt")),
     "flush": lambda repo: repo.save(state(3), step=3),
 }
-EXTRA = {"save lossless": {"codec": "lossless", "adaptive": False}}
+EXTRA = {"save lossless": {"codec": "lossless"}}
 TIERED = {"flush"}
 
 

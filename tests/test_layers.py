@@ -66,3 +66,15 @@ def test_no_part_of_a_repository_hides_a_method_of_another():
             if callable(value) and not name.startswith("__"):
                 assert name not in seen, f"{name} is defined by both {seen[name]} and {part.__name__}"
                 seen[name] = part.__name__
+
+
+def test_benchmarks_run_by_name_from_one_entry_point():
+    listing = subprocess.run([sys.executable, "-m", "benchmarks"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=120)
+    assert listing.returncode == 0 and "save_load" in listing.stdout and "compression" in listing.stdout
+    usage = subprocess.run([sys.executable, "-m", "benchmarks", "save_load", "--help"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+    assert usage.returncode == 0 and "--repeats" in usage.stdout
+    unknown = subprocess.run([sys.executable, "-m", "benchmarks", "nope"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=120)
+    assert unknown.returncode == 2 and "no benchmark 'nope'" in unknown.stderr

@@ -9,6 +9,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import psutil
 
@@ -56,17 +57,21 @@ class CoreLoad:
     mark: tuple | None = None
     last: LoadMeasure = LoadMeasure()
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    idle: Callable[[], tuple[float, int] | None] = field(default=lambda: idle_seconds(_affinity()), repr=False)
+    """The cores' idle seconds since boot and their count (the system's counters, or a test's)."""
+    clock: Callable[[], float] = field(default=time.perf_counter, repr=False)
+    cpu: Callable[[], float] = field(default=time.process_time, repr=False)
 
     def measure(self) -> LoadMeasure:
         """The last measure, taking a new one where it is due."""
         with self.lock:
-            now = time.perf_counter()
+            now = self.clock()
             if self.mark is not None and now - self.mark[0] < LOAD_WINDOW:
                 return self.last
-            counted = idle_seconds(_affinity())
+            counted = self.idle()
             if counted is None:
                 return self.last
-            (idle, ncores), own = counted, time.process_time()
+            (idle, ncores), own = counted, self.cpu()
             if self.mark is not None and own >= self.mark[2] and idle >= self.mark[1]:
                 spell = now - self.mark[0]
                 total = max(0.0, ncores - (idle - self.mark[1]) / spell)

@@ -12,8 +12,9 @@ The rule (`route_chunk`, per chunk of a save; the codec policy of a leaf is that
 5. "lossless", "zstd" and lossy: encoded before the write, by a task of its own, paced
    (engine.pacing): on a store that paces encoding (local disk), a chunk is encoded only while
    the store, not the CPU, bounds the save, and a save the pacer's memory times as faster raw
-   is written raw; `SaveOptions.adaptive=False` or a store that does not pace (memory, remote)
-   encodes every chunk.
+   is written raw; a store that does not pace (memory, remote: `Store.paces_encoding`) has
+   every chunk encoded. Saves of fewer than twice the I/O slots' chunks encode them all. For
+   the smallest checkpoint whatever it costs, `repo.compact()` encodes what a save left raw.
 6. With `encode_later`, a chunk under "lossless" or "zstd" is written raw where raw saves
    measure faster on the store, and encoded in place after the commit (background
    compaction, repo/compaction.py); `repo.compact()` does the same for any version later.

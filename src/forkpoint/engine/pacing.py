@@ -3,9 +3,8 @@
 A save is bound either by the store or by its own CPU work (copies, hashing, the store's
 system calls). Where every I/O slot holds a write, the store is the bound, and encoding takes
 work off it. Where a slot is free, the CPU side is the bound: encoding would add to it, and on
-a machine with few cores it slows the store's own path too (on this project's 2-core VMs, one
-busy thread beside a raw save made it about 1.18x slower: `benchmarks/codecs.py
---raw-under-load`). Where the process keeps all its cores busy, the CPU is short even though
+a machine with few cores it slows the store's own path too (`benchmarks/codecs.py
+--raw-under-load` measures how much). Where the process keeps all its cores busy, the CPU is short even though
 the slots are full (their writes wait for a core); other processes and a hypervisor's steal
 take from the same cores, so they count too (engine.cpuload). The pacer tells each chunk's
 capture which holds (as zstd --adapt lowers its level when output stalls).
@@ -18,6 +17,7 @@ raw while those measure faster (engine.autocodec's AutoChoice, with a margin for
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from . import scheduler
 from .autocodec import AutoChoice
@@ -29,13 +29,18 @@ CPU_WINDOW = 0.01
 """Seconds over which the pacer measures the process's CPU use."""
 STORE_BOUND_SHARE = 0.9
 """The share of chunks past its start-up a save must encode for the next to count the store as
-its bound. (Half: on this VM's fast local disk, fp32 saves that encoded 80-88% primed the next
-and took 2-5% longer than saves without the memory.)"""
+its bound. (A lower share, such as half, had saves on a fast local disk that encoded most of
+their chunks prime the next, which then took longer than saves without the memory.)"""
 PACED_MARGIN = 0.15
 """How much faster (as a share of the paced way's rate) saves written raw must measure before a
 repository writes its lossless saves raw: within it, the smaller checkpoint wins."""
 PACED_WINDOW = 5
 """The saves of each way (the last ones) whose median rate it is judged by."""
+
+
+def process_clocks() -> tuple[float, float]:
+    """(wall seconds, this process's CPU seconds), the clocks the pacer reads."""
+    return time.perf_counter(), time.process_time()
 
 
 @dataclass
@@ -69,8 +74,8 @@ class EncodePacer:
     on, counting them made saves on a fast disk encode ever more chunks, each save teaching the
     next that the store bound it); `finish` records this save in it. (A rule that encoded
     wherever the waiting bytes kept the store busy through the encode, at the rates the save
-    measured, encoded 90% of the chunks and was as slow as encoding them all: the store did not
-    idle, the CPU was short.) Where the memory's `ways` pick raw for this save (`paced` False),
+    measured, encoded nearly every chunk and was as slow as encoding them all: the store did
+    not idle, the CPU was short.) Where the memory's `ways` pick raw for this save (`paced` False),
     every such chunk is written raw."""
 
     slots: int
@@ -90,10 +95,14 @@ class EncodePacer:
     load: CoreLoad = field(default_factory=lambda: CORES)
     paced: bool = True
     nbytes: int = 0
-    started: float = field(default_factory=time.perf_counter)
+    clock: Callable[[], tuple[float, float]] = field(default=None, repr=False)
+    """(wall seconds, this process's CPU seconds) now; the real clocks unless a test sets them."""
+    started: float | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self):
+        self.clock = self.clock or process_clocks
+        self.started = self.clock()[0] if self.started is None else self.started
         self.least = self.least or 2 * self.slots
         self.cores = self.cores or scheduler.usable_cores()
         if self.enabled and self.memory is not None and self.memory.warm:
@@ -130,7 +139,7 @@ class EncodePacer:
         least CPU_WINDOW before; until then, the last verdict), or all processes did by `load`'s
         last measure (one begun before this save counts this process's use since the last
         measure, not the spell's: a training step between saves is not the save's load)."""
-        now, cpu = time.perf_counter(), time.process_time()
+        now, cpu = self.clock()
         if self.cpu_mark is None:
             self.cpu_mark = (now, cpu)
         elif now - self.cpu_mark[0] >= CPU_WINDOW:
@@ -161,5 +170,5 @@ class EncodePacer:
         if self.paced:
             memory.store_bound = self.steady_encoded >= STORE_BOUND_SHARE * self.steady > 0
         if memory.warm:
-            memory.ways.record(self.paced, self.nbytes, time.perf_counter() - self.started, keep=False)
+            memory.ways.record(self.paced, self.nbytes, self.clock()[0] - self.started, keep=False)
         memory.warm = True

@@ -46,17 +46,6 @@ class SaveOptions:
     """Under lossless/zstd, where raw saves measure faster on the store (learnt as for
     codec="auto"), store chunks raw and encode them in place after the commit, in the
     background (for hosts whose cores are idle while training runs on accelerators)."""
-    adaptive: bool = True
-    """Under lossless, zstd and lossy policies, encode a chunk only while the store has at
-    least its I/O slots' worth of chunks waiting for or in their writes and its cores are not
-    kept busy, by this process or others (the store, not the CPU, bounds the save then), else
-    write it raw (engine.pacing), so that encoding does not make the save slower than a raw
-    one; and, where
-    a repository's saves written raw now and then measure more than 15% faster than its paced
-    ones, write the next saves raw (retrying paced every 8 to 64 saves). Saves of fewer than
-    twice the slots of such chunks encode them all (unless the timing has the save written
-    raw); memory and remote stores are not paced.
-    False encodes every chunk (the smallest checkpoint, whatever it costs)."""
     max_pending: int = 2
     """Asynchronous saves in flight (scheduled, not committed) at most: a further
     save(sync=False) first waits for the oldest to commit (back-pressure, so that saves asked
@@ -66,9 +55,8 @@ class SaveOptions:
         if self.delta is not None and not isinstance(self.delta, (bool, Delta)):
             raise TypeError(f"delta must be True, False, None or fp.Delta(...), got {self.delta!r}")
         self.delta = Delta() if self.delta is True else self.delta or None
-        for name in ("encode_later", "adaptive"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if not isinstance(self.encode_later, bool):
+            raise TypeError(f"encode_later must be True or False, got {self.encode_later!r}")
         for name, least in (("chunk_bytes", MIN_CHUNK_BYTES), ("small_leaf_bytes", 0), ("pack_bytes", 1), ("workers", 1),
                             ("staging_bytes", 1), ("window_bytes", 1), ("max_pending", 1)):
             value = getattr(self, name)
@@ -175,7 +163,7 @@ def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf
     """
     writer = ObjectWriter(store, opts.codec, guard, lambda: sched.hold("encode"),
                           defers=encode_later and deltas is None, layouts=layouts)
-    pacer = EncodePacer(sched.limit(f"io:{tier}"), enabled=opts.adaptive and store.paces_encoding, memory=pacing)
+    pacer = EncodePacer(sched.limit(f"io:{tier}"), enabled=store.paces_encoding, memory=pacing)
     plan = ScheduledSave(flat, writer, pacer, deltas)
     plan.writer.pinned.update(k.object for k in known.values())
     if deltas is not None:

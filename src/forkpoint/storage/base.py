@@ -20,7 +20,8 @@ class Store(ABC):
     """Whether saves to this store encode a chunk only while its writes keep the store busy
     (engine.pacing): False for memory, whose writes never wait, and for remote stores, slow
     enough that encoding always pays (a save's first chunks, which find nothing waiting, would
-    go raw), so that there the policy alone decides."""
+    go raw), so that there the policy alone decides. Set it False on a store object to have
+    every chunk of its saves encoded (a benchmark of the codec alone, a test)."""
     aligned_writes: bool = False
     """True when `write` sends parts that lie page-aligned in memory, at block-aligned offsets
     of the object, to storage without copying them (direct I/O); others go through a copy."""
