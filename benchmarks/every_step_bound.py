@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from tiers_restore import WIDTH, every_step_loop, state_tensors  # noqa: E402
 from train_overhead import build, train_step  # noqa: E402
 
-import forkpoint.engine.save as save_pipeline  # noqa: E402
+import forkpoint.engine.chunksave as save_pipeline  # noqa: E402
 from forkpoint.format.objects import BLOCK_BYTES, DIGEST_BYTES  # noqa: E402
 
 

@@ -48,11 +48,11 @@ def test_synchronous_encoded_saves_read_live_memory_without_a_copy(tmp_path, mon
     """A synchronous lossless save encodes large chunks straight from the tensors (no staging
     copy); an asynchronous one copies them first, so the caller may change them once the
     capture is done."""
-    from forkpoint.engine import save
+    from forkpoint.engine import chunksave
 
     copied = []
-    real = save._copy_and_hash
-    monkeypatch.setattr(save, "_copy_and_hash", lambda src, dst: (copied.append(src.nbytes), real(src, dst))[1])
+    real = chunksave._copy_and_hash
+    monkeypatch.setattr(chunksave, "_copy_and_hash", lambda src, dst: (copied.append(src.nbytes), real(src, dst))[1])
     big = _trained_like(torch.float32, 1_000_000)
     original = big.clone()
     repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless", encode_later=False)

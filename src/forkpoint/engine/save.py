@@ -8,18 +8,16 @@ budget: a state larger than it streams through.
 import dataclasses
 from dataclasses import dataclass, field
 
-import numpy as np
 
 from ..format.delta import Delta
-from ..format.lossy import round_significand
 from ..format.manifest import Chunk, Leaf
-from ..format.objects import (BLOCK_BYTES, MAX_PACK_BYTES, block_root, content_hash)
+from ..format.objects import (MAX_PACK_BYTES, content_hash)
 from ..state.flatten import FlatLeaf
 from ..storage.base import Store
-from ..storage.streamcopy import stream_copy
 from .chunkmemory import ChunkMemory
-from .encoding import codec_rules, element_kind, pack_kind, policy_codec, policy_for, route_chunk, row_elements
-from .objectwriter import ObjectWriter, hash_with_table, raw_header_size
+from .chunksave import ChunkSave, _await_device
+from .encoding import codec_rules, pack_kind, policy_for
+from .objectwriter import ObjectWriter, raw_header_size
 from .pacing import EncodePacer, PaceMemory
 from .parallel import parallel_map
 from .scheduler import Priority, Scheduler, Task
@@ -175,19 +173,13 @@ def schedule_save(sched: Scheduler, store: Store, tier: str, flat: list[FlatLeaf
             _schedule_pack(sched, plan, group, total, known, pool, io, tier, staging)
         else:
             i, pieces = item
-            plan.large[i] = [_schedule_chunk(sched, plan, i, piece, box, pool, io, tier, staging)
+            plan.large[i] = [ChunkSave(plan, i, piece, box, pool, staging).schedule(sched, io, tier)
                              for piece, box in pieces]
     for i, fl in enumerate(flat):
         if fl.data is not None and fl.data.pending is not None:
             sched.submit("release", fl.data.pending.release, priority=Priority.CAPTURE,
                          after=plan.captures.get(i, ()))
     return plan
-
-
-def _await_device(d) -> None:
-    """Wait until a leaf's device-to-host copy (if any) has filled its bytes."""
-    if d.pending is not None:
-        d.pending.wait()
 
 
 def layout(flat: list[FlatLeaf], opts: SaveOptions, select=None, pack_key=None):
@@ -276,158 +268,6 @@ def staging_sizes(flat: list[FlatLeaf], opts: SaveOptions, select=None, adopts: 
             else:
                 staging.append(n)
     return staging, objects
-
-
-def _copy_and_hash(src: np.ndarray, dst: np.ndarray) -> tuple[str, bytes]:
-    """Copy `src` into `dst` block by block, hashing each block while it is in cache; return
-    (content hash, block digest table)."""
-    import blake3
-
-    if src.nbytes <= BLOCK_BYTES:
-        np.copyto(dst[:src.nbytes], src)
-        return content_hash(dst[:src.nbytes]), b""
-    digests = []
-    for lo in range(0, src.nbytes, BLOCK_BYTES):
-        hi = min(src.nbytes, lo + BLOCK_BYTES)
-        np.copyto(dst[lo:hi], src[lo:hi])
-        digests.append(blake3.blake3(memoryview(dst[lo:hi])).digest())
-    table = b"".join(digests)
-    return block_root(table, src.nbytes), table
-
-
-@dataclass
-class Staged:
-    """A captured chunk on its way to the store: `buf`, the staging (or store object) buffer
-    holding it, None where `data` is the live tensor's memory; `owned`, True where `buf` is the
-    store's object buffer (header room before `data`); its content hash and block table (None
-    until hashed); `info`, a lossy mode's record; the encoder's `scratch` buffer and `payload`
-    (None where nothing was encoded); `raw`, True where the pacer had it written raw."""
-
-    buf: object
-    data: object
-    owned: bool = False
-    digest: str | None = None
-    table: bytes | None = None
-    info: dict | None = None
-    scratch: object = None
-    payload: list | None = None
-    raw: bool = False
-
-    def give_back(self, pool: StagingPool) -> None:
-        """Return its staging and scratch buffers to `pool` (a failed step)."""
-        for held in (self.buf, self.scratch):
-            if held is not None:
-                pool.give(held)
-        self.buf = self.scratch = None
-
-
-def _schedule_chunk(sched, plan: ScheduledSave, index, piece, box, pool, io, tier, staging) -> Task:
-    n = int(piece.nbytes)
-    itemsize, floating = element_kind(plan.flat[index].data)
-    d = plan.flat[index].data
-    route = route_chunk(plan.writer.policy_for(plan.flat[index].path), itemsize, floating, d.kind,
-                        plan.deltas is not None, plan.writer, plan.pacer, n)
-    policy, lossy, encodes, raw_now, ahead = route.policy, route.lossy, route.encodes, route.raw_now, route.ahead
-    deltas = plan.deltas if route.delta else None
-    row = row_elements(d.local_shape, int(d.data.nbytes), itemsize)
-    head = raw_header_size(n) if raw_now else None
-    in_place = staging == "window" and lossy is None and encodes and d.pending is None
-    scratch_bytes = n if head is None and policy_codec(policy, itemsize, floating).encode_pieces else 0
-    slot = (plan.flat[index].path, tuple(box[0]))
-
-    def encode(staged: Staged, paced: bool) -> Staged:
-        """Hash the staged chunk if its capture did not, and encode it into a scratch buffer
-        unless `paced` and the pacer has it written raw; on failure give its buffers back."""
-        try:
-            if staged.digest is None:
-                staged.digest, staged.table = hash_with_table(staged.data)
-            if paced and not plan.pacer.encodes():
-                staged.raw = True
-                return staged
-            staged.scratch = pool.get(scratch_bytes) if scratch_bytes else None
-            staged.payload = plan.writer.encode_ahead(staged.digest, staged.data, itemsize, floating, policy,
-                                                      staged.scratch, slot, row)
-            if staged.payload is None and staged.scratch is not None:
-                pool.give(staged.scratch)
-                staged.scratch = None
-            return staged
-        except BaseException:
-            staged.give_back(pool)
-            raise
-
-    def capture_chunk() -> Staged:
-        if in_place and (not ahead or plan.pacer.encodes()):
-            staged = Staged(None, piece, False, *hash_with_table(piece))
-            return encode(staged, paced=False) if ahead else staged
-        _await_device(d)
-        raw_head = head if head is not None else (raw_header_size(n) if in_place else None)
-        owned = plan.writer.store.object_buffer(raw_head + n) if raw_head is not None else None
-        buf = pool.get(n) if owned is None else owned
-        data = buf[:n] if owned is None else owned[raw_head:]
-        if lossy is not None:
-            np.copyto(data, piece)
-            keep = lossy.keep_bits(itemsize)
-            error = round_significand(data, itemsize, keep)
-            info = {"mode": lossy.describe(), "keep_bits": keep, "max_rel_error": error}
-            return Staged(buf, data, owned is not None, *hash_with_table(data), info)
-        if staging == "staging":
-            stream_copy(data, piece)
-            return Staged(buf, data, owned is not None)
-        return Staged(buf, data, owned is not None, *_copy_and_hash(piece, data), raw=in_place)
-
-    def ready(staged: Staged) -> Staged:
-        plan.pacer.ready()
-        return staged
-
-    folds = ahead and in_place
-    worker = {"encode": 1} if folds else {"cpu": 1}
-    payload = {"encoded": 1} if ahead else {}
-    cap = sched.submit("capture", (lambda: ready(capture_chunk())) if folds else capture_chunk,
-                       priority=Priority.CAPTURE, needs={staging: n, **worker, **(payload if folds else {})},
-                       frees=worker, nbytes=n)
-    plan.captures.setdefault(index, []).append(cap)
-    staged_by = cap
-    if ahead and not folds:
-        staged_by = sched.submit("encode", lambda: ready(encode(cap.result(), paced=True)), priority=Priority.WRITE,
-                                 needs={"encode": 1, **payload}, frees={"encode": 1}, deps=[cap], nbytes=n)
-
-    def write_staged() -> Chunk:
-        staged = staged_by.result()
-        buf, data, owned, digest, table = staged.buf, staged.data, staged.owned, staged.digest, staged.table
-        info, scratch, encoded, raw = staged.info, staged.scratch, staged.payload, staged.raw
-        staged.buf = staged.data = staged.scratch = staged.payload = None
-        if digest is None:
-            digest, table = hash_with_table(data)
-        if owned:
-            codec = plan.writer.put(digest, data, itemsize, floating, policy, table, owned=buf, row=row)
-            return Chunk(*box, digest, digest, 0, n, codec, info)
-        if scratch is None and scratch_bytes and not raw:
-            scratch = pool.get(scratch_bytes)
-        delta_out = pool.get(n) if deltas is not None else None
-        try:
-            if deltas is not None:
-                chunk = deltas.store(plan.writer, plan.flat[index].path, d.dtype, box, digest, data,
-                                     itemsize, floating, policy, info, (delta_out, scratch))
-                if chunk is not None:
-                    return chunk
-            codec = plan.writer.put(digest, data, itemsize, floating, "raw" if raw else policy, table,
-                                    scratch=scratch, slot=slot, row=row, encoded=encoded)
-            return Chunk(*box, digest, digest, 0, n, codec, info)
-        finally:
-            for held in (buf, scratch, delta_out):
-                if held is not None:
-                    pool.give(held)
-
-    def write_paced() -> Chunk:
-        try:
-            return write_staged()
-        finally:
-            plan.pacer.written()
-
-    task = sched.submit("write", write_paced if ahead else write_staged, priority=Priority.WRITE, needs=io,
-                        frees={**io, staging: n, **payload}, deps=[staged_by], nbytes=n, tier=tier)
-    plan.writes.append(task)
-    return task
 
 
 def _schedule_pack(sched, plan: ScheduledSave, group, total, known, pool, io, tier, staging) -> None:
