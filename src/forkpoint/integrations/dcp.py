@@ -82,42 +82,10 @@ def make_writer_class():
 
         def write_data(self, plan, planner):
             from torch.futures import Future
-            from torch.distributed.checkpoint.planner import WriteItemType
-            from torch.distributed.checkpoint.storage import WriteResult
 
             if self.session is None:  # this process's gc spares its objects until the commit
                 self.session = self.repo.begin_save(self.branch, check_holder=self.is_coordinator)
-            writer = self.session.writer()
-            results, pack, pack_items = [], [], []
-            for item in plan.items:
-                if item.type == WriteItemType.BYTE_IO and (node := _plain_node(planner, item)) is not None:
-                    results.append(WriteResult(item.index, 0, StoredItem("", "", 0, 0, "raw", 0, node)))
-                    continue
-                if item.type == WriteItemType.BYTE_IO:
-                    buf = planner.resolve_data(item)
-                    data = np.frombuffer(buf.getbuffer(), dtype=np.uint8).copy()
-                else:
-                    tensor = planner.resolve_data(item).detach()
-                    data = torch_leaf(tensor, item.index.fqn, copy=False).data
-                if data.nbytes < PACK_ITEM_BYTES:
-                    pack.append(data)
-                    pack_items.append((item, content_hash(data, parallel_map), data.nbytes))
-                    continue
-                digest = content_hash(data, parallel_map)
-                before = writer.stored_bytes
-                codec = writer.put(digest, data)
-                results.append(WriteResult(item.index, data.nbytes, StoredItem(
-                    digest, digest, 0, data.nbytes, codec, writer.stored_bytes - before)))
-            if pack:
-                blob = np.concatenate(pack) if len(pack) > 1 else pack[0]
-                digest = content_hash(blob, parallel_map)
-                before = writer.stored_bytes
-                codec = writer.put(digest, blob)
-                offset, written = 0, writer.stored_bytes - before
-                for item, item_hash, n in pack_items:
-                    results.append(WriteResult(item.index, n, StoredItem(item_hash, digest, offset, n, codec, written)))
-                    offset, written = offset + n, 0
-            self.session.make_durable(writer.written)
+            results = _write_items(self.session, plan, planner)
             if not self.is_coordinator:
                 self._end_session()
             fut = Future()
@@ -125,42 +93,9 @@ def make_writer_class():
             return fut
 
         def finish(self, metadata, results) -> None:
-            from torch.distributed.checkpoint.metadata import BytesStorageMetadata
-
-            where = {r.index: r.storage_data for rank in results for r in rank}
-            leaves, keys, values, byte_fqns = [], [], [], []
-            paths = metadata.planner_data if isinstance(metadata.planner_data, dict) else {}
-            for fqn, md in metadata.state_dict_metadata.items():
-                if isinstance(md, BytesStorageMetadata) and _lookup(where, fqn, None).value is not None:
-                    keys.append(tuple(paths.get(fqn, (fqn,))))
-                    values.append(_lookup(where, fqn, None).value)
-                    continue
-                if isinstance(md, BytesStorageMetadata):
-                    stored = _lookup(where, fqn, None)
-                    chunk = Chunk([0], [stored.size], stored.hash, stored.object, stored.start, stored.size,
-                                  stored.codec)
-                    leaf = Leaf(fqn, "bytes", "uint8", [stored.size], stored.size, [chunk])
-                    byte_fqns.append(fqn)
-                else:
-                    dtype = str(md.properties.dtype).removeprefix("torch.")
-                    chunks = []
-                    for c in md.chunks:
-                        stored = _lookup(where, fqn, c.offsets)
-                        chunks.append(Chunk(list(c.offsets), list(c.sizes), stored.hash, stored.object,
-                                            stored.start, stored.size, stored.codec))
-                    itemsize = md.properties.dtype.itemsize
-                    count = int(np.prod(list(md.size), dtype=np.int64))
-                    leaf = Leaf(fqn, "torch", dtype, list(md.size), itemsize * count, chunks)
-                keys.append(tuple(paths.get(fqn, (fqn,))))
-                values.append({"t": "leaf", "i": len(leaves)})
-                leaves.append(leaf)
-            planner_data = _jsonable(metadata.planner_data) if metadata.planner_data is not None else None
-            meta = {**self.meta, "dcp": {"bytes": byte_fqns, "planner_data": planner_data}}
-            record = Version("", [], self.branch, self.step, 0.0, self.message, self.metrics, meta,
+            record = Version("", [], self.branch, self.step, 0.0, self.message, self.metrics, self.meta,
                              env=environment())
-            record.logical_bytes = sum(leaf.nbytes for leaf in leaves)
-            record.stored_bytes = sum(s.written for s in where.values())
-            manifest = Manifest(record, _nest(keys, values), leaves)
+            manifest = _manifest_of(metadata, results, record)
             try:
                 session = self.session or self.repo.begin_save(self.branch)
                 self.version = session.commit(manifest)
@@ -176,6 +111,88 @@ def make_writer_class():
             return None
 
     return Writer
+
+
+def _write_items(session, plan, planner) -> list:
+    """Store one rank's DCP write items as objects through `session` (small ones packed into
+    one object, plain values kept as skeleton nodes), make them durable, and return DCP's
+    WriteResults, whose storage_data say where each item's bytes live."""
+    from torch.distributed.checkpoint.planner import WriteItemType
+    from torch.distributed.checkpoint.storage import WriteResult
+
+    writer = session.writer()
+    results, pack, pack_items = [], [], []
+    for item in plan.items:
+        if item.type == WriteItemType.BYTE_IO and (node := _plain_node(planner, item)) is not None:
+            results.append(WriteResult(item.index, 0, StoredItem("", "", 0, 0, "raw", 0, node)))
+            continue
+        if item.type == WriteItemType.BYTE_IO:
+            buf = planner.resolve_data(item)
+            data = np.frombuffer(buf.getbuffer(), dtype=np.uint8).copy()
+        else:
+            tensor = planner.resolve_data(item).detach()
+            data = torch_leaf(tensor, item.index.fqn, copy=False).data
+        if data.nbytes < PACK_ITEM_BYTES:
+            pack.append(data)
+            pack_items.append((item, content_hash(data, parallel_map), data.nbytes))
+            continue
+        digest = content_hash(data, parallel_map)
+        before = writer.stored_bytes
+        codec = writer.put(digest, data)
+        results.append(WriteResult(item.index, data.nbytes, StoredItem(
+            digest, digest, 0, data.nbytes, codec, writer.stored_bytes - before)))
+    if pack:
+        blob = np.concatenate(pack) if len(pack) > 1 else pack[0]
+        digest = content_hash(blob, parallel_map)
+        before = writer.stored_bytes
+        codec = writer.put(digest, blob)
+        offset, written = 0, writer.stored_bytes - before
+        for item, item_hash, n in pack_items:
+            results.append(WriteResult(item.index, n, StoredItem(item_hash, digest, offset, n, codec, written)))
+            offset, written = offset + n, 0
+    session.make_durable(writer.written)
+    return results
+
+
+def _manifest_of(metadata, results, record: Version) -> Manifest:
+    """The manifest of a DCP save: every rank's stored items as leaves (tensors by their DCP
+    chunks, bytes items as byte leaves, plain values in the skeleton), under `record`."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    where = {r.index: r.storage_data for rank in results for r in rank}
+    leaves, keys, values, byte_fqns = [], [], [], []
+    paths = metadata.planner_data if isinstance(metadata.planner_data, dict) else {}
+    for fqn, md in metadata.state_dict_metadata.items():
+        keys.append(tuple(paths.get(fqn, (fqn,))))
+        if isinstance(md, BytesStorageMetadata) and _lookup(where, fqn, None).value is not None:
+            values.append(_lookup(where, fqn, None).value)
+            continue
+        if isinstance(md, BytesStorageMetadata):
+            stored = _lookup(where, fqn, None)
+            chunk = Chunk([0], [stored.size], stored.hash, stored.object, stored.start, stored.size, stored.codec)
+            leaf = Leaf(fqn, "bytes", "uint8", [stored.size], stored.size, [chunk])
+            byte_fqns.append(fqn)
+        else:
+            leaf = _tensor_leaf(fqn, md, where)
+        values.append({"t": "leaf", "i": len(leaves)})
+        leaves.append(leaf)
+    planner_data = _jsonable(metadata.planner_data) if metadata.planner_data is not None else None
+    record.meta = {**record.meta, "dcp": {"bytes": byte_fqns, "planner_data": planner_data}}
+    record.logical_bytes = sum(leaf.nbytes for leaf in leaves)
+    record.stored_bytes = sum(s.written for s in where.values())
+    return Manifest(record, _nest(keys, values), leaves)
+
+
+def _tensor_leaf(fqn: str, md, where: dict) -> Leaf:
+    """The leaf of a DCP tensor item: one chunk per DCP chunk, where its bytes were stored."""
+    chunks = []
+    for c in md.chunks:
+        stored = _lookup(where, fqn, c.offsets)
+        chunks.append(Chunk(list(c.offsets), list(c.sizes), stored.hash, stored.object, stored.start, stored.size,
+                            stored.codec))
+    count = int(np.prod(list(md.size), dtype=np.int64))
+    dtype = str(md.properties.dtype).removeprefix("torch.")
+    return Leaf(fqn, "torch", dtype, list(md.size), md.properties.dtype.itemsize * count, chunks)
 
 
 def _nest(paths: list[tuple], nodes: list[dict]) -> dict:
@@ -238,40 +255,9 @@ def make_reader_class():
             return False
 
         def read_metadata(self, *args, **kwargs):
-            import torch
-            from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata,
-                                                               Metadata, MetadataIndex, TensorProperties,
-                                                               TensorStorageMetadata)
-
-            self.manifest = m = self.repo.readable(self.ref)
-            dcp_meta = m.version.meta.get("dcp", {})
-            dcp_bytes = set(dcp_meta.get("bytes", []))
-            self.items, self.scalars = {}, {}
-            state, storage = {}, {}
-            for keys, node in _dcp_items(m.tree):
-                fqn = _fqn(keys)
-                if node.get("t") != "leaf":
-                    self.scalars[fqn] = node
-                    state[fqn] = BytesStorageMetadata()
-                    storage[MetadataIndex(fqn)] = fqn
-                    continue
-                leaf = m.leaves[node["i"]]
-                if leaf.alias_of is not None:
-                    leaf = m.leaves[leaf.alias_of]
-                if leaf.kind == "bytes" and fqn in dcp_bytes:
-                    state[fqn] = BytesStorageMetadata()
-                    storage[MetadataIndex(fqn)] = leaf
-                elif leaf.kind in ("torch", "numpy"):
-                    dtype = getattr(torch, leaf.dtype) if leaf.kind == "torch" else \
-                        torch.from_numpy(np.empty(0, dtype=leaf.dtype)).dtype
-                    chunks = [ChunkStorageMetadata(torch.Size(c.offsets), torch.Size(c.lengths)) for c in leaf.chunks]
-                    state[fqn] = TensorStorageMetadata(TensorProperties(dtype=dtype), torch.Size(leaf.shape), chunks)
-                    for c in leaf.chunks:
-                        storage[MetadataIndex(fqn, torch.Size(c.offsets))] = (leaf, c)
-            planner_data = dcp_meta.get("planner_data")
-            if planner_data is not None:
-                planner_data = {k: tuple(v) if isinstance(v, list) else v for k, v in planner_data.items()}
-            return Metadata(state_dict_metadata=state, planner_data=planner_data, storage_data=storage)
+            self.manifest = self.repo.readable(self.ref)
+            metadata, self.scalars = _dcp_metadata(self.manifest)
+            return metadata
 
         def set_up_storage_reader(self, metadata, is_coordinator: bool, *args, **kwargs) -> None:
             self.storage_data = metadata.storage_data
@@ -283,41 +269,85 @@ def make_reader_class():
             return plans
 
         def read_data(self, plan, planner):
-            import torch
             from torch.futures import Future
-            from torch.distributed.checkpoint.planner import LoadItemType
 
-            vid = self.manifest.version.id
-            for req in plan.items:
-                where = self.storage_data[req.storage_index]
-                if req.type == LoadItemType.BYTE_IO:
-                    if isinstance(where, str):
-                        blob = io.BytesIO()
-                        torch.save(_scalar(self.scalars[where]), blob)
-                        blob.seek(0)
-                    else:
-                        buf = np.empty(where.nbytes, dtype=np.uint8)
-                        self.repo.read_into([ReadRequest(where, buf)], vid)
-                        blob = io.BytesIO(buf.tobytes())
-                    planner.load_bytes(req, blob)
-                    continue
-                leaf, chunk = where
-                offsets = [c + o for c, o in zip(chunk.offsets, req.storage_offsets)]
-                lengths = list(req.lengths)
-                dtype = getattr(torch, leaf.dtype) if leaf.kind == "torch" else \
-                    torch.from_numpy(np.empty(0, dtype=leaf.dtype)).dtype
-                tmp = torch.empty(lengths, dtype=dtype)
-                flat = tmp.reshape(-1).view(torch.uint8) if tmp.numel() else torch.empty(0, dtype=torch.uint8)
-                single = Leaf(leaf.path, leaf.kind, leaf.dtype, leaf.shape, leaf.nbytes, [chunk], leaf.device)
-                self.repo.read_into([ReadRequest(single, flat.numpy(), (offsets, lengths))], vid)
-                target = planner.resolve_tensor(req).detach()
-                target.copy_(tmp)
-                planner.commit_tensor(req, target)
+            _read_items(self.repo, self.manifest.version.id, self.storage_data, self.scalars, plan, planner)
             fut = Future()
             fut.set_result(None)
             return fut
 
     return Reader
+
+
+def _dcp_metadata(m: Manifest):
+    """(DCP Metadata of version manifest `m`, {fqn: skeleton node} of its plain values): every
+    leaf DCP can read (tensors by their chunks, DCP's own bytes items) and value as an item."""
+    import torch
+    from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata,
+                                                       Metadata, MetadataIndex, TensorProperties,
+                                                       TensorStorageMetadata)
+
+    dcp_meta = m.version.meta.get("dcp", {})
+    dcp_bytes = set(dcp_meta.get("bytes", []))
+    scalars = {}
+    state, storage = {}, {}
+    for keys, node in _dcp_items(m.tree):
+        fqn = _fqn(keys)
+        if node.get("t") != "leaf":
+            scalars[fqn] = node
+            state[fqn] = BytesStorageMetadata()
+            storage[MetadataIndex(fqn)] = fqn
+            continue
+        leaf = m.leaves[node["i"]]
+        if leaf.alias_of is not None:
+            leaf = m.leaves[leaf.alias_of]
+        if leaf.kind == "bytes" and fqn in dcp_bytes:
+            state[fqn] = BytesStorageMetadata()
+            storage[MetadataIndex(fqn)] = leaf
+        elif leaf.kind in ("torch", "numpy"):
+            dtype = getattr(torch, leaf.dtype) if leaf.kind == "torch" else \
+                torch.from_numpy(np.empty(0, dtype=leaf.dtype)).dtype
+            chunks = [ChunkStorageMetadata(torch.Size(c.offsets), torch.Size(c.lengths)) for c in leaf.chunks]
+            state[fqn] = TensorStorageMetadata(TensorProperties(dtype=dtype), torch.Size(leaf.shape), chunks)
+            for c in leaf.chunks:
+                storage[MetadataIndex(fqn, torch.Size(c.offsets))] = (leaf, c)
+    planner_data = dcp_meta.get("planner_data")
+    if planner_data is not None:
+        planner_data = {k: tuple(v) if isinstance(v, list) else v for k, v in planner_data.items()}
+    return Metadata(state_dict_metadata=state, planner_data=planner_data, storage_data=storage), scalars
+
+
+def _read_items(repo, vid: str, storage_data: dict, scalars: dict, plan, planner) -> None:
+    """Read one rank's DCP load items of version `vid` from `repo` into the planner's targets
+    (a tensor item reads only the box it asks for)."""
+    import torch
+    from torch.distributed.checkpoint.planner import LoadItemType
+
+    for req in plan.items:
+        where = storage_data[req.storage_index]
+        if req.type == LoadItemType.BYTE_IO:
+            if isinstance(where, str):
+                blob = io.BytesIO()
+                torch.save(_scalar(scalars[where]), blob)
+                blob.seek(0)
+            else:
+                buf = np.empty(where.nbytes, dtype=np.uint8)
+                repo.read_into([ReadRequest(where, buf)], vid)
+                blob = io.BytesIO(buf.tobytes())
+            planner.load_bytes(req, blob)
+            continue
+        leaf, chunk = where
+        offsets = [c + o for c, o in zip(chunk.offsets, req.storage_offsets)]
+        lengths = list(req.lengths)
+        dtype = getattr(torch, leaf.dtype) if leaf.kind == "torch" else \
+            torch.from_numpy(np.empty(0, dtype=leaf.dtype)).dtype
+        tmp = torch.empty(lengths, dtype=dtype)
+        flat = tmp.reshape(-1).view(torch.uint8) if tmp.numel() else torch.empty(0, dtype=torch.uint8)
+        single = Leaf(leaf.path, leaf.kind, leaf.dtype, leaf.shape, leaf.nbytes, [chunk], leaf.device)
+        repo.read_into([ReadRequest(single, flat.numpy(), (offsets, lengths))], vid)
+        target = planner.resolve_tensor(req).detach()
+        target.copy_(tmp)
+        planner.commit_tensor(req, target)
 
 
 def _dcp_items(node: dict, keys: tuple = ()):
