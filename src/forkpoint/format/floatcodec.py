@@ -748,6 +748,14 @@ def encode_pieces(data, itemsize: int = 1, pmap=None, out=None,
     if layouts is not None:
         layouts.update(itemsize, [(int(form), list(coders)) for (form, coders), _ in coded], sum(lengths),
                        reused=reuse is not None, row=row)
+    return _payload_pieces(coded, lengths, itemsize, count, per, row, starts, at)
+
+
+def _payload_pieces(coded: list, lengths: list, itemsize: int, count: int, per: int, row: int, starts: list,
+                    at: int | None) -> list:
+    """The payload of `encode_pieces` as buffers in order: head, layout table, plane lengths,
+    then each segment's coded planes (`coded`: ((form, coders), planes) per segment), raw
+    planes placed at ALIGN-multiple file offsets where `at` asks for it (version 6)."""
     grid = any(form & GRID for (form, _), _ in coded)
     version = (ALIGNED_VERSION if at is not None else
                SPARSE_VERSION if any(SPARSE in coders for (_, coders), _ in coded) else
@@ -790,11 +798,10 @@ def decode_into(payload, decoded_length: int, out: np.ndarray, pmap=None) -> Non
     decode(payload, decoded_length, pmap, out=out)
 
 
-def decode(payload, decoded_length: int, pmap=None, out=None) -> np.ndarray:
-    """Decode a payload of `encode` into `decoded_length` bytes (a uint8 array: large ones
-    come from numpy's huge-page-backed allocations, not zero-filled fresh pages; `out` when
-    given); `pmap`, a parallel `map`, decodes the segments at once."""
-    view = memoryview(payload).cast("B")
+def _payload_table(view: memoryview, decoded_length: int) -> tuple:
+    """(itemsize, count, per, row, segment starts, (form, coders) per segment, coded length and
+    offset of each plane) of a payload of `encode`, checked against `decoded_length` and the
+    payload's own size (FormatError for a newer version, ValueError for a damaged one)."""
     version, itemsize, rotated, count, per = _HEAD.unpack_from(view)
     skew = rotated if version == ALIGNED_VERSION else 0
     if version > VERSION:
@@ -833,6 +840,15 @@ def decode(payload, decoded_length: int, pmap=None, out=None) -> np.ndarray:
     offsets = _plane_offsets(pos, lengths, [c for _, coders in layouts for c in coders], version, skew, sizes)
     if offsets[-1] != len(view):
         raise ValueError(f"float codec payload holds {len(view)} bytes, its table says {offsets[-1]}")
+    return itemsize, count, per, row, starts, layouts, lengths, offsets
+
+
+def decode(payload, decoded_length: int, pmap=None, out=None) -> np.ndarray:
+    """Decode a payload of `encode` into `decoded_length` bytes (a uint8 array: large ones
+    come from numpy's huge-page-backed allocations, not zero-filled fresh pages; `out` when
+    given); `pmap`, a parallel `map`, decodes the segments at once."""
+    view = memoryview(payload).cast("B")
+    itemsize, count, per, row, starts, layouts, lengths, offsets = _payload_table(view, decoded_length)
     if out is None:
         out = np.empty(decoded_length, np.uint8)
     elif out.dtype != np.uint8 or out.nbytes != decoded_length or not out.flags.c_contiguous:
