@@ -57,52 +57,61 @@ def flatten(tree, allow_pickle: bool = False, copy: bool = False,
             device_capture=None) -> tuple[dict, list[FlatLeaf]]:
     """Return (skeleton, leaves). With copy=True every leaf's bytes are an independent copy;
     `device_capture` copies accelerator tensors in the background (see leaves.torch_leaf)."""
-    leaves: list[FlatLeaf] = []
-    seen: dict = {}
+    flattener = _Flattener(allow_pickle, copy, device_capture)
+    return flattener.walk(tree, "", ()), flattener.leaves
 
-    def add_leaf(path, keys, make, identity):
-        if identity is not None and identity in seen:
-            leaves.append(FlatLeaf(path, keys, None, alias_of=seen[identity]))
+
+class _Flattener:
+    """One flatten: the leaves found so far, and each array's first leaf by its memory (a
+    second reference to the same memory becomes an alias of the first)."""
+
+    def __init__(self, allow_pickle: bool, copy: bool, device_capture):
+        self.allow_pickle, self.copy, self.device_capture = allow_pickle, copy, device_capture
+        self.leaves: list[FlatLeaf] = []
+        self.seen: dict = {}
+        self.torch = sys.modules.get("torch")
+        self.tensor_type = self.torch.Tensor if self.torch is not None else ()
+
+    def add_leaf(self, path, keys, make, identity) -> dict:
+        if identity is not None and identity in self.seen:
+            self.leaves.append(FlatLeaf(path, keys, None, alias_of=self.seen[identity]))
         else:
             if identity is not None:
-                seen[identity] = len(leaves)
-            leaves.append(FlatLeaf(path, keys, make()))
-        return {"t": "leaf", "i": len(leaves) - 1}
+                self.seen[identity] = len(self.leaves)
+            self.leaves.append(FlatLeaf(path, keys, make()))
+        return {"t": "leaf", "i": len(self.leaves) - 1}
 
-    torch = sys.modules.get("torch")
-    tensor_type = torch.Tensor if torch is not None else ()
-
-    def walk(obj, path, keys):
-        if isinstance(obj, tensor_type):
+    def walk(self, obj, path: str, keys: tuple) -> dict:
+        """The skeleton node of `obj` at `path` (its leaves added)."""
+        if isinstance(obj, self.tensor_type):
             ident = _tensor_identity(obj) if obj.numel() else None
-            return add_leaf(path, keys, lambda: torch_leaf(obj, path, copy, device_capture), ident)
-        if obj is None:
-            return {"t": "none"}
-        if isinstance(obj, bool):
-            return {"t": "bool", "v": obj}
-        if isinstance(obj, int) and type(obj) is not bool and not isinstance(obj, np.generic):
-            return {"t": "int", "v": int(obj)}
-        if isinstance(obj, float):
-            return _float_node(obj)
-        if isinstance(obj, complex):
-            return {"t": "complex", "v": [obj.real.hex(), obj.imag.hex()]}
-        if isinstance(obj, str):
-            return {"t": "str", "v": obj}
-        if isinstance(obj, RankSlot):
-            return {"t": "ranks", "slot": obj.index}
+            return self.add_leaf(path, keys, lambda: torch_leaf(obj, path, self.copy, self.device_capture), ident)
+        node = _value_node(obj)
+        if node is not None:
+            return node
+        if isinstance(obj, (np.ndarray, np.generic, bytes, bytearray)):
+            return self.array_node(obj, path, keys)
+        if isinstance(obj, (dict, list, tuple)):
+            return self.container_node(obj, path, keys)
+        return self.other_node(obj, path, keys)
+
+    def array_node(self, obj, path: str, keys: tuple) -> dict:
         if isinstance(obj, np.ndarray):
             ident = None
             if obj.size:
                 ident = (obj.__array_interface__["data"][0], obj.shape, obj.strides, obj.dtype.str)
-            return add_leaf(path, keys, lambda: numpy_leaf(obj, path, copy), ident)
+            return self.add_leaf(path, keys, lambda: numpy_leaf(obj, path, self.copy), ident)
         if isinstance(obj, np.generic) and obj.dtype.kind in "biufc":
-            return add_leaf(path, keys, lambda: numpy_leaf(np.asarray(obj), path, True, "numpy_scalar"), None)
-        if isinstance(obj, (bytes, bytearray)):
-            if len(obj) <= INLINE_BYTES_MAX:
-                return {"t": "bytes", "v": base64.b64encode(bytes(obj)).decode()}
-            data = np.frombuffer(bytes(obj), dtype=np.uint8)
-            return add_leaf(path, keys, lambda: LeafData("bytes", "uint8", (len(obj),), "cpu", data), None)
-        if isinstance(obj, (dict, list, tuple)) and len(keys) >= MAX_TREE_DEPTH:
+            return self.add_leaf(path, keys, lambda: numpy_leaf(np.asarray(obj), path, True, "numpy_scalar"), None)
+        if not isinstance(obj, (bytes, bytearray)):  # another numpy scalar (a date, a void)
+            return self.other_node(obj, path, keys)
+        if len(obj) <= INLINE_BYTES_MAX:
+            return {"t": "bytes", "v": base64.b64encode(bytes(obj)).decode()}
+        data = np.frombuffer(bytes(obj), dtype=np.uint8)
+        return self.add_leaf(path, keys, lambda: LeafData("bytes", "uint8", (len(obj),), "cpu", data), None)
+
+    def container_node(self, obj, path: str, keys: tuple) -> dict:
+        if len(keys) >= MAX_TREE_DEPTH:
             raise UnsupportedTypeError(f"state path {path!r} is nested deeper than {MAX_TREE_DEPTH} containers, "
                                        "the format's limit: flatten the state")
         if isinstance(obj, dict):
@@ -117,28 +126,48 @@ def flatten(tree, allow_pickle: bool = False, copy: bool = False,
             if len(set(paths)) < len(paths):
                 _refuse_shared_path(path, ks, paths)
             return {"t": "odict" if isinstance(obj, OrderedDict) else "dict", "k": ks,
-                    "v": [walk(obj[k], p, keys + (k,)) for k, p in zip(ks, paths)]}
-        if isinstance(obj, (list, tuple)):
-            kind = "list" if isinstance(obj, list) else "tuple"
-            return {"t": kind, "v": [walk(v, child_path(path, i), keys + (i,)) for i, v in enumerate(obj)]}
+                    "v": [self.walk(obj[k], p, keys + (k,)) for k, p in zip(ks, paths)]}
+        kind = "list" if isinstance(obj, list) else "tuple"
+        return {"t": kind, "v": [self.walk(v, child_path(path, i), keys + (i,)) for i, v in enumerate(obj)]}
+
+    def other_node(self, obj, path: str, keys: tuple) -> dict:
+        torch = self.torch
         if torch is not None and isinstance(obj, torch.dtype):
             return {"t": "torch.dtype", "v": str(obj).removeprefix("torch.")}
         if torch is not None and isinstance(obj, torch.device):
             return {"t": "torch.device", "v": str(obj)}
-        if allow_pickle:
+        if self.allow_pickle:
             try:
                 blob = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
             except Exception as e:
                 raise UnsupportedTypeError(f"state path {path or '/'!r}: cannot pickle "
                                            f"{type(obj).__qualname__}: {e}") from e
-            return add_leaf(path, keys, lambda: LeafData("pickle", "uint8", (blob.size,), "cpu", blob), None)
+            return self.add_leaf(path, keys, lambda: LeafData("pickle", "uint8", (blob.size,), "cpu", blob), None)
         raise UnsupportedTypeError(
             f"state path {path or '/'!r} holds a {type(obj).__module__}.{type(obj).__qualname__}, which "
             "forkpoint does not store without pickle: give it state_dict()/load_state_dict(), convert "
             "it to tensors/arrays/Python values, or pass allow_pickle=True on save and load"
         )
 
-    return walk(tree, "", ()), leaves
+
+def _value_node(obj) -> dict | None:
+    """The skeleton node of a plain value (None, bool, int, float, complex, str, a rank slot),
+    or None for anything else."""
+    if obj is None:
+        return {"t": "none"}
+    if isinstance(obj, bool):
+        return {"t": "bool", "v": obj}
+    if isinstance(obj, int) and not isinstance(obj, np.generic):
+        return {"t": "int", "v": int(obj)}
+    if isinstance(obj, float):
+        return _float_node(obj)
+    if isinstance(obj, complex):
+        return {"t": "complex", "v": [obj.real.hex(), obj.imag.hex()]}
+    if isinstance(obj, str):
+        return {"t": "str", "v": obj}
+    if isinstance(obj, RankSlot):
+        return {"t": "ranks", "slot": obj.index}
+    return None
 
 
 def _refuse_shared_path(path: str, ks: list, paths: list[str]) -> None:
