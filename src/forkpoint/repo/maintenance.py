@@ -168,7 +168,6 @@ class MaintenanceMixin:
         """Sweep one tier: orphan manifests, unreferenced objects, stale temp files, old refs.
         Nothing committed by this process after commit number `since` is touched. Returns
         the CPU seconds spent deleting objects (work that grows with what was pruned)."""
-        deleting = 0.0
         deadline = now - grace
         if grace > 0:
             quiet = self._quiet_since(store, grace, dry_run)
@@ -176,6 +175,17 @@ class MaintenanceMixin:
                 report.others_writing.append(store.url)
             else:
                 deadline = max(deadline, quiet)
+        live_objects = self._sweep_manifests(store, reachable, pruned, deadline, dry_run, report, since)
+        deleting = self._sweep_objects(store, live_objects, deadline, dry_run, report, since)
+        self._sweep_temp(store, deadline, dry_run, report)
+        if not dry_run:
+            self._compact_refs(store, now, grace)
+        return deleting
+
+    def _sweep_manifests(self, store, reachable: set, pruned: set, deadline: float, dry_run: bool,
+                         report: GcReport, since: int) -> set:
+        """Delete the manifests no ref reaches that are older than `deadline` (none committed
+        by this process after `since`, none in commit); return the objects the rest refer to."""
         live_objects = set()
         for m in self._manifests_in(store):
             vid = m.version.id
@@ -194,6 +204,13 @@ class MaintenanceMixin:
                 continue
             if vid not in pruned:
                 live_objects.update(m.objects())
+        return live_objects
+
+    def _sweep_objects(self, store, live_objects: set, deadline: float, dry_run: bool, report: GcReport,
+                       since: int) -> float:
+        """Delete the objects not in `live_objects`, older than `deadline` and not pinned by a
+        save in flight; return the CPU seconds the deletes took."""
+        deleting = 0.0
         for key in store.list("objects"):
             name = key.rsplit("/", 1)[-1]
             if name in live_objects:
@@ -219,9 +236,14 @@ class MaintenanceMixin:
                     begun = time.thread_time()
                     store.delete(key)
                     deleting += time.thread_time() - begun
+        return deleting
+
+    @staticmethod
+    def _sweep_temp(store, deadline: float, dry_run: bool, report: GcReport) -> None:
+        """Delete temp files older than `deadline` (LocalStore.delete spares its own in flight)."""
         for key in store.list("tmp"):
             try:
-                if store.mtime(key) < deadline:  # LocalStore.delete spares its own temp files in flight
+                if store.mtime(key) < deadline:
                     report.deleted_temp += 1
                     if not dry_run:
                         store.delete(key)
@@ -229,9 +251,6 @@ class MaintenanceMixin:
                     report.kept_young += 1
             except FileNotFoundError:
                 pass
-        if not dry_run:
-            self._compact_refs(store, now, grace)
-        return deleting
 
     def _in_commit(self, vid: str) -> bool:
         """True while this process is committing version `vid` (manifest written, ref not yet)."""
