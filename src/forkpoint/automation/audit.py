@@ -155,6 +155,11 @@ def audit(build: Callable, step: Callable, steps: int = 3, then: int = 3, state:
             ref = reference.result(timeout)
             resumed = pool.submit(_run, "resumed", build, step, state, steps, then, f"{where}/repo")
             ctl, res = control.result(timeout), resumed.result(timeout)
+    return _loop_report(ref, ctl, res, steps, then)
+
+
+def _loop_report(ref: dict, ctl: dict, res: dict, steps: int, then: int) -> AuditReport:
+    """The audit's verdict from the three phases' records (see audit)."""
     report = AuditReport(exact=False, steps=steps, then=then)
     noisy = _noisy(ref, ctl)
     at, what = _first_difference(ref, ctl, steps, skip=noisy)
@@ -196,14 +201,21 @@ def audit(build: Callable, step: Callable, steps: int = 3, then: int = 3, state:
 def audit_command(argv: list[str], steps: int = 3, then: int = 3, timeout: float = 600.0) -> AuditReport:
     """The resume audit of a script that uses a Checkpointer (see automation.script_audit):
     run `argv` as reference, control and resumed run, compare what each recorded."""
+    if steps < 1 or then < 1:
+        raise ValueError(f"steps and then must be at least 1, got {steps} and {then}")
+    ref, ctl, res = _run_phases(argv, steps, then, timeout)
+    return _script_report(ref, ctl, res, steps, then)
+
+
+def _run_phases(argv: list[str], steps: int, then: int, timeout: float) -> tuple[dict, dict, dict]:
+    """Run `argv` as the reference and the control (at once), then as the resumed run from the
+    reference's repository; what each recorded."""
     import json
     import os
     import subprocess
 
     from .script_audit import ENV
 
-    if steps < 1 or then < 1:
-        raise ValueError(f"steps and then must be at least 1, got {steps} and {then}")
     with tempfile.TemporaryDirectory(prefix="forkpoint-audit-") as where:
         def start(phase: str, repo: str):
             spec = {"phase": phase, "steps": steps, "then": then, "repo": f"{where}/{repo}",
@@ -226,6 +238,11 @@ def audit_command(argv: list[str], steps: int = 3, then: int = 3, timeout: float
         ref = finish(reference, "reference")
         resumed = start("resumed", "repo")
         ctl, res = finish(control, "control"), finish(resumed, "resumed")
+        return ref, ctl, res
+
+
+def _script_report(ref: dict, ctl: dict, res: dict, steps: int, then: int) -> AuditReport:
+    """The audit's verdict from the three runs' records (see audit_command)."""
     report = AuditReport(exact=False, steps=steps, then=then)
 
     noisy = {name for key, pieces in ref["pieces"].items() for name, (kind, digest, _) in pieces.items()

@@ -116,12 +116,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
             for store in self.stores:
                 store.close()
             raise
-        encoders = min(MAX_ENCODERS, usable_cores())
-        budget = Budget(staging_bytes=self.options.staging_bytes, window_bytes=self.options.window_bytes,
-                        cpu_workers=2, encoders=encoders, default_io_slots=self.options.workers + encoders)
-        self._sched = Scheduler(budget, threads=self.options.workers + encoders + 4)
-        self._staging = StagingPool(self.options.staging_bytes + self.options.window_bytes)
-        self._device = DeviceCapture(self.options.staging_bytes)
+        self._start_engine()
         self._tier = "tier0"
         self._last_commit: Task | None = None
         self._flushed = [0] * len(self.stores)
@@ -152,6 +147,15 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
             _OPEN_AT_EXIT.add(self)
 
     # ----------------------------------------------------------------- set-up
+    def _start_engine(self) -> None:
+        """The scheduler with this repository's budgets, its staging memory and device capture."""
+        encoders = min(MAX_ENCODERS, usable_cores())
+        budget = Budget(staging_bytes=self.options.staging_bytes, window_bytes=self.options.window_bytes,
+                        cpu_workers=2, encoders=encoders, default_io_slots=self.options.workers + encoders)
+        self._sched = Scheduler(budget, threads=self.options.workers + encoders + 4)
+        self._staging = StagingPool(self.options.staging_bytes + self.options.window_bytes)
+        self._device = DeviceCapture(self.options.staging_bytes)
+
     def _open_or_create(self, create: bool) -> None:
         """Check every tier's marker; create missing ones when the repository exists on any tier."""
         found = []
