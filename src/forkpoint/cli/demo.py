@@ -114,18 +114,8 @@ def run_demo(directory: str, steps: int, console) -> None:
 
     console.print("[bold]2. training run with a checkpoint every 5 steps[/bold]")
     with _phase(console, "training until the run is killed"):
-        proc = _child(["--repo", repo_url, "--branch", "main", "--log", logs["main"], "--every", "5", *common])
-        repo = None
-        while proc.poll() is None:
-            if repo is None and os.path.exists(os.path.join(repo_url, "forkpoint.json")):
-                repo = Repo(repo_url)
-            head = repo.head("main") if repo else None
-            if head and repo.version(head).step >= steps // 2:
-                time.sleep(0.13)
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait()
-                break
-            time.sleep(0.02)
+        _kill_halfway(_child(["--repo", repo_url, "--branch", "main", "--log", logs["main"], "--every", "5",
+                              *common]), repo_url, steps)
     last = max(_losses(logs["main"]))
     committed = Repo(repo_url).version("main")
     lost = (f"steps {committed.step + 1}..{last} are lost and will be recomputed" if last > committed.step
@@ -152,6 +142,26 @@ def run_demo(directory: str, steps: int, console) -> None:
         _child(["--repo", repo_url, "--branch", "lr-sweep", "--log", logs["fork"], "--every", "5",
                 "--start", start.id, "--lr", "3e-3", *common]).wait()
 
+    _show_lineage(console, repo_url)
+
+
+def _kill_halfway(proc, repo_url: str, steps: int) -> None:
+    """SIGKILL the training run `proc` shortly after it committed a version past half its steps."""
+    repo = None
+    while proc.poll() is None:
+        if repo is None and os.path.exists(os.path.join(repo_url, "forkpoint.json")):
+            repo = Repo(repo_url)
+        head = repo.head("main") if repo else None
+        if head and repo.version(head).step >= steps // 2:
+            time.sleep(0.13)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return
+        time.sleep(0.02)
+
+
+def _show_lineage(console, repo_url: str) -> None:
+    """The log, the diff of the two runs, where they diverge, and the disk use."""
     _cli(console, "log", "-r", repo_url)
     _cli(console, "diff", "-r", repo_url, "main", "lr-sweep")
     div = Repo(repo_url).first_divergence("main", "lr-sweep", atol=1e-6)

@@ -45,6 +45,15 @@ def _storage_classes():
     return StorageWriter, StorageReader
 
 
+def _done(value):
+    """A torch Future already holding `value` (DCP's storage calls return futures)."""
+    from torch.futures import Future
+
+    fut = Future()
+    fut.set_result(value)
+    return fut
+
+
 def _fqn(keys: tuple) -> str:
     return ".".join(str(k) for k in keys)
 
@@ -81,16 +90,12 @@ def make_writer_class():
             return plans
 
         def write_data(self, plan, planner):
-            from torch.futures import Future
-
             if self.session is None:  # this process's gc spares its objects until the commit
                 self.session = self.repo.begin_save(self.branch, check_holder=self.is_coordinator)
             results = _write_items(self.session, plan, planner)
             if not self.is_coordinator:
                 self._end_session()
-            fut = Future()
-            fut.set_result(results)
-            return fut
+            return _done(results)
 
         def finish(self, metadata, results) -> None:
             record = Version("", [], self.branch, self.step, 0.0, self.message, self.metrics, self.meta,
@@ -269,12 +274,8 @@ def make_reader_class():
             return plans
 
         def read_data(self, plan, planner):
-            from torch.futures import Future
-
             _read_items(self.repo, self.manifest.version.id, self.storage_data, self.scalars, plan, planner)
-            fut = Future()
-            fut.set_result(None)
-            return fut
+            return _done(None)
 
     return Reader
 
