@@ -75,7 +75,7 @@ def test_grace_protects_objects_of_a_save_in_flight(repo):
     repo.store.write(object_key(digest), [pack_header(0, orphan.nbytes), orphan])
     _age(repo, object_key(digest), 60)
     other = fp.Repo(repo.url)
-    other._hold_lease(other.store)  # another process that saves
+    other.leases.hold(other.store)  # another process that saves
     assert repo.gc(grace=600).deleted_objects == 0
     assert repo.store.exists(object_key(digest))
     assert repo.gc(grace=0).deleted_objects == 1
@@ -109,7 +109,7 @@ def test_gc_frees_what_pruning_freed_at_once_unless_another_process_may_be_savin
     younger than it, gc removes the objects of the versions it prunes right away (a Keep of
     2 leaves 2 versions on disk, not every version of the last 10 minutes)."""
     vs = _fill(repo, 5)
-    assert repo.store.list("writers") == [repo._lease_key()]
+    assert repo.store.list("writers") == [repo.leases.key()]
     for key in repo.store.list("objects"):
         _age(repo, key, 60)  # saved a minute ago, as by a loop that saves every few seconds
     report = repo.gc(keep=fp.Keep(last=2))
@@ -124,7 +124,7 @@ def test_gc_frees_what_pruning_freed_at_once_unless_another_process_may_be_savin
     assert foreign_writer.stdout.readline() == "saved\n"
     for key in repo.store.list("objects"):
         _age(repo, key, 60)
-    foreign = [k for k in repo.store.list("writers") if k != repo._lease_key()]
+    foreign = [k for k in repo.store.list("writers") if k != repo.leases.key()]
     assert len(foreign) == 1
     before = _object_files(repo)
     report = repo.gc(keep=fp.Keep(last=2), branches=["main"])
@@ -134,7 +134,7 @@ def test_gc_frees_what_pruning_freed_at_once_unless_another_process_may_be_savin
     report = repo.gc(keep=fp.Keep(last=2), branches=["main"])
     assert report.others_writing == [], "the lease of a process of this host that is gone does not count"
     assert report.deleted_objects > 0 and _object_files(repo) == _referenced(repo)
-    assert repo.store.list("writers") == [repo._lease_key()], "a dead process's lease is removed"
+    assert repo.store.list("writers") == [repo.leases.key()], "a dead process's lease is removed"
     assert repo.verify().ok and torch.equal(repo.load("other")["w"], torch.full((1000,), -1.0))
 
     remote = "writers/elsewhere-1-abc.json"
@@ -142,7 +142,7 @@ def test_gc_frees_what_pruning_freed_at_once_unless_another_process_may_be_savin
     assert repo.gc(grace=600).others_writing == [repo.url], "another host's young lease counts"
     _age(repo, remote, 700)
     assert repo.gc(grace=600).others_writing == []
-    assert repo.store.list("writers") == [repo._lease_key()], "a lease older than the grace period is removed"
+    assert repo.store.list("writers") == [repo.leases.key()], "a lease older than the grace period is removed"
     repo.close()
     assert repo.store.list("writers") == [], "close removes this process's lease"
     script = FOREIGN_WRITER.replace("os._exit(0)", "fp.Repo(sys.argv[1]).gc()  # exits without close")

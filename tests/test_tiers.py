@@ -207,9 +207,9 @@ def test_flushes_a_killed_process_left_undone_are_finished_on_resume(tmp_path, s
     assert slow.verify().ok
     with fp.Repo(tiers=[fp.tier(shm, keep=3), fp.tier(disk)]) as other:
         other.save({"i": -1}, branch="live", step=0)
-        other._hold_lease(other.stores[0])
+        other.leases.hold(other.stores[0])
         with fp.Repo(tiers=[fp.tier(shm, keep=3), fp.tier(disk)]) as late:
-            assert late._others_alive(late.stores[0])
+            assert late.leases.others_alive(late.stores[0])
             assert late.finish_flushes() == []
 
 

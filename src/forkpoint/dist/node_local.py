@@ -113,7 +113,7 @@ class NodeLocalMixin:
         Returns this rank's flush tasks."""
         import torch.distributed as dist
 
-        ours = frozenset(self._from_every_rank(dist, "reading the writer leases", self._lease_key))
+        ours = frozenset(self._from_every_rank(dist, "reading the writer leases", self.leases.key))
         node = self._node_flushes(dist, ours) if self.node_local else []
         below = [(k, vid) for k in range(1 if self.node_local else 0, len(self.stores) - 1)
                  for vid in self._undone_flushes(k, ours)] if self.rank == 0 else []
@@ -139,7 +139,7 @@ class NodeLocalMixin:
                 manifests.append(Manifest.from_bytes(data, where))
                 self._check_names(manifests[-1].version, vid, where)
             held = [sorted(o for o in m.objects() if self.store.exists(object_key(o))) for m in manifests]
-            return self._others_alive(self.store, ignore=ours), held
+            return self.leases.others_alive(self.store, ignore=ours), held
 
         reports = self._from_every_rank(dist, "reading its tier 0", report)
         busy = [r for r, (alive, _) in enumerate(reports) if alive]

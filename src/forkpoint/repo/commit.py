@@ -25,7 +25,7 @@ class SaveSession:
     def __init__(self, repo, branch: str, check_holder: bool = True):
         if check_holder:
             repo._holds.check(branch)
-        repo._hold_lease(repo.store)
+        repo.leases.hold(repo.store)
         self.repo, self.branch = repo, branch
         self.head: Manifest | None = repo._head_manifest(branch)
         """The manifest of the branch head the new version builds on (None: no usable head)."""

@@ -46,7 +46,7 @@ from .interrupts import finishing_on_first_interrupt
 from .compare import CompareMixin
 from .history import HistoryMixin, ManifestCache
 from .maintenance import MaintenanceMixin
-from .writers import WritersMixin
+from .writers import Leases
 from .placement import PlacementMixin
 from .reading import ReadingMixin
 from .records import PendingSave, environment
@@ -76,8 +76,7 @@ def _close_left_open() -> None:
 atexit.register(_close_left_open)
 
 
-class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin, CompactionMixin, PlacementMixin,
-           WritersMixin):
+class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin, CompactionMixin, PlacementMixin):
     """A forkpoint repository at `url`: a local path, file://, mem://name, or an fsspec URL
     such as s3://bucket/prefix (`storage_options` go to the fsspec file system), or a
     hierarchy of `tiers` (see fp.tier). How saves lay out, encode and stage data is given once,
@@ -139,9 +138,8 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         self._committing: set[str] = set()
         self._recent_commits: collections.deque = collections.deque(maxlen=RECENT_COMMITS)
         self._pending_commits: collections.deque[Task] = collections.deque()
-        self._leases: dict[str, float] = {}
         self._holds = BranchHolds(self.stores[-1])
-        self._release_leases_at_exit()
+        self.leases = Leases(self.stores, self.writer_id)
         self._closed = False
         if self.closes_at_exit:
             _OPEN_AT_EXIT.add(self)
@@ -184,7 +182,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         self._sched.shutdown(wait=True)
         self._staging.clear()
         self._device.clear()
-        self._release_leases()
+        self.leases.release()
         self._holds.release_all()
         for store in self.stores:
             store.close()

@@ -170,7 +170,7 @@ class MaintenanceMixin:
         the CPU seconds spent deleting objects (work that grows with what was pruned)."""
         deadline = now - grace
         if grace > 0:
-            quiet = self._quiet_since(store, grace, dry_run)
+            quiet = self.leases.quiet_since(store, grace, dry_run)
             if quiet is None:
                 report.others_writing.append(store.url)
             else:

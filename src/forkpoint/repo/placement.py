@@ -45,7 +45,7 @@ class PlacementMixin:
         tier = f"tier{k + 1}"
         src, dst = self.stores[k], self.stores[k + 1]
         keys = self._flush_keys(vid, k, m)
-        self._hold_lease(dst)
+        self.leases.hold(dst)
         with self._evict_lock:
             self._flushing.add(vid)
             self._flush_pins[vid] = {key.rsplit("/", 1)[-1] for key in keys}
@@ -103,7 +103,7 @@ class PlacementMixin:
         while a running process other than this one (and the writers whose lease keys are in
         `ours`) writes to tier k."""
         store, below = self.stores[k], self.stores[k + 1]
-        if self._others_alive(store, ignore=ours):
+        if self.leases.others_alive(store, ignore=ours):
             return []
         present, heads = self._committed_on(store)
         kept = heads | set(self.tags().values())
@@ -330,7 +330,7 @@ class PlacementMixin:
         if m.version.pruned:
             return
         keys = sorted(object_keys(m))
-        self._hold_lease(self.store)
+        self.leases.hold(self.store)
         for key in keys:
             copy_object(self.stores[1:], self.store, key, parallel_map)
         self.store.barrier(keys)

@@ -12,6 +12,7 @@ is newer), and removes at once what its own pruning freed.
 import json
 import os
 import socket
+import threading
 import time
 import weakref
 
@@ -23,59 +24,62 @@ LEASE_REFRESH = 60.0
 QUIET_MARGIN = 5.0
 
 
-class WritersMixin:
-    """Writer leases of a Repo (see repo.core)."""
+class Leases:
+    """This process's writer leases on a repository's `stores` (writer `writer_id`); released
+    by `release()`, or when collected or at interpreter exit (a program that never closes its
+    repository)."""
 
-    def _lease_key(self) -> str:
+    def __init__(self, stores: list[Store], writer_id: str):
+        self.stores, self.writer_id = stores, writer_id
+        self._held: dict[str, float] = {}  # store URL -> when this process last wrote its lease there
+        self._lock = threading.Lock()
+        self._finalizer = weakref.finalize(self, release_leases, list(stores), self.key(), self._held, self._lock)
+
+    def key(self) -> str:
+        """The storage key of this process's lease."""
         return f"{LEASES}/{self.writer_id.replace(':', '-')}.json"
 
-    def _write_lease(self, store: Store) -> None:
+    def _write(self, store: Store) -> None:
         record = {"writer": self.writer_id, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time(),
                   "boot": boot_id(), "start": start_ticks(os.getpid())}
-        store.write(self._lease_key(), [json.dumps(record).encode()])
+        store.write(self.key(), [json.dumps(record).encode()])
 
-    def _hold_lease(self, store: Store) -> None:
+    def hold(self, store: Store) -> None:
         """Call before writing objects or manifests to `store`: write this process's lease
         there unless it wrote it less than LEASE_REFRESH seconds ago."""
         now = time.monotonic()
         with self._lock:
-            last = self._leases.get(store.url)
+            last = self._held.get(store.url)
             if last is not None and now - last < LEASE_REFRESH:
                 return
-            self._leases[store.url] = now
-        self._write_lease(store)
+            self._held[store.url] = now
+        self._write(store)
 
-    def _release_leases_at_exit(self) -> None:
-        """Arrange for `_release_leases` to run when the Repo is collected or the interpreter
-        exits, if it was not closed (a script or command that never calls close)."""
-        self._lease_finalizer = weakref.finalize(
-            self, release_leases, list(self.stores), self._lease_key(), self._leases, self._lock)
-
-    def _others_alive(self, store: Store, young: float = 600.0, ignore=frozenset()) -> bool:
+    def others_alive(self, store: Store, young: float = 600.0, ignore=frozenset()) -> bool:
         """True when another running process may write to `store` (see live_writer), leaving
         out the leases whose keys are in `ignore`."""
-        own = self._lease_key()
+        own = self.key()
         return any(live_writer(store, key, own, young) for key in store.list(LEASES) if key not in ignore)
 
-    def _release_leases(self) -> None:
+    def release(self) -> None:
         """Remove this process's leases (at close: it writes nothing more)."""
-        self._lease_finalizer()
+        self._finalizer()
 
-    def _quiet_since(self, store: Store, grace: float, dry_run: bool) -> float | None:
+    def quiet_since(self, store: Store, grace: float, dry_run: bool) -> float | None:
         """The time (the store's clock where it tells) before which nothing on `store` can
         belong to another process's save in flight, or None while another process's lease
         there is younger than `grace`. Removes leases older than the grace period."""
         now = time.time()
-        own = self._lease_key()
+        own = self.key()
         if not dry_run:
             with self._lock:
-                held = store.url in self._leases
+                held = store.url in self._held
             try:
-                self._write_lease(store)
+                self._write(store)
                 now = min(now, store.mtime(own))
                 if held:
                     with self._lock:
-                        self._leases[store.url] = time.monotonic()
+                        self._held[store.url] = time.monotonic()
                 else:
                     store.delete(own)  # written for the store's clock only
             except OSError:
