@@ -548,8 +548,8 @@ def test_the_pacer_writes_raw_while_other_processes_keep_its_cores_busy():
 
 
 def test_the_cores_idle_counters_are_read_from_the_system():
-    """The one measure that reads the machine: the system's counters give idle seconds for as
-    many cores as this process may use, growing with time."""
+    """The one measure that reads the machine: the system's counters give idle seconds (since
+    boot) for the cores this process may use."""
     from forkpoint.engine.cpuload import _affinity, idle_seconds
 
     first = idle_seconds(_affinity())
