@@ -51,9 +51,10 @@ class SaveSession:
         engine.save.schedule_save; `options` go to it) with deltas against the head where the
         repository stores them; the plan's writer is tracked before any task can run."""
         repo = self.repo
+        known = self.known_chunks()  # touches the head's packs: I/O kept outside the evict lock
         self.deltas = repo._delta_plan(self.head)
         with repo._evict_lock:
-            plan = schedule_save(repo._sched, repo.store, repo._tier, flat, self.known_chunks(), repo.options,
+            plan = schedule_save(repo._sched, repo.store, repo._tier, flat, known, repo.options,
                                  repo._staging, "window" if sync else "staging", guard=repo._evict_lock,
                                  deltas=self.deltas, layouts=repo._layouts, pacing=repo._pacing, **options)
             self._track(plan.writer)
