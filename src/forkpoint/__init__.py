@@ -14,10 +14,10 @@ from .format.lossy import Lossy  # noqa: E402
 from .format.manifest import Version  # noqa: E402
 from .policy import PREEMPTED_EXIT_CODE, YoungDaly, EverySteps, Keep, Preemption, EverySeconds  # noqa: E402
 from .repo import CompactReport, Divergence, GcReport, LeafDiff, PendingSave, Repo, VerifyReport  # noqa: E402
-from .state import RankLocal, ResumableSampler, RNGState  # noqa: E402
+from .state import Block, RankLocal, ResumableSampler, RNGState  # noqa: E402
 from .tiers import Tier, tier  # noqa: E402
 
-__all__ = ["PREEMPTED_EXIT_CODE", "YoungDaly", "Preemption", "Checkpointer", "CompactReport", "Delta", "Divergence", "EverySteps", "GcReport", "Keep", "LeafDiff", "Lossy",
+__all__ = ["Block", "PREEMPTED_EXIT_CODE", "YoungDaly", "Preemption", "Checkpointer", "CompactReport", "Delta", "Divergence", "EverySteps", "GcReport", "Keep", "LeafDiff", "Lossy",
            "PendingSave", "RankLocal", "Repo", "ResumableSampler", "RNGState", "EverySeconds", "Tier", "Version",
            "VerifyReport", "adjoint", "dist", "errors", "tier", "__version__", "AuditReport", "audit",
            "ResumeWarning", "SaveOptions"]
@@ -30,15 +30,18 @@ if _os.environ.get("FORKPOINT_AUDIT"):  # this process is a phase of `forkpoint 
 
 def __dir__() -> list[str]:
     """The public API only (the layers below it are importable, but not part of it)."""
-    return sorted(__all__ + ["lightning", "transformers", "deepspeed", "dcp"])
+    return sorted(__all__ + ["lightning", "transformers", "deepspeed", "dcp", "mpi"])
 
 
 def __getattr__(name: str):
-    """fp.lightning, fp.transformers, fp.deepspeed, fp.dcp: framework plug-ins, imported on first use."""
+    """fp.lightning, fp.transformers, fp.deepspeed, fp.dcp: framework plug-ins, and fp.mpi, imported
+    on first use."""
     import importlib
 
     if name in ("lightning", "transformers", "deepspeed"):
         return importlib.import_module(f".integrations.{name}", __name__)
     if name == "dcp":
         return importlib.import_module(".dcp", __name__)
+    if name == "mpi":
+        return importlib.import_module(".dist.mpi", __name__)
     raise AttributeError(f"module 'forkpoint' has no attribute {name!r}")

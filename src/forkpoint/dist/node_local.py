@@ -27,7 +27,7 @@ class NodeLocalMixin:
     """The node-local behaviour of fp.dist.Repo (see the module doc), and its collective
     finish_flushes; the rest is inert when tier 0 is shared by every rank (`node_ranks` is None)."""
 
-    def _node_group(self, dist, host: str) -> list[int] | None:
+    def _node_group(self, host: str) -> list[int] | None:
         """The ranks that share this rank's node-local tier 0 (None when tier 0 is shared by
         all): same host and tier-0 URL; a `mem://` tier is private to its process. Sets
         `node_leaders`, the first rank of every node."""
@@ -37,8 +37,7 @@ class NodeLocalMixin:
         if not (spec.local or private):
             return None
         key = (host, spec.url, self.rank if private else None)
-        keys = [None] * self.world
-        dist.all_gather_object(keys, key, group=self._group)
+        keys = self.group.all_gather(key)
         self.node_leaders = sorted({keys.index(k) for k in keys})
         return [r for r, k in enumerate(keys) if k == key]
 
@@ -111,10 +110,8 @@ class NodeLocalMixin:
         by rank 0 once every rank's copies are durable. A version whose objects neither this
         job's nodes nor the tier below hold (a node left or was wiped) stays where it is.
         Returns this rank's flush tasks."""
-        import torch.distributed as dist
-
-        ours = frozenset(self._from_every_rank(dist, "reading the writer leases", self.leases.key))
-        node = self._node_flushes(dist, ours) if self.node_local else []
+        ours = frozenset(self._from_every_rank("reading the writer leases", self.leases.key))
+        node = self._node_flushes(ours) if self.node_local else []
         below = [(k, vid) for k in range(1 if self.node_local else 0, len(self.stores) - 1)
                  for vid in self._undone_flushes(k, ours)] if self.rank == 0 else []
         tasks = []
@@ -124,12 +121,12 @@ class NodeLocalMixin:
                 tasks.append(self._schedule_flush(m.version.id, 0))
         return tasks + [self._schedule_flush(vid, k) for k, vid in below]
 
-    def _node_flushes(self, dist, ours: frozenset) -> list[tuple[Manifest, list[str]]]:
+    def _node_flushes(self, ours: frozenset) -> list[tuple[Manifest, list[str]]]:
         """(Node-local tier 0, collective) rank 0 offers the versions its node's tier 0 holds
         and the shared tier lacks; every rank reports which of their objects its node holds
         (and whether another running process writes to its tier 0); rank 0 says which can be
         flushed. Returns (manifest, the objects this rank copies) for each of those."""
-        offer = self._from_rank_0(dist, "listing the versions its tier 0 has not flushed", lambda: [
+        offer = self._from_rank_0("listing the versions its tier 0 has not flushed", lambda: [
             (vid, self._manifest_by_id(vid).to_bytes()) for vid in self._undone_flushes(0, ours)])
         manifests = []
 
@@ -141,38 +138,36 @@ class NodeLocalMixin:
             held = [sorted(o for o in m.objects() if self.store.exists(object_key(o))) for m in manifests]
             return self.leases.others_alive(self.store, ignore=ours), held
 
-        reports = self._from_every_rank(dist, "reading its tier 0", report)
+        reports = self._from_every_rank("reading its tier 0", report)
         busy = [r for r, (alive, _) in enumerate(reports) if alive]
         if busy and manifests and self.rank == 0:
             log.info("not finishing flushes: another running process writes to the tier 0 of rank(s) %s", busy)
-        go = self._from_rank_0(dist, "checking the shared tier", lambda: [
+        go = self._from_rank_0("checking the shared tier", lambda: [
             not busy and self._flushable(m, [h[i] for _, h in reports]) for i, m in enumerate(manifests)])
         return [(m, assign_flush(m, [{"held": h[i]} for _, h in reports])[self.rank])
                 for i, m in enumerate(manifests) if go[i]]
 
-    def _from_rank_0(self, dist, what: str, compute):
+    def _from_rank_0(self, what: str, compute):
         """Rank 0's compute(), on every rank; ForkpointError on every rank if it raised there."""
-        box = [None]
+        mine = None
         if self.rank == 0:
             try:
-                box = [(True, compute())]
+                mine = (True, compute())
             except Exception as e:
-                box = [(False, f"{type(e).__name__}: {e}")]
-        dist.broadcast_object_list(box, src=self.rank0_global, group=self._group)
-        done, value = box[0]
+                mine = (False, f"{type(e).__name__}: {e}")
+        done, value = self.group.broadcast(mine)
         if not done:
             raise ForkpointError(f"finish_flushes: rank 0 failed {what}: {value}")
         return value
 
-    def _from_every_rank(self, dist, what: str, compute) -> list:
+    def _from_every_rank(self, what: str, compute) -> list:
         """Every rank's compute(), in rank order, on every rank; ForkpointError on every rank
         naming the ranks where it raised."""
         try:
             mine = (True, compute())
         except Exception as e:
             mine = (False, f"{type(e).__name__}: {e}")
-        everyone = [None] * self.world
-        dist.all_gather_object(everyone, mine, group=self._group)
+        everyone = self.group.all_gather(mine)
         failed = {r: value for r, (done, value) in enumerate(everyone) if not done}
         if failed:
             raise ForkpointError(f"finish_flushes: rank(s) {sorted(failed)} failed {what}: "
@@ -203,22 +198,18 @@ class NodeLocalMixin:
         after a change of world size), the version the shared tier below has for `ref`."""
         if not self.node_local:
             return super().restore(state, ref, *args, **kwargs)
-        import torch.distributed as dist
-
         try:
             mine = self.resolve(ref)
         except RefNotFoundError:
             mine = None
-        seen = [None] * self.world
-        dist.all_gather_object(seen, mine, group=self._group)
+        seen = self.group.all_gather(mine)
         failure, failed = None, []
         if len(set(seen)) == 1 and mine is not None:
             try:
                 version = super().restore(state, mine, *args, **kwargs)
             except (MissingObjectError, CorruptObjectError) as e:
                 failure = e
-            flags = [None] * self.world
-            dist.all_gather_object(flags, failure is not None, group=self._group)
+            flags = self.group.all_gather(failure is not None)
             failed = [r for r, f in enumerate(flags) if f]
             if not failed:
                 return version
@@ -246,7 +237,7 @@ class NodeLocalMixin:
 
 
 
-def check_node_local(url, tiers) -> None:
+def check_node_local(url, tiers, api_name: str = "fp.dist.Repo") -> None:
     """Refuse a node-local (or per-process mem://) tier 0 without a shared tier below it or
     without `keep`, before any rank opens anything."""
     tiers = list(tiers) if tiers else [url]
@@ -255,7 +246,7 @@ def check_node_local(url, tiers) -> None:
     if not (getattr(first, "local", False) or process_private(name)):
         return
     if len(tiers) < 2:
-        raise ValueError(f"tier 0 ({name}) is node-local: give fp.dist.Repo a shared tier below it "
+        raise ValueError(f"tier 0 ({name}) is node-local: give {api_name} a shared tier below it "
                          "(tiers=[fp.tier(local, local=True), shared]), where every node's part of a "
                          "version goes, or use storage every rank reaches")
     if getattr(first, "keep", None) is None:

@@ -30,6 +30,7 @@ from ..repo.records import environment
 from ..state import RankSlot, capture, flatten
 from ..state.stateful import get_at
 from .coordinator import Coordinator, DistSaveError
+from .group import Group, TorchGroup, hosts_of
 from .node_local import NodeLocalMixin, assign_flush, check_node_local
 
 
@@ -45,44 +46,46 @@ class Repo(NodeLocalMixin, BaseRepo):
 
     def __init__(self, url=None, *, group=None, timeout: float = 300.0, kv_store=None,
                  create: bool = False, sweep_grace: float = 300.0, **kwargs):
-        import torch.distributed as dist
+        self._check_arguments(url, kwargs)
+        self._join(TorchGroup(group, kv_store), url, create=create, timeout=timeout, sweep_grace=sweep_grace,
+                   **kwargs)
 
+    api_name = "fp.dist.Repo"
+
+    def _check_arguments(self, url, kwargs: dict) -> None:
+        """Refuse what a collective repository cannot do, before any rank opens anything."""
         if kwargs.get("encode_later") or getattr(kwargs.get("options"), "encode_later", False):
-            raise ValueError("encode_later=True is not supported by fp.dist.Repo (each rank encodes "
-                             "its chunks before the coordinated commit); use fp.Repo, or "
-                             "repo.compact() after the run")
-        if not (dist.is_available() and dist.is_initialized()):
-            raise RuntimeError("fp.dist.Repo needs an initialised process group: call "
-                               "torch.distributed.init_process_group (or fp.dist.init_from_env()) first")
-        check_node_local(url, kwargs.get("tiers"))
-        rank, world = dist.get_rank(group), dist.get_world_size(group)
-        status, error = [None], None
-        if rank == 0:
+            raise ValueError(f"encode_later=True is not supported by {self.api_name} (each rank encodes its "
+                             "chunks before the coordinated commit); use repo.compact() after the run")
+        check_node_local(url, kwargs.get("tiers"), self.api_name)
+
+    def _join(self, group: Group, url, *, create: bool, timeout: float, sweep_grace: float, **kwargs) -> None:
+        """Open the repository on every rank of `group` (collective): rank 0 first, creating it
+        if asked, then the others; every rank raises if rank 0 could not."""
+        self.group, self.rank, self.world = group, group.rank, group.world
+        status, error = None, None
+        if self.rank == 0:
             try:
                 super().__init__(url, create=create, **kwargs)
-                status = [uuid.uuid4().hex[:12]]
+                status = uuid.uuid4().hex[:12]
             except Exception as e:  # tell the other ranks, then raise here
-                error, status = e, [f"error: {type(e).__name__}: {e}"]
-        self.rank0_global = dist.get_global_rank(group, 0) if group is not None else 0
-        dist.broadcast_object_list(status, src=self.rank0_global, group=group)
-        hosts = [None] * world
-        dist.all_gather_object(hosts, socket.gethostname(), group=group)
+                error, status = e, f"error: {type(e).__name__}: {e}"
+        status = group.broadcast(status)
+        hosts = hosts_of(group)
         if error is not None:
             raise error
-        if status[0].startswith("error: "):
-            raise ForkpointError(f"rank 0 could not open the repository: {status[0][7:]}")
-        if rank != 0:
+        if status.startswith("error: "):
+            raise ForkpointError(f"rank 0 could not open the repository: {status[7:]}")
+        if self.rank != 0:
             super().__init__(url, create=False, **kwargs)
-        base = kv_store if kv_store is not None else dist.distributed_c10d._get_default_store()
-        self.coordinator = Coordinator(dist.PrefixStore(f"forkpoint/{status[0]}/", base), rank, world, timeout)
-        self.rank, self.world, self._group = rank, world, group
+        self.coordinator = Coordinator(group.key_value(status), self.rank, self.world, timeout)
         self.local_world = hosts.count(socket.gethostname())
         for shared_by_ranks in ("cpu", "encode"):
             self._sched.capacity[shared_by_ranks] = max(1, min(self._sched.capacity[shared_by_ranks],
                                                                (os.cpu_count() or 1) // self.local_world))
         self._saves = 0
         self.sweep_grace = sweep_grace
-        self.node_ranks = self._node_group(dist, hosts[rank])
+        self.node_ranks = self._node_group(hosts[self.rank])
         self._next_assign: list[str] | None = None
 
     def _rank_world(self) -> tuple[int, int]:
@@ -96,6 +99,7 @@ class Repo(NodeLocalMixin, BaseRepo):
         """Wait for saves in flight, then release threads and the process group's store."""
         super().close()
         self.coordinator.close()
+        self.group.close()
 
     def save(self, state, branch: str = "main", step: int | None = None, message: str = "",
              metrics: dict | None = None, meta: dict | None = None, sync: bool = True,

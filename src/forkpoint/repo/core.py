@@ -252,8 +252,8 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         sharded = next((fl.path for fl in flat if fl.data is not None and fl.data.box is not None), None)
         if sharded is not None:
             raise UnsupportedTypeError(
-                f"state path {sharded!r} is a sharded DTensor: this process holds only part of it; "
-                "save sharded state from every rank with fp.dist.Repo")
+                f"state path {sharded!r} is a part of a larger array (a sharded DTensor or an fp.Block): "
+                "save it from every rank with fp.dist.Repo or fp.mpi.Repo")
         record = Version("", [], branch, step, 0.0, message, metrics, meta, env=environment())
         session = SaveSession(self, branch)
         with self._sched.batch():

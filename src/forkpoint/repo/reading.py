@@ -28,6 +28,33 @@ class ReadingMixin:
         buffer) with version `vid`'s verified bytes, from the fastest tier holding them."""
         self._read_with_fallback(requests, vid)
 
+    def load_block(self, ref: str, path: str, offset, shape):
+        """The box of array leaf `path` of version `ref` at `offset` with `shape`, as a new numpy
+        array; only the chunks (and the 1 MiB blocks of them) that meet the box are read."""
+        import numpy as np
+
+        m = self._readable(ref)
+        leaf = next((lf for lf in m.leaves if lf.path == path), None)
+        if leaf is None:
+            raise RefNotFoundError(f"version {m.version.id} has no leaf {path!r}: leaves are "
+                                   f"{_listing([lf.path for lf in m.leaves])}")
+        if leaf.alias_of is not None:
+            leaf = m.leaves[leaf.alias_of]
+        offset, shape = [int(x) for x in offset], [int(x) for x in shape]
+        if len(offset) != len(leaf.shape) or len(shape) != len(leaf.shape) or any(
+                o < 0 or n < 0 or o + n > g for o, n, g in zip(offset, shape, leaf.shape)):
+            raise ValueError(f"leaf {path!r} of version {m.version.id} has shape {leaf.shape}: a box at "
+                             f"offset {offset} of shape {shape} does not fit in it")
+        try:
+            dtype = np.dtype(leaf.dtype)
+        except TypeError:
+            raise UnsupportedTypeError(f"leaf {path!r} has dtype {leaf.dtype}, which numpy lacks: load it "
+                                       "with repo.load(paths=[...]) instead") from None
+        out = np.empty(shape, dtype=dtype)
+        self._read_with_fallback([ReadRequest(leaf, out.reshape(-1).view(np.uint8), (offset, shape))],
+                                 m.version.id)
+        return out
+
     def _readable(self, ref: str) -> Manifest:
         m = self._manifest_by_id(self.resolve(ref))
         with self._lock:

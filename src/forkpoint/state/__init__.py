@@ -1,8 +1,9 @@
 """State trees: flatten/unflatten, leaf adapters, stateful capture and providers."""
 
+from .block import Block
 from .flatten import FlatLeaf, RankSlot, flatten, unflatten, walk_skeleton
 from .providers import RankLocal, ResumableSampler, RNGState
 from .stateful import capture, is_module, is_stateful, merge, restore_objects
 
-__all__ = ["FlatLeaf", "RankSlot", "RankLocal", "flatten", "unflatten", "walk_skeleton", "ResumableSampler", "RNGState",
+__all__ = ["Block", "FlatLeaf", "RankSlot", "RankLocal", "flatten", "unflatten", "walk_skeleton", "ResumableSampler", "RNGState",
            "capture", "is_module", "is_stateful", "merge", "restore_objects"]

@@ -15,6 +15,7 @@ import numpy as np
 from ..errors import FormatError, UnsupportedTypeError
 from ..format.paths import child_path
 from ..format.validate import MAX_TREE_DEPTH
+from .block import Block
 from .leaves import LeafData, is_dtensor, numpy_leaf, torch_dtype, torch_leaf
 
 INLINE_BYTES_MAX = 4096
@@ -89,6 +90,9 @@ class _Flattener:
         node = _value_node(obj)
         if node is not None:
             return node
+        if isinstance(obj, Block):
+            ident = ("block", id(obj.local)) if obj.local.size else None
+            return self.add_leaf(path, keys, lambda: obj.leaf(path, self.copy), ident)
         if isinstance(obj, (np.ndarray, np.generic, bytes, bytearray)):
             return self.array_node(obj, path, keys)
         if isinstance(obj, (dict, list, tuple)):

@@ -304,6 +304,8 @@ def live_buffer(obj):
         t = obj.detach()
         flat = t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
         return "torch", dtype_name(obj.dtype), tuple(obj.shape), flat.numpy(), None
+    if callable(getattr(obj, "live_buffer", None)):  # a state.block.Block
+        return obj.live_buffer()
     if isinstance(obj, np.ndarray) and obj.flags.c_contiguous and obj.flags.writeable:
         if obj.dtype.kind in NUMPY_KINDS and obj.dtype.byteorder != ">":
             return "numpy", obj.dtype.name, tuple(obj.shape), obj.reshape(-1).view(np.uint8), None

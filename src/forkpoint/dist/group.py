@@ -1,0 +1,67 @@
+"""The processes of a collective repository, whatever runs them: their rank and number, the
+two collectives a repository needs, and the key-value store its saves coordinate through.
+
+`TorchGroup` is a torch.distributed process group (fp.dist.Repo); `dist/mpi.py` has the MPI
+communicator's (fp.mpi.Repo). The repository code above uses only this interface.
+"""
+
+import socket
+from typing import Protocol
+
+
+class Group(Protocol):
+    """`rank` of `world` processes; `broadcast` and `all_gather` are collective (every rank
+    calls them in the same order); `key_value(namespace)` is the store of dist/coordinator.py
+    (set, get, check, add, delete_key; `wait` and `clone` where it has them)."""
+
+    rank: int
+    world: int
+
+    def broadcast(self, value):
+        """Rank 0's `value`, on every rank."""
+
+    def all_gather(self, value) -> list:
+        """Every rank's `value`, in rank order, on every rank."""
+
+    def key_value(self, namespace: str):
+        """A key-value store every rank reaches, its keys under `namespace`."""
+
+    def close(self) -> None:
+        """Release what key_value started."""
+
+
+class TorchGroup:
+    """A torch.distributed process group (None: the default group) as a Group; `kv_store` is
+    the c10d store saves coordinate through (default: the default group's)."""
+
+    def __init__(self, group=None, kv_store=None):
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError("fp.dist.Repo needs an initialised process group: call "
+                               "torch.distributed.init_process_group (or fp.dist.init_from_env()) first")
+        self._dist, self._group, self._kv = dist, group, kv_store
+        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+        self._root = dist.get_global_rank(group, 0) if group is not None else 0
+
+    def broadcast(self, value):
+        box = [value]
+        self._dist.broadcast_object_list(box, src=self._root, group=self._group)
+        return box[0]
+
+    def all_gather(self, value) -> list:
+        out = [None] * self.world
+        self._dist.all_gather_object(out, value, group=self._group)
+        return out
+
+    def key_value(self, namespace: str):
+        base = self._kv if self._kv is not None else self._dist.distributed_c10d._get_default_store()
+        return self._dist.PrefixStore(f"forkpoint/{namespace}/", base)
+
+    def close(self) -> None:
+        """Nothing to release: the process group owns its store."""
+
+
+def hosts_of(group: Group) -> list[str]:
+    """Every rank's host name, in rank order (collective)."""
+    return group.all_gather(socket.gethostname())

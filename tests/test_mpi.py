@@ -1,0 +1,197 @@
+"""fp.mpi.Repo under mpiexec: blocks of domain-decomposed fields saved on one decomposition and
+restored on another, one coordinated commit, failing ranks, and the Gray-Scott example killed
+with SIGKILL and resumed on another number of ranks."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import forkpoint as fp
+from forkpoint.format.objects import BLOCK_BYTES
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent
+MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
+pytestmark = pytest.mark.timeout(300)
+
+
+def mpiexec(n: int, *args, timeout: float = 180, check: bool = True) -> subprocess.CompletedProcess:
+    """Run `python ARGS` on `n` ranks (oversubscribed on this machine's cores)."""
+    assert MPIEXEC, "mpiexec not found: pip install mpich (the test extra has it)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    cmd = [MPIEXEC, "-n", str(n), sys.executable, *map(str, args)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if check:
+        assert proc.returncode == 0, f"{cmd} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def worker(n: int, name: str, tmp_path: Path, *args, check: bool = True) -> list[dict]:
+    out = tmp_path / f"out-{name}"
+    out.mkdir(exist_ok=True)
+    proc = mpiexec(n, HERE / "mpi_workers.py", name, out, *args, check=check)
+    results = [out / f"{name}.{r}.json" for r in range(n)]
+    return [json.loads(p.read_text()) if p.exists() else None for p in results], proc
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """Two versions saved by 4 ranks on a 2 x 2 grid of blocks."""
+    tmp = tmp_path_factory.mktemp("mpi")
+    url = str(tmp / "repo")
+    results, _ = worker(4, "save", tmp, url)
+    ids = results[0]["ids"]
+    assert all(r["ids"] == ids for r in results), "every rank returns the version rank 0 committed"
+    return tmp, url, ids, results
+
+
+def test_blocks_of_every_rank_form_one_global_leaf(saved):
+    from mpi_workers import FIELDS, N, field
+
+    tmp, url, ids, results = saved
+    repo = fp.Repo(url)
+    assert [v.id for v in repo.log()] == ids[::-1], "one version per collective save"
+    m = repo.manifest(ids[0])
+    leaves = {leaf.path: leaf for leaf in m.leaves}
+    assert len(leaves["fields/u"].chunks) >= 4, "each rank's block is a chunk of the one leaf"
+    assert sorted(tuple(r["offset"]) for r in results) == [(0, 0), (0, 384), (384, 0), (384, 384)]
+    assert len(leaves["fields/u"].chunks) >= 4 and leaves["fields/u"].shape == [4 * N, N]
+    state = repo.load(ids[0])
+    for name in FIELDS:
+        assert np.array_equal(state["fields"][name], field(name)), name
+        assert state["fields"][name].dtype == field(name).dtype
+    assert state["fields"]["u"].shape == (4 * N, N)
+    assert state["params"] == {"F": 0.035, "k": 0.065, "name": "gray-scott", "grid": [N, N]}
+    assert (state["t"], state["step"]) == (0.5, 100)
+    coef = leaves["coef"]
+    stored = sum(c.lengths[0] for c in coef.chunks)
+    assert stored == coef.shape[0], "the replicated array is written once, not once per rank"
+    everyone = repo.load(ids[0], paths=["rank"], all_ranks=True)["rank"]
+    assert [r["rank"] for r in everyone] == [0, 1, 2, 3], "rank-local state is kept per rank"
+    assert m.version.meta == {"ranks": 4} and not m.pickle
+    assert repo.verify().ok
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_restore_on_another_decomposition_reads_only_what_each_rank_needs(saved, ranks):
+    tmp, url, ids, _ = saved
+    out = tmp / f"r{ranks}"
+    out.mkdir(exist_ok=True)
+    results, _ = worker(ranks, "restore", out, url, ids[1])
+    for r in results:
+        assert r["version"] == ids[1] and r["wrong"] == [], r
+        assert r["coef_ok"] and (r["t"], r["step"]) == (1.0, 200)
+        assert r["params"]["name"] == "gray-scott"
+        # of each saved block the slab meets, only the 1 MiB blocks covering its rows are read:
+        # at most a partial block at either end of the slab beyond what it needs
+        assert r["u_bytes_needed"] <= r["u_bytes_read"] <= r["u_bytes_needed"] + 2 * BLOCK_BYTES, r
+    whole = 4 * 768 * 768 * 8
+    assert sum(r["u_bytes_read"] for r in results) <= whole + ranks * 2 * BLOCK_BYTES, "no rank reads the whole field"
+
+
+def test_a_rank_that_stalls_makes_every_rank_fail_and_no_version_appears(tmp_path):
+    results, _ = worker(4, "stall", tmp_path, str(tmp_path / "repo"))
+    for rank, r in enumerate(results):
+        assert r["error"] is not None, f"rank {rank} did not fail"
+        assert r["branches"] == {}
+    assert "rank(s) [1] did not finish writing within 3 s" in results[0]["error"]
+    assert results[0]["seconds"] < 30, "the timeout bounds the wait"
+    repo = fp.Repo(str(tmp_path / "repo"))
+    assert repo.branches() == {} and not list(repo.store.list("versions/"))
+
+
+def test_a_rank_killed_during_a_save_leaves_only_committed_versions(tmp_path):
+    url = str(tmp_path / "repo")
+    results, proc = worker(4, "killed", tmp_path, url, check=False)
+    assert proc.returncode != 0, "mpiexec reports the killed rank"
+    first = results[0]["first"]
+    repo = fp.Repo(url)
+    assert [v.id for v in repo.log()] == [first], "the interrupted save published nothing"
+    assert repo.verify().ok, "the committed version is intact"
+    from mpi_workers import field
+
+    assert np.array_equal(repo.load(first)["fields"]["u"], field("u"))
+
+
+def _run_example(n: int, url: str, *args, **kwargs) -> subprocess.Popen | subprocess.CompletedProcess:
+    return mpiexec(n, ROOT / "examples" / "gray_scott_mpi.py", "--repo", url, "--n", 96, *map(str, args),
+                   **kwargs)
+
+
+def test_gray_scott_killed_and_resumed_on_fewer_ranks_is_bit_identical(tmp_path):
+    reference, run = str(tmp_path / "reference"), str(tmp_path / "run")
+    _run_example(3, reference, "--steps", 1200, "--every", 100)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    cmd = [MPIEXEC, "-n", "4", sys.executable, str(ROOT / "examples" / "gray_scott_mpi.py"), "--repo", run,
+           "--n", "96", "--steps", "1200", "--every", "100"]
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if os.path.exists(os.path.join(run, "refs", "heads")):
+            try:
+                if fp.Repo(run).version("main").step >= 200:
+                    break
+            except fp.errors.ForkpointError:
+                pass
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed_at = fp.Repo(run).version("main").step
+    assert 200 <= killed_at < 1200, f"killed at step {killed_at}: mid-run"
+    _run_example(2, run, "--steps", 1200, "--every", 100)
+    a, b = fp.Repo(reference).load("main"), fp.Repo(run).load("main")
+    assert a["step"] == b["step"] == 1200
+    assert np.array_equal(a["u"], b["u"]) and np.array_equal(a["v"], b["v"]), \
+        "4 ranks killed and resumed on 2 end bit-identical to 3 ranks uninterrupted"
+    assert fp.Repo(run).version("main").env["world_size"] == 2
+
+
+def test_gray_scott_fork_with_another_feed_rate_and_diff(tmp_path):
+    url = str(tmp_path / "gs")
+    _run_example(2, url, "--steps", 400, "--every", 100)
+    fork_point = [v for v in fp.Repo(url).log() if v.step == 200][0].id
+    _run_example(3, url, "--steps", 400, "--every", 100, "--branch", "feed-0.05", "--F", 0.05,
+                 "--fork-from", fork_point)
+    repo = fp.Repo(url)
+    fork = repo.version("feed-0.05")
+    assert fork.step == 400 and repo.load("feed-0.05")["params"]["F"] == 0.05
+    divergence = repo.first_divergence("main", "feed-0.05")
+    assert divergence.step == 300 and "u" in divergence.paths, divergence
+    out = subprocess.run([sys.executable, "-m", "forkpoint.cli.main", "diff", "--repo", url, "main", "feed-0.05"],
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert out.returncode == 0, out.stderr
+    assert "u" in out.stdout and "params/F" in out.stdout, out.stdout
+
+
+def test_fp_mpi_says_how_to_install_mpi4py_when_it_is_missing(tmp_path):
+    code = ("import sys; sys.modules['mpi4py'] = None\n"
+            "import forkpoint as fp\n"
+            "assert 'mpi4py' not in [m.split('.')[0] for m in sys.modules if sys.modules[m] is not None]\n"
+            "try:\n    fp.mpi.Repo('x')\nexcept ImportError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert out.returncode == 0, out.stderr
+    assert "pip install mpi4py mpich" in out.stdout
+
+
+def test_a_block_that_does_not_fit_is_refused():
+    with pytest.raises(ValueError, match="does not fit"):
+        fp.Block(np.zeros((4, 4)), (2, 0), (5, 4))
+    with pytest.raises(ValueError, match="same number of dimensions"):
+        fp.Block(np.zeros((4, 4)), (0,), (8, 4))
+
+
+def test_a_single_process_repo_refuses_a_block(tmp_path):
+    repo = fp.Repo(str(tmp_path / "r"), create=True)
+    with pytest.raises(fp.errors.UnsupportedTypeError, match="fp.mpi.Repo"):
+        repo.save({"u": fp.Block(np.zeros((4, 4)), (0, 0), (8, 4))})
+    assert repo.branches() == {}
