@@ -153,6 +153,8 @@ def child(args) -> None:
     save_t = {name: [] for name in cands}
     load_t = {name: [] for name in cands}
     for i in range(args.repeats):
+        for a in data.values():  # new values each repeat: nothing deduplicates against the last
+            a += 1.0
         for name, (save, load) in cands.items():
             save_t[name].append(timed(comm, lambda: save(i)))
             load_t[name].append(timed(comm, lambda: load(i, into)))
