@@ -136,6 +136,51 @@ def restore(comm, out: str, url: str, ref: str) -> dict:
             "t": live["t"], "step": live["step"], "params": live["params"]}
 
 
+def tiered(comm, out: str, fast: str, slow: str, local: str) -> dict:
+    """Three versions of an evolving field through a fast tier (node-local when `local` is
+    "1") onto a slow one, lossless codec and deltas; then every version restored on this
+    number of ranks from the slow tier alone."""
+    offset, shape = grid_box(comm)
+    if local == "1" and comm.rank == 0:  # rank 0's flush of a version outlasts the next commit
+        import forkpoint.repo.placement as placement
+
+        real = placement.copy_object
+        placement.copy_object = lambda *a: (time.sleep(0.3), real(*a))[1]
+    tier0 = fp.tier(fast, keep=1, local=local == "1")
+    repo = fp.mpi.Repo(tiers=[tier0, slow], create=True, timeout=60, codec="lossless",
+                       delta=fp.Delta(max_chain=3))
+    for store in repo.stores:  # encode every chunk whatever the load (no chunk written raw for later)
+        store.paces_encoding = False
+    (i0, j0), (m, n) = offset, shape
+    base = field("u")[:N][i0:i0 + m, j0:j0 + n]
+    ids = []
+    for k in range(3):
+        local_u = base.copy()
+        local_u[(-i0) % 7::7] += k  # every 7th global row changes per version: deltas
+        ids.append(repo.save({"u": fp.Block(local_u, offset, (N, N)), "k": k}, step=k).id)
+    repo.drain()
+    repo.barrier()
+    errors = repo.stats()["flush_errors"]
+    repo.close()
+    return {"ids": ids, "flush_errors": errors}
+
+
+def tiered_restore(comm, out: str, slow: str, ids: str) -> dict:
+    """Restore each version of `tiered` into row slabs from the slow tier."""
+    repo = fp.mpi.Repo(slow, timeout=60)
+    (i0, _), shape = slab_box(comm)
+    wrong = []
+    for k, vid in enumerate(ids.split(",")):
+        u = np.zeros(shape)
+        repo.restore({"u": fp.Block(u, (i0, 0), (N, N)), "k": -1}, vid)
+        want = field("u")[:N].copy()
+        want[::7] += k
+        if not np.array_equal(u, want[i0:i0 + shape[0]]):
+            wrong.append(vid)
+    repo.close()
+    return {"wrong": wrong}
+
+
 def _rows(name: str, comm) -> np.ndarray:
     (i0, _), (m, _) = slab_box(comm, shape_of(name))
     return field(name)[i0:i0 + m]

@@ -121,6 +121,28 @@ def test_a_rank_killed_during_a_save_leaves_only_committed_versions(tmp_path):
     assert np.array_equal(repo.load(first)["fields"]["u"], field("u"))
 
 
+@pytest.mark.parametrize("node_local", [False, True])
+def test_tiers_lossless_codec_and_deltas_work_as_in_fp_repo(tmp_path, node_local):
+    """Through a fast tier (shared, or node-local: one node of 4 ranks, rank 0's flushes slowed
+    so that each outlasts the next commit) onto a slow one, with codec="lossless" and deltas;
+    no flush fails, and every version reads back on another number of ranks from the slow
+    tier alone."""
+    fast, slow = str(tmp_path / "fast"), str(tmp_path / "slow")
+    results, _ = worker(4, "tiered", tmp_path, fast, slow, "1" if node_local else "0")
+    ids = results[0]["ids"]
+    assert all(r["flush_errors"] == [] for r in results), results
+    repo = fp.Repo(slow)
+    assert [v.id for v in repo.log()] == ids[::-1], "every version reached the slow tier"
+    chunks = [[c for leaf in repo.manifest(v).leaves for c in leaf.chunks] for v in ids]
+    assert all(c.delta is None for c in chunks[0]) and all(any(c.delta for c in cs) for cs in chunks[1:]), \
+        "later versions store deltas against the earlier ones"
+    assert repo.verify().ok
+    out = tmp_path / "restore"
+    out.mkdir()
+    results, _ = worker(3, "tiered_restore", out, slow, ",".join(ids))
+    assert all(r["wrong"] == [] for r in results), results
+
+
 def _run_example(n: int, url: str, *args, **kwargs) -> subprocess.Popen | subprocess.CompletedProcess:
     return mpiexec(n, ROOT / "examples" / "gray_scott_mpi.py", "--repo", url, "--n", 96, *map(str, args),
                    **kwargs)

@@ -259,7 +259,11 @@ class PlacementMixin:
                 self._prune(vid, store)
                 continue
             nxt = self.stores[k + 1]
-            if self._writes_below(k) and not nxt.exists(f"versions/{vid}.json"):
+            if not nxt.exists(f"versions/{vid}.json"):
+                if not self._writes_below(k):
+                    # the process that flushes it may be copying it now (a node-local tier
+                    # shared with rank 0): it goes once it is below, flushed or a stub
+                    continue
                 self._prune(vid, nxt)
             store.delete(f"versions/{vid}.json")
             self._manifests.pop(vid)
