@@ -2,6 +2,7 @@
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-test
+DEMO_STAMP := $(VENV)/.installed-demo
 PYTEST_ARGS ?= -n 2
 
 .PHONY: demo test fuzz bench clean
@@ -14,7 +15,13 @@ $(STAMP): pyproject.toml
 	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation deepspeed==0.19.8
 	touch $(STAMP)
 
-demo: $(STAMP)
+# the demo needs the package and CPU torch only (the frameworks are for the tests)
+$(DEMO_STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[torch]'
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(VENV)/bin/forkpoint demo
 
 test: $(STAMP)
