@@ -135,6 +135,29 @@ def test_fsdp2_and_ddp_save_on_n_ranks_restore_on_m(tmp_path):
                 assert [res["rand"] for res in results] == saved[n][2], "each rank's RNG resumes exactly"
             elif m > 1:
                 assert len({res["rand"] for res in results}) == m, "reseeded RNG streams differ per rank"
+    _hugging_face_export_of_a_sharded_version(*cases[1], tmp_path / "hf")
+
+
+def _hugging_face_export_of_a_sharded_version(url: str, reference_path: str, out) -> None:
+    """The FSDP model saved by 2 ranks, exported as a Hugging Face directory in one process:
+    full tensors, the state_dict's keys, shards of the size asked for."""
+    from click.testing import CliRunner
+    from safetensors.torch import load_file
+
+    from forkpoint.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["export", "main", str(out), "--format", "hf", "--prefix", "fsdp/model",
+                                      "--max-shard-size", "1MB", "--repo", url])
+    assert result.exit_code == 0, result.output
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    reference = torch.load(reference_path)
+    exported = {}
+    for name in sorted(set(index["weight_map"].values())):
+        exported.update(load_file(out / name))
+    want = {k.removeprefix("/model/"): v for k, v in reference.items() if k.startswith("/model/")}
+    assert exported.keys() == want.keys() == {"0.weight", "1.weight", "1.bias", "2.weight", "2.bias"}
+    assert all(torch.equal(exported[k], want[k]) for k in want), "the shards are assembled into full tensors"
+    assert len(set(index["weight_map"].values())) == 2, "the 4 MiB embedding alone, the rest in a second shard"
 
 
 @rerun_once_if_hung

@@ -208,16 +208,33 @@ def tags(repo_url, as_json):
 @cli.command()
 @click.argument("ref")
 @click.argument("directory")
-@click.option("--format", "fmt", type=click.Choice(["safetensors", "dcp"]), default="safetensors",
-              show_default=True, help="safetensors files + state.json, or a PyTorch DCP directory")
+@click.option("--format", "fmt", type=click.Choice(["safetensors", "dcp", "hf"]), default="safetensors",
+              show_default=True, help="safetensors files + state.json, a PyTorch DCP directory, or a Hugging "
+                                      "Face model directory (the weights under --prefix, sharded)")
+@click.option("--prefix", default=None, help="(hf) the path of the model's weights in the state "
+                                             "[default: model, else the whole state]")
+@click.option("--max-shard-size", default="5GB", show_default=True, help="(hf) largest shard: 5GB, 500MB, 2GiB")
+@click.option("--config", "hf_config", default=None,
+              help="(hf) config.json to copy, or a directory with it [default: the version's hf_config]")
 @click.option("--allow-pickle", is_flag=True, help="also unpickle leaves stored with pickle")
 @click.option("--keep-prefix", is_flag=True,
               help="name tensors in <key>.safetensors by their whole path (model/0.bias), not the "
                    "path below the key (0.bias, what model.load_state_dict expects)")
 @repo_option
-def export(ref, directory, fmt, allow_pickle, keep_prefix, repo_url):
-    """Write REF as safetensors files (one per top-level key) plus state.json, or as a DCP directory."""
-    if fmt == "dcp":
+def export(ref, directory, fmt, prefix, max_shard_size, hf_config, allow_pickle, keep_prefix, repo_url):
+    """Write REF as safetensors files (one per top-level key) plus state.json, as a DCP directory,
+    or as a Hugging Face model directory."""
+    if fmt == "hf":
+        from .hf_export import export_hf, parse_size
+
+        try:
+            shard_bytes = parse_size(max_shard_size)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--max-shard-size") from None
+        with _working(f"exporting {ref} as a Hugging Face model directory"):
+            files = export_hf(_open(repo_url), ref, directory, prefix=prefix, max_shard_bytes=shard_bytes,
+                              config=hf_config)
+    elif fmt == "dcp":
         from .convert import export_dcp
 
         with _working(f"exporting {ref} as a DCP checkpoint"):

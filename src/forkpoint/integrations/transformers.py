@@ -97,12 +97,22 @@ def save_version(trainer, repo, branch: str, callback: Callback, sync: bool = Tr
         optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
         callback.guard.install([o for o in (trainer.model, optimizer) if o is not None])
     saved = repo.save(state, branch=branch, step=step, message=f"{TAG_PREFIX}{step}", sync=sync,
-                      metrics=dict(callback.metrics), meta={"transformers_output_dir": trainer.args.output_dir})
+                      metrics=dict(callback.metrics), meta={"transformers_output_dir": trainer.args.output_dir,
+                                                            **_hf_config(trainer.model)})
     if sync:
         return _after_save(trainer, repo, branch, saved)
     callback.guard.add(saved.capture_map)
     repo.background(lambda: _after_save(trainer, repo, branch, saved.wait()))
     return saved
+
+
+def _hf_config(model) -> dict:
+    """{"hf_config": the model's config as plain JSON} (what `forkpoint export --format hf`
+    writes as config.json), or {} for a model without one."""
+    config = getattr(model, "config", None)
+    if config is None or not callable(getattr(config, "to_json_string", None)):
+        return {}
+    return {"hf_config": json.loads(config.to_json_string(use_diff=False))}
 
 
 def _after_save(trainer, repo, branch: str, version):
