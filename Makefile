@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed-test
 DEMO_STAMP := $(VENV)/.installed-demo
 PYTEST_ARGS ?= -n 2
 
-.PHONY: demo test fuzz bench clean
+.PHONY: demo test docs fuzz bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -27,6 +27,10 @@ demo: $(DEMO_STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
 
+# the documentation site (site/), as CI builds it
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
 # the decoders fuzzed with many more examples than `make test` runs (random each time)
 fuzz: $(STAMP)
 	FORKPOINT_FUZZ_EXAMPLES=$${FORKPOINT_FUZZ_EXAMPLES:-20000} $(PY) -m pytest -q tests/test_fuzz.py
@@ -36,4 +40,4 @@ bench: $(STAMP)
 	$(PY) -m benchmarks save_load
 
 clean:
-	rm -rf $(VENV) demo-repo bench-out
+	rm -rf $(VENV) demo-repo bench-out site
