@@ -1,11 +1,10 @@
 """The documentation site builds with `mkdocs build --strict` (no broken link, no missing API
-reference), and every code block of the guides runs: a guide's Python blocks, in order, as
-one script in a fresh directory, then its shell blocks there; the MPI page's two programs
-under mpiexec on 4 and then 3 ranks."""
+reference), and every code block of the guides runs in a fresh directory: plain Python blocks
+as one script, programs with the command their first line gives (torchrun, mpiexec), shell
+blocks line by line."""
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -41,24 +40,32 @@ def test_the_site_builds_strictly(tmp_path):
     assert "--max-shard-size" in cli and "forkpoint diff" in cli, "the CLI reference is generated from click"
 
 
-@pytest.mark.parametrize("guide", GUIDES, ids=[g.stem for g in GUIDES])
-def test_every_code_block_of_a_guide_runs(guide, tmp_path):
-    python = blocks(guide, "python")
-    assert python, f"{guide.name} has no Python block"
-    script = tmp_path / "guide.py"
-    script.write_text("\n".join(python))
-    run([sys.executable, str(script)], tmp_path)
-    for block in blocks(guide, "bash"):
+RUN_BLOCK = re.compile(r"\A# (\S+\.py); run with: (.+)\n")
+"""A block headed `# NAME; run with: COMMAND` is a program of its own: saved as NAME, run
+with COMMAND (torchrun, mpiexec, or python twice)."""
+PAGES = GUIDES + [DOCS / "MPI.md", DOCS / "AUTOMATION.md"]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.stem for p in PAGES])
+def test_every_code_block_of_a_guide_runs(page, tmp_path):
+    """The page's plain Python blocks, in order, as one script; then its programs (run
+    blocks) and its shell blocks, in the order they appear."""
+    python = blocks(page, "python")
+    assert python, f"{page.name} has no Python block"
+    plain = [b for b in python if not RUN_BLOCK.match(b)]
+    if plain:
+        (tmp_path / "page.py").write_text("\n".join(plain))
+        run([sys.executable, "page.py"], tmp_path)
+    text = page.read_text()
+    later = sorted([(text.index(b), "python", b) for b in python if RUN_BLOCK.match(b)] +
+                   [(text.index(b), "bash", b) for b in blocks(page, "bash")])
+    for _, kind, block in later:
+        if kind == "python":
+            name, command = RUN_BLOCK.match(block).groups()
+            (tmp_path / name).write_text(block)
+            run(["bash", "-c", command], tmp_path)
+            continue
         for line in block.splitlines():
             command = line.split("#", 1)[0].strip()
             if command:
                 run(["bash", "-c", command], tmp_path)
-
-
-def test_the_mpi_pages_programs_run_on_4_then_3_ranks(tmp_path):
-    save, restart = blocks(DOCS / "MPI.md", "python")
-    mpiexec = shutil.which("mpiexec", path=str(BIN)) or "mpiexec"
-    (tmp_path / "save.py").write_text(save)
-    (tmp_path / "restart.py").write_text(restart + "\nassert u.shape[0] in (341, 342)\n")
-    run([mpiexec, "-n", "4", sys.executable, "save.py"], tmp_path)
-    run([mpiexec, "-n", "3", sys.executable, "restart.py"], tmp_path)
