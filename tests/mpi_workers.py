@@ -226,6 +226,32 @@ def killed(comm, out: str, url: str) -> dict:
     return {"second": "committed"}
 
 
+def unreadable_head(comm, out: str, url: str) -> dict:
+    """A first version, then rank 1 cannot read the head it builds on (its storage fails):
+    every rank fails at once, not at the timeout, and the next save works."""
+    from forkpoint.repo.commit import SaveSession
+
+    repo = fp.mpi.Repo(url, create=True, timeout=60)
+    state = {"fields": blocks(comm)}
+    repo.save(state, step=1)
+    real = SaveSession.known_chunks
+    if comm.rank == 1:
+        def failing(self):
+            raise OSError("the head's packs are unreadable on this rank")
+        SaveSession.known_chunks = failing
+    start = time.monotonic()
+    try:
+        repo.save(state, step=2)
+        raised = None
+    except Exception as e:
+        raised = f"{type(e).__name__}: {e}"
+    seconds = time.monotonic() - start
+    SaveSession.known_chunks = real
+    version = repo.save(state, step=3)
+    repo.close()
+    return {"raised": raised, "seconds": seconds, "last": version.step}
+
+
 def _write(out: str, name: str, rank: int, result: dict) -> None:
     path = os.path.join(out, f"{name}.{rank}.json")
     with open(path + ".tmp", "w") as f:

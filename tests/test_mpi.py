@@ -143,6 +143,15 @@ def test_tiers_lossless_codec_and_deltas_work_as_in_fp_repo(tmp_path, node_local
     assert all(r["wrong"] == [] for r in results), results
 
 
+def test_a_rank_that_cannot_plan_its_save_makes_every_rank_fail_at_once(tmp_path):
+    results, _ = worker(3, "unreadable_head", tmp_path, str(tmp_path / "repo"))
+    for rank, r in enumerate(results):
+        assert r["raised"] is not None and r["seconds"] < 30, (rank, r)  # the timeout is 60 s
+        assert r["last"] == 3, "the next save commits"
+    assert "unreadable on this rank" in results[0]["raised"]
+    assert [v.step for v in fp.Repo(str(tmp_path / "repo")).log()] == [3, 1]
+
+
 def _run_example(n: int, url: str, *args, **kwargs) -> subprocess.Popen | subprocess.CompletedProcess:
     return mpiexec(n, ROOT / "examples" / "gray_scott_mpi.py", "--repo", url, "--n", 96, *map(str, args),
                    **kwargs)

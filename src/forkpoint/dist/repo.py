@@ -123,7 +123,12 @@ class Repo(NodeLocalMixin, BaseRepo):
             self._refuse_save(sid, e)
             raise
         with self._sched.batch():
-            plan = session.schedule(shared + local, sync, select=select, pack_key=writer_class(shared))
+            try:  # reading the head's packs or the delta bases can fail: tell the others now
+                plan = session.schedule(shared + local, sync, select=select, pack_key=writer_class(shared))
+            except Exception as e:
+                session.close()
+                self._refuse_save(sid, e)
+                raise
             plan.writer.keeps_advice = self.rank == 0  # one writer of codec="auto"'s advice
             fingerprint = layout_fingerprint(shared)
             part = self._sched.submit(
