@@ -252,6 +252,15 @@ def unreadable_head(comm, out: str, url: str) -> dict:
     return {"raised": raised, "seconds": seconds, "last": version.step}
 
 
+def missing(comm, out: str, url: str) -> dict:
+    """Open a repository that does not exist without create=True: every rank raises."""
+    try:
+        fp.mpi.Repo(url, timeout=30)
+        return {"raised": None}
+    except Exception as e:
+        return {"raised": f"{type(e).__name__}: {e}"}
+
+
 def _write(out: str, name: str, rank: int, result: dict) -> None:
     path = os.path.join(out, f"{name}.{rank}.json")
     with open(path + ".tmp", "w") as f:

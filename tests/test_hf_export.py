@@ -87,6 +87,10 @@ def test_prefix_and_config_options(trained, tmp_path):
     tensors = load_file(tmp_path / "opt" / "model.safetensors")
     assert set(tensors) >= {"exp_avg", "exp_avg_sq"}
     assert json.loads((tmp_path / "opt" / "config.json").read_text())["n_embd"] == 32
+    missing = CliRunner().invoke(cli, ["export", "main", str(tmp_path / "y"), "--format", "hf", "--repo", trained,
+                                       "--config", str(tmp_path / "absent")])
+    assert isinstance(missing.exception, FileNotFoundError) and "no config.json" in str(missing.exception)
+    assert not (tmp_path / "y").exists(), "nothing is written when the config is missing"
     result = CliRunner().invoke(cli, ["export", "main", str(tmp_path / "x"), "--format", "hf", "--repo", trained,
                                       "--prefix", "nothing"])
     assert isinstance(result.exception, ValueError) and "no tensors under 'nothing'" in str(result.exception)

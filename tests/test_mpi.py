@@ -214,6 +214,13 @@ def test_fp_mpi_says_how_to_install_mpi4py_when_it_is_missing(tmp_path):
     assert "pip install mpi4py mpich" in out.stdout
 
 
+def test_a_missing_repository_is_refused_on_every_rank(tmp_path):
+    results, _ = worker(2, "missing", tmp_path, str(tmp_path / "nowhere"))
+    assert results[0]["raised"].startswith("RepoNotFoundError") and "create=True" in results[0]["raised"]
+    assert results[1]["raised"].startswith("ForkpointError: rank 0 could not open the repository")
+    assert not (tmp_path / "nowhere").exists()
+
+
 def test_a_block_that_does_not_fit_is_refused():
     with pytest.raises(ValueError, match="does not fit"):
         fp.Block(np.zeros((4, 4)), (2, 0), (5, 4))
@@ -226,3 +233,34 @@ def test_a_single_process_repo_refuses_a_block(tmp_path):
     with pytest.raises(fp.errors.UnsupportedTypeError, match="fp.mpi.Repo"):
         repo.save({"u": fp.Block(np.zeros((4, 4)), (0, 0), (8, 4))})
     assert repo.branches() == {}
+
+
+def test_load_block_names_what_is_wrong(tmp_path):
+    """A missing leaf, a box that does not fit, data that is not an array, a dtype numpy lacks,
+    and a damaged object: each a clear error."""
+    import torch
+
+    from forkpoint.format.objects import object_key
+
+    repo = fp.Repo(str(tmp_path / "r"), create=True)
+    u = np.arange(64 * 64, dtype=np.float64).reshape(64, 64)
+    v = repo.save({"u": u, "note": b"x" * 5000, "half": torch.ones(4, dtype=torch.bfloat16)})
+    assert np.array_equal(repo.load_block("main", "u", (8, 16), (4, 4)), u[8:12, 16:20])
+    with pytest.raises(fp.errors.RefNotFoundError, match="no leaf 'w'"):
+        repo.load_block("main", "w", (0, 0), (1, 1))
+    with pytest.raises(ValueError, match="does not fit"):
+        repo.load_block("main", "u", (60, 0), (8, 8))
+    with pytest.raises(ValueError, match="does not fit"):
+        repo.load_block("main", "u", (0,), (8,))
+    with pytest.raises(fp.errors.UnsupportedTypeError, match="not an array"):
+        repo.load_block("main", "note", (0,), (10,))
+    with pytest.raises(fp.errors.UnsupportedTypeError, match="numpy lacks"):
+        repo.load_block("main", "half", (0,), (2,))
+    leaf = next(leaf for leaf in repo.manifest(v.id).leaves if leaf.path == "u")
+    key = object_key(leaf.chunks[0].object)
+    data = bytearray(repo.store.read(key))
+    data[-100] ^= 0xFF
+    repo.store.write(key, [bytes(data)])
+    fresh = fp.Repo(str(tmp_path / "r"))
+    with pytest.raises(fp.errors.CorruptObjectError):
+        fresh.load_block("main", "u", (60, 0), (4, 64))

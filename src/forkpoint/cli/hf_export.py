@@ -77,6 +77,7 @@ def export_hf(repo: Repo, ref: str, directory: str, prefix: str | None = None,
 
     m = repo.readable(ref)
     prefix, weights = model_weights(m, prefix)
+    configs = _config_sources(config)  # a missing --config fails before anything is written
     groups = shard(weights, max_shard_bytes)
     os.makedirs(directory, exist_ok=True)
     names = (["model.safetensors"] if len(groups) == 1 else
@@ -93,7 +94,7 @@ def export_hf(repo: Repo, ref: str, directory: str, prefix: str | None = None,
         index = {"metadata": {"total_size": sum(w.nbytes for w in weights), "forkpoint_version": m.version.id},
                  "weight_map": dict(sorted(weight_map.items()))}
         files.append(_write_json(os.path.join(directory, "model.safetensors.index.json"), index))
-    files += _write_config(m, directory, config)
+    files += _write_config(m, directory, configs)
     return files
 
 
@@ -130,24 +131,31 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
-def _write_config(m: Manifest, directory: str, config: str | None) -> list[str]:
-    """config.json from `config` (a file, or a directory holding config.json and perhaps
-    generation_config.json) or from the version's hf_config meta; [] when neither."""
-    if config is not None:
-        sources = ([os.path.join(config, n) for n in ("config.json", "generation_config.json")]
-                   if os.path.isdir(config) else [config])
-        copied = []
-        for src in sources:
-            if os.path.exists(src):
-                dst = os.path.join(directory, os.path.basename(src) if os.path.isdir(config) else "config.json")
-                shutil.copyfile(src, dst)
-                copied.append(dst)
-        if not copied:
-            raise FileNotFoundError(f"no config.json at {config}")
-        return copied
-    if isinstance(m.version.meta.get("hf_config"), dict):
-        return [_write_json(os.path.join(directory, "config.json"), m.version.meta["hf_config"])]
-    return []
+def _config_sources(config: str | None) -> list[tuple[str, str]]:
+    """[(source, file name in the export)] of `config`: a config.json, or a directory holding
+    config.json (and perhaps generation_config.json); FileNotFoundError when there is none."""
+    if config is None:
+        return []
+    if not os.path.isdir(config):
+        sources = [(config, "config.json")] if os.path.isfile(config) else []
+    else:
+        sources = [(os.path.join(config, n), n) for n in ("config.json", "generation_config.json")
+                   if os.path.isfile(os.path.join(config, n))]
+    if not any(name == "config.json" for _, name in sources):
+        raise FileNotFoundError(f"no config.json at {config}: give --config a config.json or a model directory")
+    return sources
+
+
+def _write_config(m: Manifest, directory: str, sources: list[tuple[str, str]]) -> list[str]:
+    """Copy `sources` into `directory`; with none, config.json from the version's hf_config
+    meta (what the Transformers plug-in records), else nothing."""
+    copied = []
+    for src, name in sources:
+        copied.append(os.path.join(directory, name))
+        shutil.copyfile(src, copied[-1])
+    if not sources and isinstance(m.version.meta.get("hf_config"), dict):
+        copied.append(_write_json(os.path.join(directory, "config.json"), m.version.meta["hf_config"]))
+    return copied
 
 
 def _write_json(path: str, data: dict) -> str:

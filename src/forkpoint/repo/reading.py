@@ -40,6 +40,9 @@ class ReadingMixin:
                                    f"{_listing([lf.path for lf in m.leaves])}")
         if leaf.alias_of is not None:
             leaf = m.leaves[leaf.alias_of]
+        if leaf.kind not in ("numpy", "torch"):
+            raise UnsupportedTypeError(f"leaf {path!r} of version {m.version.id} is {leaf.kind!r} data, not an "
+                                       "array: read it with repo.load(paths=[...])")
         offset, shape = [int(x) for x in offset], [int(x) for x in shape]
         if len(offset) != len(leaf.shape) or len(shape) != len(leaf.shape) or any(
                 o < 0 or n < 0 or o + n > g for o, n, g in zip(offset, shape, leaf.shape)):
