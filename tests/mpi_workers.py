@@ -252,10 +252,14 @@ def unreadable_head(comm, out: str, url: str) -> dict:
     return {"raised": raised, "seconds": seconds, "last": version.step}
 
 
-def missing(comm, out: str, url: str) -> dict:
-    """Open a repository that does not exist without create=True: every rank raises."""
+def missing(comm, out: str, url: str, where: str) -> dict:
+    """Open a repository that does not exist, on rank 0 (`where` "rank0") or on rank 1 only
+    (the others create theirs): every rank raises, none waits."""
     try:
-        fp.mpi.Repo(url, timeout=30)
+        if where == "rank0":
+            fp.mpi.Repo(url, timeout=30)
+        else:
+            fp.mpi.Repo(url + ("-elsewhere" if comm.rank == 1 else ""), create=True, timeout=30)
         return {"raised": None}
     except Exception as e:
         return {"raised": f"{type(e).__name__}: {e}"}

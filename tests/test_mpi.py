@@ -215,10 +215,19 @@ def test_fp_mpi_says_how_to_install_mpi4py_when_it_is_missing(tmp_path):
 
 
 def test_a_missing_repository_is_refused_on_every_rank(tmp_path):
-    results, _ = worker(2, "missing", tmp_path, str(tmp_path / "nowhere"))
+    results, _ = worker(2, "missing", tmp_path, str(tmp_path / "nowhere"), "rank0")
     assert results[0]["raised"].startswith("RepoNotFoundError") and "create=True" in results[0]["raised"]
     assert results[1]["raised"].startswith("ForkpointError: rank 0 could not open the repository")
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_rank_that_cannot_open_the_repository_fails_every_rank(tmp_path):
+    out = tmp_path / "other"
+    out.mkdir()
+    results, _ = worker(3, "missing", out, str(tmp_path / "repo"), "rank1")
+    assert results[1]["raised"].startswith("RepoNotFoundError"), results
+    for r in (0, 2):
+        assert results[r]["raised"].startswith("ForkpointError: rank(s) [1] could not open"), results
 
 
 def test_a_block_that_does_not_fit_is_refused():

@@ -46,7 +46,9 @@ class MPIGroup:
 
     def __init__(self, comm=None):
         MPI = _mpi()
-        self.comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
+        base = comm if comm is not None else MPI.COMM_WORLD
+        self.comm = base.Dup()
+        self._store_comm = base.Dup()  # made here, collectively: key_value is then local to each rank
         self.rank, self.world = self.comm.Get_rank(), self.comm.Get_size()
         self._stores: list[MPIStore] = []
 
@@ -57,9 +59,10 @@ class MPIGroup:
         return self.comm.allgather(value)
 
     def key_value(self, namespace: str):
-        store = MPIStore(self.comm)
-        self._stores.append(store)
-        return store
+        if self._stores:
+            raise RuntimeError("an MPIGroup serves one repository's store")
+        self._stores.append(MPIStore(self._store_comm))
+        return self._stores[0]
 
     def close(self) -> None:
         """Stop serving the stores (rank 0)."""
@@ -69,13 +72,13 @@ class MPIGroup:
 
 class MPIStore:
     """A key-value store (the subset dist/coordinator.py uses: set, get, check, add, delete_key)
-    kept by rank 0 of `comm`: the other ranks send requests, a thread on rank 0 answers them.
-    Collective to create; every call from another rank fails after `timeout` seconds without
-    an answer (rank 0 died or stalls)."""
+    kept by rank 0 of `comm`, a communicator it has to itself: the other ranks send requests,
+    a thread on rank 0 answers them. Every call from another rank fails after `timeout`
+    seconds without an answer (rank 0 died or stalls)."""
 
     def __init__(self, comm, timeout: float = 600.0):
         MPI = _mpi()
-        self._MPI, self.comm, self.timeout = MPI, comm.Dup(), timeout
+        self._MPI, self.comm, self.timeout = MPI, comm, timeout
         self.rank = self.comm.Get_rank()
         self._data: dict[str, bytes] = {}
         self._lock = threading.Lock()

@@ -61,7 +61,7 @@ class Repo(NodeLocalMixin, BaseRepo):
 
     def _join(self, group: Group, url, *, create: bool, timeout: float, sweep_grace: float, **kwargs) -> None:
         """Open the repository on every rank of `group` (collective): rank 0 first, creating it
-        if asked, then the others; every rank raises if rank 0 could not."""
+        if asked, then the others; every rank raises if any rank could not."""
         self.group, self.rank, self.world = group, group.rank, group.world
         status, error = None, None
         if self.rank == 0:
@@ -77,7 +77,16 @@ class Repo(NodeLocalMixin, BaseRepo):
         if status.startswith("error: "):
             raise ForkpointError(f"rank 0 could not open the repository: {status[7:]}")
         if self.rank != 0:
-            super().__init__(url, create=False, **kwargs)
+            try:
+                super().__init__(url, create=False, **kwargs)
+            except Exception as e:  # the others must not wait for this rank in a collective
+                error = e
+        failed = [r for r, bad in enumerate(group.all_gather(error is not None)) if bad]
+        if error is not None:
+            raise error
+        if failed:
+            BaseRepo.close(self)
+            raise ForkpointError(f"rank(s) {failed} could not open the repository {self.url} (see their errors)")
         self.coordinator = Coordinator(group.key_value(status), self.rank, self.world, timeout)
         self.local_world = hosts.count(socket.gethostname())
         for shared_by_ranks in ("cpu", "encode"):
