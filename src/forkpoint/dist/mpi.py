@@ -143,7 +143,10 @@ class MPIStore:
                 raise TimeoutError(f"rank 0 did not answer a {op} of {key!r} within {self.timeout:.0f} s")
             time.sleep(pause)
             pause = min(2 * pause, 0.005)
-        return self.comm.recv(source=0, tag=tag)
+        answer = self.comm.recv(source=0, tag=tag)
+        if isinstance(answer, Exception):  # rank 0 could not apply the request
+            raise answer
+        return answer
 
     def _serve(self) -> None:
         """(Rank 0) answer requests until closed; idle, poll with a short sleep rather than a
