@@ -244,16 +244,18 @@ def test_a_dead_endpoint_fails_a_save_with_a_clear_error(s3, tmp_path):
 
 
 class FaultyProxy:
-    """An HTTP proxy in front of the S3 server that fails every `every`-th request: with a 503,
-    by closing the connection without an answer, or by answering only after `stall` seconds."""
+    """An HTTP proxy in front of the S3 server that fails every `every`-th request (the first
+    `limit` such, where given): with a 503, by closing the connection without an answer, or by
+    answering only after `stall` seconds."""
 
-    def __init__(self, upstream: str, every: int, fault: str, stall: float = 0.0):
+    def __init__(self, upstream: str, every: int, fault: str, stall: float = 0.0, limit: int | None = None):
         import http.client
         import http.server
         import threading
         from urllib.parse import urlparse
 
         self.every, self.fault, self.stall, self.seen, self.faults = every, fault, stall, 0, 0
+        self.limit = limit
         self.lock = threading.Lock()
         target = urlparse(upstream)
         proxy = self
@@ -268,7 +270,8 @@ class FaultyProxy:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 with proxy.lock:
                     proxy.seen += 1
-                    faulty = proxy.every and proxy.seen % proxy.every == 0
+                    faulty = proxy.every and proxy.seen % proxy.every == 0 and (
+                        proxy.limit is None or proxy.faults < proxy.limit)
                     proxy.faults += bool(faulty)
                 if faulty and proxy.fault == "503":
                     self.send_response(503)
@@ -311,13 +314,17 @@ class FaultyProxy:
 def test_saves_flushes_and_gc_ride_out_injected_faults(s3, fault):
     """Every 4th request to S3 fails (503, connection dropped, or an answer after the read
     timeout): saves, flushes from a memory tier and gc retry with backoff and finish, and every
-    version reads back bit-exact through a clean connection."""
+    version reads back bit-exact through a clean connection. Stalls are limited to a few, with a
+    read timeout well above the server's answer time on a busy machine: else every slow answer
+    times out too, and the retries' own stalls make the run as long as the machine is slow."""
     import uuid
 
     url, opts = s3
-    proxy = FaultyProxy(opts["client_kwargs"]["endpoint_url"], 4, fault, stall=2.0)
+    stalls = fault == "stall"
+    proxy = FaultyProxy(opts["client_kwargs"]["endpoint_url"], 4, fault, stall=10.0, limit=4 if stalls else None)
     faulty = {**opts, "client_kwargs": {"endpoint_url": proxy.url},
-              "config_kwargs": {"read_timeout": 1, "connect_timeout": 1, "retries": {"max_attempts": 4}}}
+              "config_kwargs": {"read_timeout": 6 if stalls else 60, "connect_timeout": 6,
+                                "retries": {"max_attempts": 4}}}
     try:
         repo = fp.Repo(tiers=[fp.tier(f"mem://{uuid.uuid4().hex}", keep=1), fp.tier(url, **faulty)], create=True)
         states = [{"w": np.random.default_rng(s).standard_normal(100_000).astype(np.float32), "s": s}

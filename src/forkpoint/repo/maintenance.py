@@ -25,7 +25,7 @@ class MaintenanceMixin:
         damaged: dict[str, tuple[str, dict, set]] = {}  # object -> (why, {version: step}, leaves)
         if ref is None:
             report.problems.extend(self._lineage_problems())
-        seen = set()
+        seen, verified = set(), set()  # verified: (tier, chunk) read back intact
         for store in self.stores:
             for vid in self._version_ids(store):
                 if wanted is not None and vid not in wanted:
@@ -39,20 +39,22 @@ class MaintenanceMixin:
                 if vid not in seen and not m.version.pruned:
                     seen.add(vid)
                     report.versions += 1
-                for leaf in m.leaves:
-                    if leaf.alias_of is not None:
-                        continue
-                    _, buf = empty_leaf("bytes", "uint8", [leaf.nbytes], "cpu", leaf.path)
-                    try:
-                        read_leaves(store, [ReadRequest(leaf, buf)], vid, self._submit_read, trust=False)
-                    except Exception as e:
-                        found = _DAMAGED_OBJECT.search(str(e))
+                leaves = [leaf for leaf in m.leaves if leaf.alias_of is None]
+                unread = [leaf for leaf in leaves
+                          if not all((store.url, _chunk_key(c)) in verified for c in leaf.chunks)]
+                for group in _groups(unread):
+                    for leaf, error in self._read_back(store, vid, group):
+                        if error is None:
+                            verified.update((store.url, _chunk_key(c)) for c in leaf.chunks)
+                            continue
+                        found = _DAMAGED_OBJECT.search(str(error))
                         if found is None:
-                            report.problems.append(str(e))
+                            report.problems.append(str(error))
                         else:
                             what = damaged.setdefault(found["object"], (found["why"], {}, set()))
                             what[1][vid] = m.version.step
                             what[2].add(leaf.path)
+                for leaf in leaves:
                     report.objects += len(leaf.chunks)
                     report.bytes += leaf.nbytes
                     if progress is not None:
@@ -62,6 +64,30 @@ class MaintenanceMixin:
                                    f"{len(versions)} version(s): "
                                    + _some([f"{vid[:12]} (step {step})" for vid, step in versions.items()]))
         return report
+
+    def _read_back(self, store: Store, vid: str, leaves: list) -> list[tuple]:
+        """(leaf, None or the error reading it back) for each of `leaves` of version `vid` from
+        `store`, re-hashing every byte: one read of all (objects shared by leaves, such as
+        packs, are read once), and where that fails, one read per leaf to name the damaged."""
+        def read(group):
+            requests = [ReadRequest(leaf, empty_leaf("bytes", "uint8", [leaf.nbytes], "cpu", leaf.path)[1])
+                        for leaf in group]
+            read_leaves(store, requests, vid, self._submit_read, trust=False)
+
+        try:
+            read(leaves)
+            return [(leaf, None) for leaf in leaves]
+        except Exception as e:
+            if len(leaves) == 1:
+                return [(leaves[0], e)]
+        outcomes = []
+        for leaf in leaves:
+            try:
+                read([leaf])
+                outcomes.append((leaf, None))
+            except Exception as e:
+                outcomes.append((leaf, e))
+        return outcomes
 
     def _lineage_problems(self) -> list[str]:
         """What is wrong with the refs and the histories they reach, one line each: ref records
@@ -354,6 +380,28 @@ class MaintenanceMixin:
 
 
 _DAMAGED_OBJECT = re.compile(r"object (?P<object>\S+?/objects/[^\s:]+)(?::| )\s*(?P<why>.*)", re.S)
+
+
+VERIFY_GROUP_BYTES = 256 << 20
+"""Leaf bytes read back (and held) at once by verify."""
+
+
+def _groups(leaves: list) -> list[list]:
+    """`leaves` in runs of at most VERIFY_GROUP_BYTES (a larger leaf alone)."""
+    groups, size = [[]], 0
+    for leaf in leaves:
+        if groups[-1] and size + leaf.nbytes > VERIFY_GROUP_BYTES:
+            groups.append([])
+            size = 0
+        groups[-1].append(leaf)
+        size += leaf.nbytes
+    return [g for g in groups if g]
+
+
+def _chunk_key(chunk) -> tuple:
+    """What makes two chunks the same bytes read the same way."""
+    chain = tuple(chunk.delta["chain"]) if chunk.delta else ()
+    return chunk.object, chunk.start, chunk.size, chunk.hash, chunk.codec, chain
 
 
 def _some(items: list[str], shown: int = 5) -> str:
