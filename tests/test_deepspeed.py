@@ -2,7 +2,6 @@
 version at commit, a new process resumes from the branch head or a ref, bit-identical."""
 
 import os
-import subprocess
 import sys
 
 import pytest
@@ -11,6 +10,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
 
 import forkpoint as fp  # noqa: E402
+import procs  # noqa: E402
+
+pytestmark = pytest.mark.timeout(1500)
 
 RUN = os.path.join(os.path.dirname(__file__), "frameworks", "ds_run.py")
 
@@ -19,7 +21,7 @@ def run(*args):
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
         env.pop(var, None)
-    out = subprocess.run([sys.executable, RUN, *args], capture_output=True, text=True, timeout=600, env=env)
+    out = procs.run([sys.executable, RUN, *args], timeout=600, env=env)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
 
 
@@ -92,7 +94,7 @@ def run_ranks(world, *args):
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "MASTER_ADDR"):
         env.pop(var, None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}", RUN, "--dist", *args]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    out = procs.run(cmd, timeout=600, env=env)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
 
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+import procs
+
 ROOT = Path(__file__).parent.parent
 DOCS = ROOT / "docs"
 GUIDES = sorted((DOCS / "guides").glob("*.md"))
@@ -25,7 +27,7 @@ def blocks(page: Path, language: str) -> list[str]:
 
 
 def run(cmd, cwd, **kwargs) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=500, **kwargs)
+    proc = procs.run(cmd, timeout=500, cwd=cwd, env=ENV, **kwargs)
     assert proc.returncode == 0, f"{cmd} failed in {cwd}:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     return proc
 

@@ -4,7 +4,6 @@ retention on remove, and the no-pickle rule."""
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -13,12 +12,15 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("lightning")
 
 import forkpoint as fp  # noqa: E402
+import procs  # noqa: E402
+
+pytestmark = pytest.mark.timeout(1500)
 
 RUN = os.path.join(os.path.dirname(__file__), "frameworks", "lightning_run.py")
 
 
 def run(*args, ok=True, env=None):
-    out = subprocess.run([sys.executable, RUN, *args], capture_output=True, text=True, timeout=300, env=env)
+    out = procs.run([sys.executable, RUN, *args], timeout=400, env=env)
     if ok:
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     return out

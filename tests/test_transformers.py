@@ -3,7 +3,6 @@ versions (model, optimizer, scheduler, RNG, TrainerState), a new process resumes
 exactly, save_total_limit maps to retention."""
 
 import os
-import subprocess
 import sys
 
 import pytest
@@ -13,12 +12,15 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 import forkpoint as fp  # noqa: E402
+import procs  # noqa: E402
+
+pytestmark = pytest.mark.timeout(1200)
 
 RUN = os.path.join(os.path.dirname(__file__), "frameworks", "hf_run.py")
 
 
 def run(*args):
-    out = subprocess.run([sys.executable, RUN, *args], capture_output=True, text=True, timeout=300)
+    out = procs.run([sys.executable, RUN, *args], timeout=400)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
 
 
