@@ -174,7 +174,7 @@ def _killed_save(rank, world, out, url, victim):
 def _crash_point_save(rank, world, out, url, victim, at):
     """Each rank saves version `rank`-independent step 2 on top of step 1. The `victim` rank
     dies (SIGKILL) right before its `at`-th mutating storage operation of that second save
-    (at < 0: nobody dies; the result counts each rank's operations)."""
+    (at < 0: nobody dies; the result lists each rank's operations as "NAME FOLDER")."""
     from forkpoint.storage.local import LocalStore
 
     repo = fp.dist.Repo(url, create=True, timeout=3)
@@ -186,18 +186,18 @@ def _crash_point_save(rank, world, out, url, victim, at):
     for name in ("write", "create_exclusive", "delete", "touch"):
         real = getattr(LocalStore, name)
 
-        def op(store, *args, _real=real, **kwargs):
-            counted.append(1)
+        def op(store, key, *args, _real=real, _name=name, **kwargs):
+            counted.append(f"{_name} {str(key).split('/')[0]}")
             if rank == victim and len(counted) > at:
                 os.kill(os.getpid(), signal.SIGKILL)
-            return _real(store, *args, **kwargs)
+            return _real(store, key, *args, **kwargs)
 
         setattr(LocalStore, name, op)
     try:
         version = repo.save(state, step=2)
     except fp.dist.DistSaveError as e:
-        return {"raised": str(e), "ops": len(counted)}
-    return {"raised": None, "ops": len(counted), "version": version.id}
+        return {"raised": str(e), "ops": counted}
+    return {"raised": None, "ops": counted, "version": version.id}
 
 
 def _dcp_save(rank, world, out, url):
