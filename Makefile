@@ -24,8 +24,10 @@ $(DEMO_STAMP): pyproject.toml
 demo: $(DEMO_STAMP)
 	$(VENV)/bin/forkpoint demo
 
+# tests whose ranks wait on each other run alone, after the others (see the `ranks` marker)
 test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q $(PYTEST_ARGS) -m "not ranks" tests
+	$(PY) -m pytest -q -m ranks tests
 
 # the documentation site (site/), as CI builds it
 docs: $(STAMP)

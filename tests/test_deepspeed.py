@@ -98,6 +98,7 @@ def run_ranks(world, *args):
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
 
 
+@pytest.mark.ranks
 def test_zero1_on_two_ranks_saves_one_version_and_resumes_exactly(tmp_path):
     url, d = str(tmp_path / "repo"), str(tmp_path / "ckpt")
     run_ranks(2, "--dir", str(tmp_path / "plain"), "--steps", "8", "--out", str(tmp_path / "ref.pt"))

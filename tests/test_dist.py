@@ -16,8 +16,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import forkpoint as fp  # noqa: E402
-
 import dist_workers  # noqa: E402
+
+pytestmark = pytest.mark.ranks
 
 
 class RanksHung(AssertionError):

@@ -48,7 +48,12 @@ with COMMAND (torchrun, mpiexec, or python twice)."""
 PAGES = GUIDES + [DOCS / "MPI.md", DOCS / "AUTOMATION.md"]
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[p.stem for p in PAGES])
+RANKED = ("distributed", "MPI")
+"""Pages whose programs run several ranks."""
+
+
+@pytest.mark.parametrize("page", [pytest.param(p, id=p.stem, marks=[pytest.mark.ranks] if p.stem in RANKED else [])
+                                  for p in PAGES])
 def test_every_code_block_of_a_guide_runs(page, tmp_path):
     """The page's plain Python blocks, in order, as one script; then its programs (run
     blocks) and its shell blocks, in the order they appear."""

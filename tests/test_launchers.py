@@ -12,6 +12,8 @@ pytest.importorskip("torch")
 
 import forkpoint as fp  # noqa: E402
 
+pytestmark = pytest.mark.ranks
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "dist_train.py")
 

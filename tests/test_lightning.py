@@ -110,6 +110,7 @@ def test_slurm_requeue_signal_saves_and_the_requeued_job_resumes(tmp_path):
     assert (y["start_step"], y["global_step"]) == (6, 16), "the requeued job resumed from the hpc version"
 
 
+@pytest.mark.ranks
 def test_ddp_on_two_processes_saves_from_rank_zero_and_every_rank_resumes(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run("--repo", str(tmp_path / "ref-repo"), "--dir", str(tmp_path / "ref"), "--epochs", "4", "--devices", "2",

@@ -20,7 +20,7 @@ from forkpoint.format.objects import BLOCK_BYTES
 HERE = Path(__file__).parent
 ROOT = HERE.parent
 MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.ranks]
 
 
 def mpiexec(n: int, *args, timeout: float = 180, check: bool = True) -> subprocess.CompletedProcess:

@@ -175,6 +175,7 @@ def preempted_ranks(directory, timeout: float = 120.0) -> tuple[list[int] | None
             f.close()
 
 
+@pytest.mark.ranks
 def test_signal_on_one_rank_saves_one_version_at_the_same_step(tmp_path):
     """A signal on rank 1 stops both ranks at the same step with one coordinated save. A run
     that hangs (seen once in the full suite, not reproduced) runs once more, its stacks kept
