@@ -5,7 +5,7 @@ from ._version import __version__
 from . import adjoint, dist, errors  # noqa: E402
 import os as _os  # noqa: E402
 
-from .automation import AuditReport, audit  # noqa: E402
+from .automation import AuditReport, Discovery, audit, discover  # noqa: E402
 from .checkpointer import Checkpointer  # noqa: E402
 from .engine.save import SaveOptions # noqa: E402
 from .errors import ResumeWarning  # noqa: E402
@@ -19,7 +19,7 @@ from .tiers import Tier, tier  # noqa: E402
 
 __all__ = ["Block", "PREEMPTED_EXIT_CODE", "YoungDaly", "Preemption", "Checkpointer", "CompactReport", "Delta", "Divergence", "EverySteps", "GcReport", "Keep", "LeafDiff", "Lossy",
            "PendingSave", "RankLocal", "Repo", "ResumableSampler", "RNGState", "EverySeconds", "Tier", "Version",
-           "VerifyReport", "adjoint", "dist", "errors", "tier", "__version__", "AuditReport", "audit",
+           "VerifyReport", "adjoint", "dist", "errors", "tier", "__version__", "AuditReport", "audit", "Discovery", "discover",
            "ResumeWarning", "SaveOptions"]
 
 if _os.environ.get("FORKPOINT_AUDIT"):  # this process is a phase of `forkpoint audit`

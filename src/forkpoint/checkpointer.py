@@ -110,7 +110,8 @@ class Checkpointer:
     across ranks at each step. With an fp.dist.Repo every rank saves its shards and rank 0
     commits; with a plain Repo rank 0 writes the (replicated) state. With `warm`, an
     asynchronous Checkpointer faults in its staging memory at construction, so the first
-    checkpoint does not pay for fresh pages.
+    checkpoint does not pay for fresh pages. A `state` with a `checkpoint_state()` method
+    (such as fp.discover's result) stands for the tree that method returns.
     """
 
     def __init__(self, repo: Repo, state, every=None, keep=None, branch: str = "main",
@@ -123,6 +124,8 @@ class Checkpointer:
             repo, branch = REPOSITORY_OVERRIDE(repo, branch)
         if on_conflict not in ("error", "fork"):
             raise ValueError(f"on_conflict must be 'error' or 'fork', got {on_conflict!r}")
+        if callable(getattr(state, "checkpoint_state", None)):  # such as fp.discover's result
+            state = state.checkpoint_state()
         keep = resolve_retention(keep)
         self.policy = resolve_policy(every)
         self.repo, self.state, self.keep = repo, state, keep
