@@ -6,9 +6,21 @@ the rest along the optimal binomial schedule. The CPU random state is replayed p
 so modules such as dropout see the same masks and gradients match plain backprop.
 """
 
+from dataclasses import dataclass
+
 import torch
 
 from .schedule import ADJOINT, ADVANCE, END_FORWARD, FREE, RESTORE, TAKE, revolve
+
+
+@dataclass
+class SlotStats:
+    """The most bytes of stored states held at once by the calls given this record."""
+
+    peak_bytes: int = 0
+
+    def held(self, slots: dict) -> None:
+        self.peak_bytes = max(self.peak_bytes, sum(t.nbytes for t in slots.values()))
 
 
 def _run(modules, rng_states, state, a, b):
@@ -20,7 +32,7 @@ def _run(modules, rng_states, state, a, b):
 
 class _RevolveFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, modules, snapshots, x, *params):
+    def forward(ctx, modules, snapshots, stats, x, *params):
         sched = revolve(len(modules), snapshots)
         actions = list(sched)
         rng_states, slots, state = [], {}, x.detach()
@@ -30,6 +42,8 @@ class _RevolveFunction(torch.autograd.Function):
                 act = actions[pos]
                 if act.kind == TAKE:
                     slots[act.a] = state
+                    if stats is not None:
+                        stats.held(slots)
                 elif act.kind == ADVANCE:
                     for j in range(act.a, act.b):
                         rng_states.append(torch.get_rng_state())
@@ -38,6 +52,7 @@ class _RevolveFunction(torch.autograd.Function):
             rng_states.append(torch.get_rng_state())
             out = modules[-1](state)
         ctx.modules, ctx.actions, ctx.pos, ctx.slots, ctx.last = modules, actions, pos, slots, state
+        ctx.stats = stats
         ctx.rng_states = rng_states
         ctx.counts = [sum(1 for _ in m.parameters()) for m in modules]
         return out
@@ -57,6 +72,8 @@ class _RevolveFunction(torch.autograd.Function):
                 state = slots[act.a]
             elif act.kind == TAKE:
                 slots[act.a] = state
+                if ctx.stats is not None:
+                    ctx.stats.held(slots)
             elif act.kind == FREE:
                 slots.pop(act.a, None)
             elif act.kind == ADVANCE:
@@ -74,14 +91,15 @@ class _RevolveFunction(torch.autograd.Function):
                 param_grads[offsets[i]:offsets[i + 1]] = grads[1:]
                 state = None
         torch.set_rng_state(resume)
-        return (None, None, grad, *param_grads)
+        return (None, None, None, grad, *param_grads)
 
 
-def checkpoint_sequential(functions, input, snapshots: int):
+def checkpoint_sequential(functions, input, snapshots: int, stats: SlotStats | None = None):
     """Run `functions` (an nn.Sequential or list of modules) on `input`, keeping at most
-    `snapshots` stored states and recomputing the rest on backward (Revolve)."""
+    `snapshots` stored states and recomputing the rest on backward (Revolve); `stats`, where
+    given, records the most bytes of states held."""
     modules = list(functions.children()) if isinstance(functions, torch.nn.Sequential) else list(functions)
     if not modules:
         raise ValueError("checkpoint_sequential needs at least one module")
     params = [p for m in modules for p in m.parameters()]
-    return _RevolveFunction.apply(modules, snapshots, input, *params)
+    return _RevolveFunction.apply(modules, snapshots, stats, input, *params)
