@@ -14,12 +14,14 @@ def checkpoint_sequential(functions, input, snapshots: int):
     return run(functions, input, snapshots)
 
 
-def checkpoint_graph(module, example_input, memory_budget: int | None = None, snapshots: int | None = None):
-    """`module` with activations recomputed by Revolve over its traced graph (imports torch);
-    see adjoint.graph."""
+def checkpoint_graph(module, example_input, memory_budget: int | None = None, snapshots: int | None = None,
+                     offload: str | None = None):
+    """`module` with activations recomputed by Revolve over its traced graph, or by the
+    multilevel schedule with host memory as a level (`offload="cpu"`); imports torch. See
+    adjoint.graph."""
     from .graph import checkpoint_graph as plan
 
-    return plan(module, example_input, memory_budget=memory_budget, snapshots=snapshots)
+    return plan(module, example_input, memory_budget=memory_budget, snapshots=snapshots, offload=offload)
 
 
 __all__ = ["checkpoint_graph", "OnlineSchedule", "online", "Level", "makespan", "multilevel", "checkpoint_sequential", "RunStats", "run", "two_level", "Action", "InvalidSchedule", "Schedule", "check", "optimal_advances", "revolve"]

@@ -6,8 +6,11 @@ is a cut where exactly one value made before it is used after it (a residual con
 the block's input alive, so a transformer stack cuts between blocks, an MLP between layers).
 One run on an example input measures the tensor that crosses each cut and each stage's time;
 the budget, in bytes of stage inputs held at once, gives Revolve its snapshots. The stages run
-through `checkpoint_sequential`, which replays the random stream per stage, so gradients
-match plain backpropagation bit for bit, dropout included.
+through the schedule executor of `checkpoint_sequential`, which replays the random stream
+per stage, so gradients match plain backpropagation bit for bit, dropout included. With
+`offload="cpu"` host memory is a second level: the multilevel schedule, given the measured
+stage times and the time to copy a stage input, chooses which inputs to keep on the device,
+which to copy to the host and which to recompute.
 """
 
 import time
@@ -16,8 +19,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from .schedule import revolve
-from .torch_sequential import SlotStats, checkpoint_sequential
+from .multilevel import Level, multilevel
+from .schedule import Schedule, revolve
+from .torch_sequential import SlotStats, run_scheduled
 
 
 @dataclass
@@ -34,6 +38,10 @@ class GraphPlan:
     snapshots: int = 1
     forward_steps: int = 0
     memory_budget: int | None = None
+    offload: str | None = None
+    copy_seconds: float = 0.0
+    """Measured time to copy one stage input to the offload level and back (offload only)."""
+    schedule: Schedule | None = field(default=None, repr=False)
 
     @property
     def held_bytes(self) -> int:
@@ -55,17 +63,20 @@ class GraphCheckpoint(torch.nn.Module):
     def forward(self, x):
         if not torch.is_grad_enabled():
             return self.module(x)
-        return checkpoint_sequential(self._stages, x, self.plan.snapshots, stats=self.stats)
+        return run_scheduled(self._stages, x, self.plan.schedule, self.stats, self.plan.offload)
 
 
 def checkpoint_graph(module: torch.nn.Module, example_input: torch.Tensor, memory_budget: int | None = None,
-                     snapshots: int | None = None) -> GraphCheckpoint:
+                     snapshots: int | None = None, offload: str | None = None) -> GraphCheckpoint:
     """`module` with its activations recomputed by an optimal schedule over its traced graph:
     at most `memory_budget` bytes of stage inputs held (or `snapshots` of them; default: one
     per stage, each stage's forward recomputed once under autograd, as checkpointing every
-    stage). Raises ValueError naming what cannot be traced or cut."""
+    stage). `offload="cpu"` adds host memory, unbounded, as a second level whose copies cost
+    what they measure. Raises ValueError naming what cannot be traced or cut."""
     if memory_budget is not None and snapshots is not None:
         raise ValueError("give memory_budget or snapshots, not both")
+    if offload not in (None, "cpu"):
+        raise ValueError(f"offload must be None or 'cpu', got {offload!r}")
     try:
         traced = fx.symbolic_trace(module)
     except Exception as e:  # torch.fx raises TraceError, TypeError or others from user code
@@ -80,9 +91,32 @@ def checkpoint_graph(module: torch.nn.Module, example_input: torch.Tensor, memor
         snapshots = _snapshots_within(sizes, memory_budget)
     snapshots = n if snapshots is None else max(1, min(int(snapshots), n))
     plan = GraphPlan(stages=n, input_bytes=sizes, stage_seconds=seconds, snapshots=snapshots,
-                     forward_steps=revolve(n, snapshots).advances + 1 + n,
-                     memory_budget=memory_budget)
+                     memory_budget=memory_budget, offload=offload)
+    if offload is None:
+        plan.schedule = revolve(n, snapshots)
+    else:
+        plan.copy_seconds = _copy_seconds(example_input, offload)
+        step = max(sum(seconds) / n, 1e-9)
+        cost = plan.copy_seconds / 2 / step  # one way, in stage forwards
+        plan.schedule = multilevel(n, [Level(slots=snapshots), Level(slots=None, write_cost=cost, read_cost=cost)],
+                                   forward_cost=1.0, backward_cost=2.0)
+    plan.forward_steps = plan.schedule.advances + 1 + n
     return GraphCheckpoint(module, stages, plan)
+
+
+def _copy_seconds(x: torch.Tensor, host: str, repeats: int = 5) -> float:
+    """The median time to copy `x` to `host` memory and back (a copy in place where it is there)."""
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        if x.device.type == host:
+            x.clone()
+        else:
+            x.to(host).to(x.device)
+            if x.is_cuda:
+                torch.cuda.synchronize(x.device)
+        times.append(time.perf_counter() - started)
+    return sorted(times)[len(times) // 2]
 
 
 def _snapshots_within(sizes: list[int], budget: int) -> int:

@@ -1,26 +1,61 @@
-"""Memory-bounded backpropagation through a sequence of modules, driven by Revolve.
+"""Memory-bounded backpropagation through a sequence of modules, driven by a schedule.
 
 A drop-in for `torch.utils.checkpoint.checkpoint_sequential`: the forward pass keeps at
 most `snapshots` intermediate inputs (the input included) and the backward pass recomputes
-the rest along the optimal binomial schedule. The CPU random state is replayed per step,
-so modules such as dropout see the same masks and gradients match plain backprop.
+the rest along the optimal binomial schedule (Revolve). A multilevel schedule keeps some
+states on a second level, host memory (`offload`), and copies them back when restored. The
+CPU random state is replayed per step, so modules such as dropout see the same masks and
+gradients match plain backprop.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from .schedule import ADJOINT, ADVANCE, END_FORWARD, FREE, RESTORE, TAKE, revolve
+from .schedule import ADJOINT, ADVANCE, END_FORWARD, FREE, RESTORE, TAKE, Schedule, revolve
 
 
 @dataclass
 class SlotStats:
-    """The most bytes of stored states held at once by the calls given this record."""
+    """The most bytes of stored states held at once on each level (0: the module's device,
+    1: host memory) by the calls given this record; `peak_bytes` is level 0's."""
 
-    peak_bytes: int = 0
+    peak: dict = field(default_factory=dict)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.peak.get(0, 0)
 
     def held(self, slots: dict) -> None:
-        self.peak_bytes = max(self.peak_bytes, sum(t.nbytes for t in slots.values()))
+        for level in {lv for _, lv in slots}:
+            held = sum(t.nbytes for (_, lv), t in slots.items() if lv == level)
+            self.peak[level] = max(self.peak.get(level, 0), held)
+
+
+class _Slots(dict):
+    """States held by (step, level); level 1 lives in host memory and is copied back on restore."""
+
+    def __init__(self, stats: SlotStats | None, host: str | None):
+        super().__init__()
+        self.stats, self.host = stats, host
+
+    def take(self, step: int, level: int, state) -> None:
+        if level > 0 and self.host is not None and state.device.type != self.host:
+            pinned = state.device.type == "cuda"
+            state = state.to(self.host, non_blocking=pinned) if not pinned else _pinned_copy(state)
+        self[(step, level)] = state
+        if self.stats is not None:
+            self.stats.held(self)
+
+    def restore(self, step: int, level: int, device):
+        state = self[(step, level)]
+        return state.to(device, non_blocking=True) if state.device != device else state
+
+
+def _pinned_copy(state):
+    out = torch.empty(state.shape, dtype=state.dtype, pin_memory=True)
+    out.copy_(state, non_blocking=True)
+    return out
 
 
 def _run(modules, rng_states, state, a, b):
@@ -30,20 +65,17 @@ def _run(modules, rng_states, state, a, b):
     return state
 
 
-class _RevolveFunction(torch.autograd.Function):
+class _ScheduledFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, modules, snapshots, stats, x, *params):
-        sched = revolve(len(modules), snapshots)
-        actions = list(sched)
-        rng_states, slots, state = [], {}, x.detach()
+    def forward(ctx, modules, schedule, stats, host, x, *params):
+        actions = list(schedule)
+        rng_states, slots, state = [], _Slots(stats, host), x.detach()
         with torch.no_grad():
             pos = 0
             while actions[pos].kind != END_FORWARD:
                 act = actions[pos]
                 if act.kind == TAKE:
-                    slots[act.a] = state
-                    if stats is not None:
-                        stats.held(slots)
+                    slots.take(act.a, act.level, state)
                 elif act.kind == ADVANCE:
                     for j in range(act.a, act.b):
                         rng_states.append(torch.get_rng_state())
@@ -52,8 +84,7 @@ class _RevolveFunction(torch.autograd.Function):
             rng_states.append(torch.get_rng_state())
             out = modules[-1](state)
         ctx.modules, ctx.actions, ctx.pos, ctx.slots, ctx.last = modules, actions, pos, slots, state
-        ctx.stats = stats
-        ctx.rng_states = rng_states
+        ctx.rng_states, ctx.device = rng_states, x.device
         ctx.counts = [sum(1 for _ in m.parameters()) for m in modules]
         return out
 
@@ -69,13 +100,11 @@ class _RevolveFunction(torch.autograd.Function):
         resume = torch.get_rng_state()
         for act in ctx.actions[ctx.pos + 1:]:
             if act.kind == RESTORE:
-                state = slots[act.a]
+                state = slots.restore(act.a, act.level, ctx.device)
             elif act.kind == TAKE:
-                slots[act.a] = state
-                if ctx.stats is not None:
-                    ctx.stats.held(slots)
+                slots.take(act.a, act.level, state)
             elif act.kind == FREE:
-                slots.pop(act.a, None)
+                slots.pop((act.a, act.level), None)
             elif act.kind == ADVANCE:
                 with torch.no_grad():
                     state = _run(modules, rng, state, act.a, act.b)
@@ -91,7 +120,17 @@ class _RevolveFunction(torch.autograd.Function):
                 param_grads[offsets[i]:offsets[i + 1]] = grads[1:]
                 state = None
         torch.set_rng_state(resume)
-        return (None, None, None, grad, *param_grads)
+        return (None, None, None, None, grad, *param_grads)
+
+
+def run_scheduled(modules: list, input, schedule: Schedule, stats: SlotStats | None = None,
+                  host: str | None = None):
+    """Run `modules` on `input` along `schedule` (Revolve or multilevel); states it takes at
+    level 1 are kept on `host` memory (None: where they are)."""
+    if not modules:
+        raise ValueError("checkpoint_sequential needs at least one module")
+    params = [p for m in modules for p in m.parameters()]
+    return _ScheduledFunction.apply(modules, schedule, stats, host, input, *params)
 
 
 def checkpoint_sequential(functions, input, snapshots: int, stats: SlotStats | None = None):
@@ -101,5 +140,4 @@ def checkpoint_sequential(functions, input, snapshots: int, stats: SlotStats | N
     modules = list(functions.children()) if isinstance(functions, torch.nn.Sequential) else list(functions)
     if not modules:
         raise ValueError("checkpoint_sequential needs at least one module")
-    params = [p for m in modules for p in m.parameters()]
-    return _RevolveFunction.apply(modules, snapshots, stats, input, *params)
+    return run_scheduled(modules, input, revolve(len(modules), snapshots), stats)
