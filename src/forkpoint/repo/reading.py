@@ -10,6 +10,7 @@ from ..format.manifest import Manifest, Version
 from ..format.paths import child_path, has_prefix, join_path
 from ..state import capture, is_module, merge, restore_objects, unflatten, walk_skeleton
 from ..state.leaves import dtype_name, empty_leaf, finish_leaf, is_torch_tensor, leaf_over, live_buffer
+from ..state.block import box_fits
 from ..state.flatten import CONTAINER_NODES
 from ..state.skeleton import rename as rename_skeleton
 from ..state.skeleton import select as select_skeleton
@@ -44,8 +45,7 @@ class ReadingMixin:
             raise UnsupportedTypeError(f"leaf {path!r} of version {m.version.id} is {leaf.kind!r} data, not an "
                                        "array: read it with repo.load(paths=[...])")
         offset, shape = [int(x) for x in offset], [int(x) for x in shape]
-        if len(offset) != len(leaf.shape) or len(shape) != len(leaf.shape) or any(
-                o < 0 or n < 0 or o + n > g for o, n, g in zip(offset, shape, leaf.shape)):
+        if not box_fits(offset, shape, leaf.shape):
             raise ValueError(f"leaf {path!r} of version {m.version.id} has shape {leaf.shape}: a box at "
                              f"offset {offset} of shape {shape} does not fit in it")
         try:

@@ -13,6 +13,12 @@ from ..errors import UnsupportedTypeError
 from .leaves import LeafData, numpy_leaf
 
 
+def box_fits(offset, shape, global_shape) -> bool:
+    """Whether a box of `shape` at `offset` lies inside an array of `global_shape` (same rank)."""
+    return len(offset) == len(shape) == len(global_shape) and all(
+        o >= 0 and n >= 0 and o + n <= g for o, n, g in zip(offset, shape, global_shape))
+
+
 @dataclass(eq=False)
 class Block:
     """`local` (a numpy array, ghost cells excluded) at `offset` in an array of `global_shape`.
@@ -31,7 +37,7 @@ class Block:
         if not (len(self.offset) == len(self.global_shape) == len(shape)):
             raise ValueError(f"fp.Block: local shape {shape}, offset {self.offset} and global shape "
                              f"{self.global_shape} must have the same number of dimensions")
-        if any(o < 0 or o + n > g for o, n, g in zip(self.offset, shape, self.global_shape)):
+        if not box_fits(self.offset, shape, self.global_shape):
             raise ValueError(f"fp.Block: a block of shape {shape} at offset {self.offset} does not fit in "
                              f"the global shape {self.global_shape}")
 
