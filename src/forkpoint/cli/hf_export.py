@@ -16,6 +16,7 @@ import shutil
 from dataclasses import dataclass
 
 from ..format.manifest import Manifest
+from ..format.objects import runs_of_bytes
 from ..format.paths import has_prefix, split_path
 from ..repo import Repo
 from ..state.flatten import walk_skeleton
@@ -59,15 +60,7 @@ def model_weights(m: Manifest, prefix: str | None) -> tuple[str, list[Weight]]:
 
 def shard(weights: list[Weight], max_bytes: int) -> list[list[Weight]]:
     """Consecutive groups of at most `max_bytes` (a larger tensor gets a group of its own)."""
-    groups: list[list[Weight]] = [[]]
-    size = 0
-    for w in weights:
-        if groups[-1] and size + w.nbytes > max_bytes:
-            groups.append([])
-            size = 0
-        groups[-1].append(w)
-        size += w.nbytes
-    return groups
+    return runs_of_bytes(weights, max_bytes) or [[]]
 
 
 def export_hf(repo: Repo, ref: str, directory: str, prefix: str | None = None,

@@ -132,3 +132,17 @@ def unpack_header(header: bytes, where: str) -> tuple[int, int, int]:
     if header_size < OBJECT_HEADER_SIZE:
         raise CorruptObjectError(f"object {where} has an invalid header size {header_size}")
     return codec_id, length, header_size
+
+
+def runs_of_bytes(items: list, max_bytes: int) -> list[list]:
+    """`items` (each with `nbytes`) in consecutive runs of at most `max_bytes`; an item larger
+    than that makes a run of its own."""
+    runs: list[list] = [[]]
+    size = 0
+    for item in items:
+        if runs[-1] and size + item.nbytes > max_bytes:
+            runs.append([])
+            size = 0
+        runs[-1].append(item)
+        size += item.nbytes
+    return [run for run in runs if run]

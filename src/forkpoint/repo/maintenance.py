@@ -7,7 +7,7 @@ from ..engine.restore import ReadRequest, read_leaves
 from ..engine.objectwriter import stored_codec
 from ..errors import CorruptObjectError, FormatError, ForkpointError
 from ..format.manifest import Manifest, Version, stub_bytes
-from ..format.objects import object_key
+from ..format.objects import object_key, runs_of_bytes
 from ..format.refs import decode_record, record_key, seq_of
 from ..state.leaves import empty_leaf
 from ..storage import Store
@@ -42,7 +42,7 @@ class MaintenanceMixin:
                 leaves = [leaf for leaf in m.leaves if leaf.alias_of is None]
                 unread = [leaf for leaf in leaves
                           if not all((store.url, _chunk_key(c)) in verified for c in leaf.chunks)]
-                for group in _groups(unread):
+                for group in runs_of_bytes(unread, VERIFY_GROUP_BYTES):
                     for leaf, error in self._read_back(store, vid, group):
                         if error is None:
                             verified.update((store.url, _chunk_key(c)) for c in leaf.chunks)
@@ -384,18 +384,6 @@ _DAMAGED_OBJECT = re.compile(r"object (?P<object>\S+?/objects/[^\s:]+)(?::| )\s*
 
 VERIFY_GROUP_BYTES = 256 << 20
 """Leaf bytes read back (and held) at once by verify."""
-
-
-def _groups(leaves: list) -> list[list]:
-    """`leaves` in runs of at most VERIFY_GROUP_BYTES (a larger leaf alone)."""
-    groups, size = [[]], 0
-    for leaf in leaves:
-        if groups[-1] and size + leaf.nbytes > VERIFY_GROUP_BYTES:
-            groups.append([])
-            size = 0
-        groups[-1].append(leaf)
-        size += leaf.nbytes
-    return [g for g in groups if g]
 
 
 def _chunk_key(chunk) -> tuple:
