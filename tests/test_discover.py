@@ -127,6 +127,7 @@ def test_a_custom_optimizer_s_state_and_a_global_tensor_are_found():
     found = fp.discover(model, opt, step, torch.randn(3, 4))
     assert {"optimizer.state[weight].velocity", "optimizer.state[bias].velocity"} <= set(found.mutated)
     assert found.changed_objects == ["seen (Tensor)"] and found.state()["seen"] is seen
+    assert not found.unnamed, "a reached tensor is named by its variable"
     assert float(seen) == 0.0, "the global tensor is put back"
 
 
@@ -172,3 +173,23 @@ def test_a_step_that_fails_or_runs_nothing_gets_a_clear_error():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), "put back after a failure"
     with pytest.raises(DiscoveryError, match="ran no tensor operator"):
         fp.discover(model, opt, lambda batch: None, BATCH)
+
+
+HIDDEN = [torch.zeros(3)]
+
+
+def _bump_hidden():
+    HIDDEN[0].add_(1)
+
+
+def test_a_tensor_written_out_of_the_step_s_reach_is_reported_unnamed():
+    model = torch.nn.Linear(3, 1)
+
+    def step(x):
+        model(x).sum().backward()
+        _bump_hidden()  # through a function: the step names no object that holds the tensor
+
+    found = fp.discover(model, None, step, torch.randn(2, 3))
+    assert len(found.unnamed) == 1 and found.unnamed[0].startswith("a cpu tensor at 0x")
+    assert "mutates unnamed (1)" in str(found)
+    assert torch.equal(HIDDEN[0], torch.ones(3)), "what discover cannot name it cannot put back either"

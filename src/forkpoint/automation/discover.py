@@ -151,7 +151,8 @@ def _report(model, optimizer, named, reachable, written, touched, created, seede
         elif key in touched:
             found.read.append(names[0])
     found.gradients = [n for n, _ in grads]
-    known = set(by_storage) | {key for _, key in grads}
+    known = set(by_storage) | {key for _, key in grads} | {
+        _key(obj) for obj in reachable.values() if isinstance(obj, sys.modules["torch"].Tensor)}
     # a storage made during the step (an activation, a fresh gradient) is not state; one that
     # existed before, was written and has no name is state the checkpoint would miss
     found.unnamed = [f"a {key[0]} tensor at {key[1]:#x}" for key in sorted(written - known - created, key=str)
