@@ -43,11 +43,6 @@ class GraphPlan:
     """Measured time to copy one stage input to the offload level and back (offload only)."""
     schedule: Schedule | None = field(default=None, repr=False)
 
-    @property
-    def held_bytes(self) -> int:
-        """The most bytes of stage inputs the schedule holds (its largest `snapshots` inputs)."""
-        return sum(sorted(self.input_bytes, reverse=True)[:self.snapshots])
-
 
 class GraphCheckpoint(torch.nn.Module):
     """`module` run as traced stages, Revolve-scheduled under autograd (plain forward
@@ -175,14 +170,10 @@ def _stages(traced: fx.GraphModule) -> list[fx.GraphModule]:
 
         for node in compute[a:b]:
             env[node] = g.node_copy(node, lookup)
-        g.output(env[compute[b - 1]] if b < len(compute) else _map(output.args[0], lookup))
+        g.output(env[compute[b - 1]] if b < len(compute) else fx.node.map_arg(output.args[0], lookup))
         stages.append(fx.GraphModule(traced, g))
         source = compute[b - 1]
     return stages
-
-
-def _map(arg, lookup):
-    return fx.node.map_arg(arg, lookup)
 
 
 def _measure(stages: list, x) -> tuple[list[int], list[float]]:

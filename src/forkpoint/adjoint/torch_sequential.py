@@ -41,8 +41,7 @@ class _Slots(dict):
 
     def take(self, step: int, level: int, state) -> None:
         if level > 0 and self.host is not None and state.device.type != self.host:
-            pinned = state.device.type == "cuda"
-            state = state.to(self.host, non_blocking=pinned) if not pinned else _pinned_copy(state)
+            state = _pinned_copy(state) if state.is_cuda else state.to(self.host)
         self[(step, level)] = state
         if self.stats is not None:
             self.stats.held(self)
@@ -127,8 +126,6 @@ def run_scheduled(modules: list, input, schedule: Schedule, stats: SlotStats | N
                   host: str | None = None):
     """Run `modules` on `input` along `schedule` (Revolve or multilevel); states it takes at
     level 1 are kept on `host` memory (None: where they are)."""
-    if not modules:
-        raise ValueError("checkpoint_sequential needs at least one module")
     params = [p for m in modules for p in m.parameters()]
     return _ScheduledFunction.apply(modules, schedule, stats, host, input, *params)
 
