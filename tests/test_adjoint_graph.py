@@ -94,20 +94,25 @@ def test_what_cannot_be_planned_gets_a_clear_error():
         fp.adjoint.checkpoint_graph(model, x, memory_budget=x.nbytes, snapshots=1)
 
 
-def test_offload_to_host_memory_keeps_fewer_inputs_on_the_device_and_the_same_gradients():
+def test_offload_to_host_memory_keeps_fewer_inputs_on_the_device_and_the_same_gradients(monkeypatch):
     """With host memory as a second level, the multilevel schedule holds at most the budget on
     the device level and puts other inputs on the host level (on a CPU module, the same
     memory: the schedule and executor are what is checked here; tests/test_cuda.py moves them)."""
+    import forkpoint.adjoint.graph as graph
+
     model, x = stack(4), torch.randn(4, 10, 32)
     out, x_grad, grads = plain_step(model, x)
     plain = fp.adjoint.checkpoint_graph(model, x, memory_budget=2 * x.nbytes)
+    # the copy cost is measured; fixed here (cheap against a stage) so the schedule does not
+    # depend on how busy the machine is
+    monkeypatch.setattr(graph, "_copy_seconds", lambda x, host: 1e-9)
     wrapped = fp.adjoint.checkpoint_graph(model, x, memory_budget=2 * x.nbytes, offload="cpu")
-    assert wrapped.plan.offload == "cpu" and wrapped.plan.copy_seconds > 0
+    assert wrapped.plan.offload == "cpu" and wrapped.plan.copy_seconds == 1e-9
     out2, x_grad2, grads2 = plain_step(wrapped, x)
     assert torch.equal(out, out2) and torch.equal(x_grad, x_grad2)
     assert all(torch.equal(a, b) for a, b in zip(grads, grads2))
     assert wrapped.stats.peak_bytes <= 2 * x.nbytes
     assert wrapped.stats.peak.get(1, 0) > 0, "inputs were kept on the host level"
-    assert wrapped.plan.forward_steps <= plain.plan.forward_steps, "host copies save recomputation"
+    assert wrapped.plan.forward_steps < plain.plan.forward_steps, "host copies save recomputation"
     with pytest.raises(ValueError, match="offload must be None or 'cpu'"):
         fp.adjoint.checkpoint_graph(model, x, snapshots=2, offload="disk")
