@@ -173,6 +173,12 @@ def test_a_step_that_fails_or_runs_nothing_gets_a_clear_error():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), "put back after a failure"
     with pytest.raises(DiscoveryError, match="ran no tensor operator"):
         fp.discover(model, opt, lambda batch: None, BATCH)
+    with pytest.raises(TypeError, match="model as a torch.nn.Module, got OrderedDict"):
+        fp.discover(model.state_dict(), opt, step_of(model, opt, sched), BATCH)
+    with pytest.raises(TypeError, match="Optimizer or None, got StepLR"):
+        fp.discover(model, sched, step_of(model, opt, sched), BATCH)
+    with pytest.raises(TypeError, match="step_fn, a function of the batch"):
+        fp.discover(model, opt, BATCH, step_of(model, opt, sched))
 
 
 HIDDEN = [torch.zeros(3)]

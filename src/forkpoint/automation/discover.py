@@ -94,6 +94,12 @@ def discover(model, optimizer, step_fn: Callable, example_batch, extra: dict | N
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"fp.discover needs the model as a torch.nn.Module, got {type(model).__name__}")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"fp.discover needs a torch.optim.Optimizer or None, got {type(optimizer).__name__}")
+    if not callable(step_fn):
+        raise TypeError(f"fp.discover needs step_fn, a function of the batch, got {type(step_fn).__name__}")
     reachable = {k: v for k, v in loop_objects(step_fn, extra).items() if v is not model and v is not optimizer}
     saved = _Snapshot(model, optimizer, reachable)
     before = {name: value_digest(obj) for name, obj in reachable.items()}
