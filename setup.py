@@ -3,7 +3,7 @@ without them."""
 
 from setuptools import Extension, setup
 
-SHARED = ["src/forkpoint/kernel_choice.h"]
+SHARED = ["src/forkpoint/kernel_choice.h", "src/forkpoint/format/planes_decode.h"]
 
 setup(ext_modules=[Extension("forkpoint.format._planes", ["src/forkpoint/format/_planes.c"], depends=SHARED,
                              extra_compile_args=["-O3"], optional=True),
