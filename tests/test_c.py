@@ -4,7 +4,6 @@ chunks, the lossless codec, deltas) and C reads bit-exact, whole leaves and boxe
 hostile input is refused by both; mutated manifests and objects never crash the reader, which
 runs under AddressSanitizer and UBSan."""
 
-import fcntl
 import json
 import os
 import random
@@ -15,9 +14,9 @@ import numpy as np
 import pytest
 
 import forkpoint as fp
+from helpers.cbuild import make as cbuild_make
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILD = os.path.join(ROOT, "c", "build")
 # ASan/UBSan findings exit with 99, apart from every status the library returns (0 to 9)
 SAN_ENV = {**os.environ, "ASAN_OPTIONS": "exitcode=99:detect_leaks=1", "UBSAN_OPTIONS": "halt_on_error=1:exitcode=99"}
 DTYPES = ["bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64", "float16", "float32",
@@ -26,12 +25,8 @@ DTYPES = ["bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64
 
 @pytest.fixture(scope="session")
 def cbuild():
-    """Build c/ (library, fpc, the sanitizer builds) once; the tests need a C compiler and libzstd."""
-    with open(os.path.join(ROOT, "c", ".build-lock"), "w") as lock:  # test workers share one build
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        done = subprocess.run(["make", "-C", os.path.join(ROOT, "c"), "-s", "all"], capture_output=True, text=True)
-    assert done.returncode == 0, f"make -C c failed (needs cc and libzstd-dev):\n{done.stdout}\n{done.stderr}"
-    return BUILD
+    """Build c/ (library, fpc, the sanitizer builds) once."""
+    return cbuild_make("all", "a C compiler and libzstd-dev")
 
 
 def fpc(cbuild, *args, asan=True, check=True):
@@ -286,3 +281,25 @@ def test_the_documented_program_compiles_and_its_version_loads_in_python(cbuild,
     u = repo.load("main")["field"]["u"]
     assert u.shape == (4, 5) and u[1, 2] == 1.2 and repo.log()[0].metrics == {"residual": 1.5e-06}
     assert repo.log()[0].meta == {"solver": "jacobi"} and repo.log()[0].step == 100
+
+
+def test_fortran_module_round_trips_arrays_python_sees_the_same_bytes(tmp_path):
+    build = cbuild_make("fortran", "gfortran, a C compiler and libzstd-dev")
+    repo = tmp_path / "repo"
+    done = subprocess.run([os.path.join(build, "fortran_roundtrip"), str(repo)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "bit-exact" in done.stdout
+    # a wrong shape is refused, naming what the leaf holds
+    assert "reading cells into t: 1 'cells' in version" in done.stdout and "is int32 [2, 3, 2]" in done.stdout
+    r = fp.Repo(str(repo))
+    state = r.load("main")
+    i, j = np.meshgrid(np.arange(1, 6), np.arange(1, 4), indexing="ij")
+    t = 10.0 * i + j + 0.25  # t(i, j) of the program, a 5 x 3 Fortran array
+    assert state["field"]["t"].dtype == np.float64 and np.array_equal(state["field"]["t"], t.T)
+    assert np.array_equal(state["field"]["w"], np.array([1.5, -2.0, 3.25, 0.0], np.float32))
+    cells = np.arange(1, 13, dtype=np.int32).reshape((2, 3, 2), order="F")  # reshape(1..12, [2, 3, 2])
+    assert np.array_equal(state["cells"], np.ascontiguousarray(cells.T))
+    assert int(state["step"]) == 42 and r.log()[0].step == 42 and r.log()[0].metrics == {"residual": 1e-6}
+    assert r.verify().problems == []
+    r.close()

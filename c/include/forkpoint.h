@@ -131,6 +131,9 @@ int fp_version_leaf(const fp_version *v, size_t i, fp_leaf *leaf);
 int fp_version_find(const fp_version *v, const char *path, size_t *index);
 /* Read a whole leaf into `buf` (at least its nbytes), verifying every byte against its hash. */
 int fp_read(fp_version *v, const char *path, void *buf, size_t bufsize);
+/* fp_read, first checking that the leaf has this dtype and shape (FP_ERR_ARG saying what it
+ * has when it differs): for callers whose buffer is a typed array, as Fortran's. */
+int fp_read_as(fp_version *v, const char *path, fp_dtype dtype, int ndim, const int64_t *shape, void *buf, size_t bufsize);
 /* Read the box at `offset` of shape `shape` of a leaf (row-major into `buf`), reading only the
  * chunks, and of raw chunks only the 1 MiB blocks, that it covers; every byte verified. */
 int fp_read_box(fp_version *v, const char *path, int ndim, const int64_t *offset, const int64_t *shape, void *buf,

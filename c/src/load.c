@@ -568,3 +568,24 @@ int fp_read(fp_version *v, const char *path, void *buf, size_t bufsize) {
     int64_t zeros[FP_MAX_DIMS + 1] = {0};
     return fp_read_box(v, path, L->ndim, zeros, L->shape, buf, bufsize);
 }
+
+int fp_read_as(fp_version *v, const char *path, fp_dtype dtype, int ndim, const int64_t *shape, void *buf, size_t bufsize) {
+    if (!v) return FP_ERR_ARG;
+    size_t index;
+    int st = fp_version_find(v, path, &index);
+    if (st) return st;
+    const fp_leafrec *L = &v->leaves[index];
+    int same = L->dtype == dtype && dtype != FP_DTYPE_OTHER && L->ndim == ndim;
+    for (int d = 0; same && d < ndim; d++) same = shape && L->shape[d] == shape[d];
+    if (!same) {
+        sbuf want = {0}, have = {0};
+        for (int d = 0; d < ndim && shape; d++) sb_printf(&want, d ? ", %lld" : "%lld", (long long)shape[d]);
+        for (int d = 0; d < L->ndim; d++) sb_printf(&have, d ? ", %lld" : "%lld", (long long)L->shape[d]);
+        st = fp_fail(v->repo, FP_ERR_ARG, "'%s' in version %s is %s [%s], not the %s [%s] asked for: read it into an "
+                     "array of its dtype and shape (shapes here are row-major: a Fortran a(n1, n2) is [n2, n1])", path, v->id, L->dtype_name, have.p ? have.p : "",
+                     fp_dtype_name(dtype), want.p ? want.p : "");
+        sb_free(&want), sb_free(&have);
+        return st;
+    }
+    return fp_read(v, path, buf, bufsize);
+}

@@ -30,6 +30,7 @@ fp_save *fp_save_new(fp_repo *r, const char *branch) {
 
 void fp_save_abort(fp_save *s) {
     if (!s) return;
+    if (s->coll && s->coll_free) s->coll_free(s->coll);
     for (size_t i = 0; i < s->nleaves; i++) free(s->leaves[i].path), free(s->leaves[i].chunks);
     for (int k = 0; k < 5; k++) free(s->packs[k].buf), free(s->packs[k].members);
     for (size_t i = 0; i < s->nmetrics; i++) free(s->metric_names[i]);
@@ -293,9 +294,8 @@ static int check_path(fp_repo *r, const char *path) {
     return FP_OK;
 }
 
-int fp_save_put_block(fp_save *s, const char *path, fp_dtype dtype, int ndim, const int64_t *global_shape,
-                      const int64_t *offset, const int64_t *block_shape, const void *data) {
-    if (!s) return FP_ERR_ARG;
+static int put_block(fp_save *s, const char *path, fp_dtype dtype, int ndim, const int64_t *global_shape,
+                     const int64_t *offset, const int64_t *block_shape, const void *data) {
     fp_repo *r = s->repo;
     int st = check_path(r, path);
     if (st) return st;
@@ -352,6 +352,17 @@ int fp_save_put_block(fp_save *s, const char *path, fp_dtype dtype, int ndim, co
         s->stored += stored;
     }
     return fp_ok(r);
+}
+
+int fp_save_put_block(fp_save *s, const char *path, fp_dtype dtype, int ndim, const int64_t *global_shape,
+                      const int64_t *offset, const int64_t *block_shape, const void *data) {
+    if (!s) return FP_ERR_ARG;
+    int st = put_block(s, path, dtype, ndim, global_shape, offset, block_shape, data);
+    if (st && s->coll && !s->failed) { /* a collective commit must fail on every rank */
+        s->failed = st;
+        snprintf(s->failed_msg, sizeof s->failed_msg, "%s", fp_errmsg(s->repo));
+    }
+    return st;
 }
 
 int fp_save_put(fp_save *s, const char *path, fp_dtype dtype, int ndim, const int64_t *shape, const void *data) {
@@ -596,6 +607,8 @@ int fp_save_finish(fp_save *s, char *id_out) {
 
 int fp_save_commit(fp_save *s, char *id) {
     if (!s) return FP_ERR_ARG;
+    if (s->coll) return fp_fail(s->repo, FP_ERR_ARG, "a collective save (fp_mpi_save_begin) is committed by every rank "
+                                "calling fp_mpi_save_commit");
     int st = fp_save_flush(s);
     if (!st) st = fp_save_finish(s, id);
     fp_save_abort(s);

@@ -47,6 +47,10 @@ struct fp_save {
     uint64_t stored;
     int world_size;
     int skip_whole; /* collective saves: ranks other than 0 leave whole arrays to rank 0 */
+    int failed;     /* collective saves: the first failed put, reported to every rank by the commit */
+    char failed_msg[2048];
+    void *coll;     /* collective saves: the communicator (mpi.c), released by coll_free */
+    void (*coll_free)(void *coll);
 };
 
 fp_save *fp_save_new(fp_repo *r, const char *branch);
