@@ -17,6 +17,28 @@ static int bad(fp_version *v, const char *fmt, const char *a, const char *b) {
 
 static int int_of(const jval *x, int64_t *out) { return json_int(x, out); }
 
+/* The hash (hex) of record `rec` in canonical JSON with its field `field` set to "": how a
+ * manifest's id and a stub's stub_hash are computed. 0 when it cannot be encoded. */
+static int hash_with_emptied(const jval *rec, const char *field, char hex[65]) {
+    jval empty = {.t = J_STR, .s = "", .n = 0}, copy = *rec;
+    jval **items = malloc((rec->n ? rec->n : 1) * sizeof *items);
+    if (!items) return 0;
+    size_t flen = strlen(field);
+    for (size_t i = 0; i < rec->n; i++)
+        items[i] = rec->keys[i]->n == flen && !memcmp(rec->keys[i]->s, field, flen) ? &empty : rec->items[i];
+    copy.items = items;
+    sbuf b = {0};
+    int ok = json_canonical(&b, &copy) && !b.failed;
+    free(items);
+    if (ok) {
+        uint8_t out[32];
+        fp_blake3(b.p, b.n, out);
+        fp_hex(out, 32, hex);
+    }
+    sb_free(&b);
+    return ok;
+}
+
 static int id_matches(fp_version *v, const char *data, size_t len, const jval *rec) {
     char marker[64];
     snprintf(marker, sizeof marker, "\"id\":\"%s\"", v->id);
@@ -33,46 +55,14 @@ static int id_matches(fp_version *v, const char *data, size_t len, const jval *r
         if (!strncmp(hex, v->id, FP_ID_LEN)) return 1;
     }
     /* another layout: re-encode canonically with an empty id */
-    jval empty = {.t = J_STR, .s = "", .n = 0}, copy = *rec;
-    jval **items = malloc(rec->n * sizeof *items);
-    if (!items) return 0;
-    for (size_t i = 0; i < rec->n; i++)
-        items[i] = rec->keys[i]->n == 2 && !memcmp(rec->keys[i]->s, "id", 2) ? &empty : rec->items[i];
-    copy.items = items;
-    sbuf b = {0};
-    int ok = json_canonical(&b, &copy) && !b.failed;
-    free(items);
-    if (ok) {
-        fp_blake3(b.p, b.n, out);
-        fp_hex(out, 32, hex);
-        ok = !strncmp(hex, v->id, FP_ID_LEN);
-    }
-    sb_free(&b);
-    return ok;
+    return hash_with_emptied(rec, "id", hex) && !strncmp(hex, v->id, FP_ID_LEN);
 }
 
 static int stub_matches(const jval *rec) {
     const jval *sh = json_get(rec, "stub_hash");
     if (!sh) return 1; /* stubs written before format 1.3 carry none */
-    if (!json_is_str(sh) || !fp_is_hex(sh->s, 64)) return 0;
-    jval empty = {.t = J_STR, .s = "", .n = 0}, copy = *rec;
-    jval **items = malloc(rec->n * sizeof *items);
-    if (!items) return 0;
-    for (size_t i = 0; i < rec->n; i++)
-        items[i] = rec->keys[i]->n == 9 && !memcmp(rec->keys[i]->s, "stub_hash", 9) ? &empty : rec->items[i];
-    copy.items = items;
-    sbuf b = {0};
-    int ok = json_canonical(&b, &copy) && !b.failed;
-    free(items);
-    if (ok) {
-        uint8_t out[32];
-        char hex[65];
-        fp_blake3(b.p, b.n, out);
-        fp_hex(out, 32, hex);
-        ok = !strcmp(hex, sh->s);
-    }
-    sb_free(&b);
-    return ok;
+    char hex[65];
+    return json_is_str(sh) && fp_is_hex(sh->s, 64) && hash_with_emptied(rec, "stub_hash", hex) && !strcmp(hex, sh->s);
 }
 
 static int check_tree(fp_version *v, const jval *node, int depth, size_t nleaves) {

@@ -70,6 +70,29 @@ static int read_header(fp_repo *r, int fd, const char *key, uint64_t limit, uint
     return FP_OK;
 }
 
+/* An object file opened with its header read and checked (close o->fd when done). */
+typedef struct {
+    int fd;
+    char key[80];
+    uint8_t h[HEADER];
+    int codec;
+    uint64_t length, fsize;
+    size_t hsize;
+} objfile;
+
+static int open_checked(fp_repo *r, const char *name, uint64_t limit, objfile *o) {
+    int st = open_object(r, name, &o->fd, o->key);
+    if (st) return st;
+    if ((st = read_header(r, o->fd, o->key, limit, o->h, &o->codec, &o->length, &o->hsize, &o->fsize))) close(o->fd);
+    return st;
+}
+
+static int check_hash(fp_repo *r, const char *key, const uint8_t *data, uint64_t len, const char *name) {
+    char hex[65];
+    fp_content_hash(data, (size_t)len, hex);
+    return strcmp(hex, name) ? fp_fail(r, FP_ERR_CORRUPT, "object %s does not match its hash: corrupted", key) : FP_OK;
+}
+
 static int unzstd(fp_repo *r, const char *where, const uint8_t *in, size_t n, uint8_t *out, uint64_t length) {
     unsigned long long declared = ZSTD_getFrameContentSize(in, n);
     if (declared == ZSTD_CONTENTSIZE_ERROR) return fp_fail(r, FP_ERR_CORRUPT, "%s: not a zstd frame: corrupted", where);
@@ -260,46 +283,38 @@ int fp_decode_payload(fp_repo *r, const char *where, int codec, const uint8_t *p
 }
 
 int fp_object_read(fp_repo *r, const char *name, uint64_t limit, uint8_t **data, size_t *len) {
-    int fd;
-    char key[80];
-    int st = open_object(r, name, &fd, key);
+    objfile o;
+    int st = open_checked(r, name, limit, &o);
     if (st) return st;
-    uint8_t h[HEADER];
-    int codec;
-    uint64_t length, fsize;
-    size_t hsize;
+    const char *key = o.key;
+    uint64_t length = o.length;
     uint8_t *payload = NULL, *out = NULL;
-    if ((st = read_header(r, fd, key, limit, h, &codec, &length, &hsize, &fsize))) goto done;
     /* a payload can be a little larger than what it decodes to (float-planes tables), never much */
-    if (fsize - hsize > length + length / 8 + (1u << 20)) {
+    if (o.fsize - o.hsize > length + length / 8 + (1u << 20)) {
         st = fp_fail(r, FP_ERR_CORRUPT, "object %s holds %llu payload bytes for %llu decoded: corrupted", key,
-                     (unsigned long long)(fsize - hsize), (unsigned long long)length);
+                     (unsigned long long)(o.fsize - o.hsize), (unsigned long long)length);
         goto done;
     }
-    size_t plen = (size_t)(fsize - hsize);
+    size_t plen = (size_t)(o.fsize - o.hsize);
     out = malloc(length ? (size_t)length : 1);
-    payload = codec == 0 ? out : malloc(plen ? plen : 1);
+    payload = o.codec == 0 ? out : malloc(plen ? plen : 1);
     if (!out || !payload) {
         st = fp_fail(r, FP_ERR_NOMEM, "out of memory for object %s (%llu bytes)", key, (unsigned long long)length);
         goto done;
     }
-    if (pread_all(fd, payload, plen, hsize)) {
+    if (pread_all(o.fd, payload, plen, o.hsize)) {
         st = fp_fail(r, FP_ERR_IO, "cannot read object %s: %s", key, strerror(errno));
         goto done;
     }
-    if (codec == 0) {
+    if (o.codec == 0) {
         if (plen != length) st = fp_fail(r, FP_ERR_CORRUPT, "object %s is truncated: %zu of %llu bytes", key, plen,
                                          (unsigned long long)length);
     } else {
-        st = fp_decode_payload(r, key, codec, payload, plen, out, length);
+        st = fp_decode_payload(r, key, o.codec, payload, plen, out, length);
     }
-    if (!st) {
-        char hex[65];
-        fp_content_hash(out, (size_t)length, hex);
-        if (strcmp(hex, name)) st = fp_fail(r, FP_ERR_CORRUPT, "object %s does not match its hash: corrupted", key);
-    }
+    if (!st) st = check_hash(r, key, out, length, name);
 done:
-    close(fd);
+    close(o.fd);
     if (payload != out) free(payload);
     if (st) free(out);
     else *data = out, *len = (size_t)length;
@@ -307,47 +322,30 @@ done:
 }
 
 int fp_object_read_into(fp_repo *r, const char *name, uint8_t *out, uint64_t len) {
-    int fd;
-    char key[80];
-    int st = open_object(r, name, &fd, key);
+    objfile o;
+    int st = open_checked(r, name, len, &o);
     if (st) return st;
-    uint8_t h[HEADER];
-    int codec;
-    uint64_t length, fsize;
-    size_t hsize;
-    if ((st = read_header(r, fd, key, len, h, &codec, &length, &hsize, &fsize))) goto done;
-    if (codec != 0) {
-        st = FP_ERR_UNSUPPORTED;
-        goto done;
-    }
-    if (length != len || fsize - hsize != len) {
-        st = fp_fail(r, FP_ERR_CORRUPT, "object %s holds %llu bytes, its chunk %llu: truncated or corrupted", key,
-                     (unsigned long long)(fsize - hsize), (unsigned long long)len);
-        goto done;
-    }
-    if (pread_all(fd, out, (size_t)len, hsize)) {
-        st = fp_fail(r, FP_ERR_IO, "cannot read object %s: %s", key, strerror(errno));
-        goto done;
-    }
-    char hex[65];
-    fp_content_hash(out, (size_t)len, hex);
-    if (strcmp(hex, name)) st = fp_fail(r, FP_ERR_CORRUPT, "object %s does not match its hash: corrupted", key);
-done:
-    close(fd);
+    if (o.codec != 0) st = FP_ERR_UNSUPPORTED;
+    else if (o.length != len || o.fsize - o.hsize != len)
+        st = fp_fail(r, FP_ERR_CORRUPT, "object %s holds %llu bytes, its chunk %llu: truncated or corrupted", o.key,
+                     (unsigned long long)(o.fsize - o.hsize), (unsigned long long)len);
+    else if (pread_all(o.fd, out, (size_t)len, o.hsize))
+        st = fp_fail(r, FP_ERR_IO, "cannot read object %s: %s", o.key, strerror(errno));
+    else
+        st = check_hash(r, o.key, out, len, name);
+    close(o.fd);
     return st;
 }
 
 int fp_object_range(fp_repo *r, const char *name, uint64_t limit, uint64_t lo, uint64_t hi, uint8_t *out) {
-    int fd;
-    char key[80];
-    int st = open_object(r, name, &fd, key);
+    objfile o;
+    int st = open_checked(r, name, limit, &o);
     if (st) return st;
-    uint8_t h[HEADER];
-    int codec;
-    uint64_t length, fsize;
-    size_t hsize;
+    int fd = o.fd, codec = o.codec;
+    const char *key = o.key;
+    uint64_t length = o.length, fsize = o.fsize;
+    size_t hsize = o.hsize;
     uint8_t *table = NULL, *block = NULL;
-    if ((st = read_header(r, fd, key, limit, h, &codec, &length, &hsize, &fsize))) goto done;
     if (hi > length || lo > hi) {
         st = fp_fail(r, FP_ERR_CORRUPT, "object %s holds %llu bytes, a chunk reads up to %llu", key,
                      (unsigned long long)length, (unsigned long long)hi);
