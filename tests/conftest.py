@@ -43,7 +43,7 @@ def kernels_setting():
 
 def race_before_publish(repo, other_save):
     """Make `repo`'s next ref publish run `other_save()` first: a writer that wins the race."""
-    real = repo._publish_ref
+    real = repo.refs.publish
     fired = []
 
     def racing(*args, **kwargs):
@@ -52,7 +52,7 @@ def race_before_publish(repo, other_save):
             other_save()
         return real(*args, **kwargs)
 
-    repo._publish_ref = racing
+    repo.refs.publish = racing
 
 
 STACK_NOTE_LEAD = 15

@@ -265,7 +265,7 @@ def test_finished_saves_leave_nothing_reachable_behind(tmp_path):
     from forkpoint.format.manifest import Leaf
 
     repo = fp.Repo(str(tmp_path / "r"), create=True)
-    repo._manifests.limit = 3  # leaf tables kept in memory (MANIFESTS_CACHED in use)
+    repo.history.cache.limit = 3  # leaf tables kept in memory (MANIFESTS_CACHED in use)
     state = {f"w{i}": torch.randn(50_000) for i in range(20)}
 
     def alive_after(saves: int) -> tuple[int, int]:
@@ -972,13 +972,13 @@ def test_the_manifest_cache_is_bounded_by_leaves_and_keeps_the_newest(tmp_path):
     assert {"a", "b", "c"} <= set(cache.records) and cache.get("a") is None
 
     repo = fp.Repo(str(tmp_path / "r"), create=True)
-    repo._manifests.leaf_limit = 50
+    repo.history.cache.leaf_limit = 50
     state = {f"w{i}": torch.full((3,), float(i)) for i in range(40)}
     for step in range(3):
         state["w0"] += 1
         repo.save(state, step=step)
-    assert len(repo._manifests.full) == 1 and repo._manifests.leaves == 40
-    assert repo.load("main~2")["w0"].tolist() == [1.0] * 3 and len(repo._manifests.full) == 1
+    assert len(repo.history.cache.full) == 1 and repo.history.cache.leaves == 40
+    assert repo.load("main~2")["w0"].tolist() == [1.0] * 3 and len(repo.history.cache.full) == 1
     repo.close()
 
 
@@ -986,10 +986,10 @@ def test_the_record_cache_keeps_the_most_recently_used_records(tmp_path):
     """Version records (about 2 KB each) are kept for the RECORDS_CACHED most recently used
     versions, not for every version a long run ever saved; a walk past them reads them again."""
     repo = fp.Repo(str(tmp_path / "r"), create=True)
-    repo._manifests.record_limit = 4
+    repo.history.cache.record_limit = 4
     for step in range(10):
         repo.save({"x": np.full(3, step)}, step=step)
-    cache = repo._manifests
+    cache = repo.history.cache
     assert len(cache.records) == 4 and [cache.records[v].step for v in cache.records] == [6, 7, 8, 9]
     oldest = next(iter(cache.records))
     assert cache.record(oldest).step == 6 and list(cache.records)[-1] == oldest

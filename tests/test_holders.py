@@ -140,7 +140,7 @@ def test_a_run_whose_branch_was_taken_over_cannot_save_there(tmp_path):
     for key in repo.store.list("holders/main"):
         repo.store.delete(key)
     _fake_holder(repo, seq=1, run="the new holder")
-    repo._holds.refresh()
+    repo.refs.holds.refresh()
     with pytest.raises(BranchHeldError, match="taken over by run 'the new holder'"):
         ck.step(1)
     assert [v.step for v in repo.log("main")] == [0]

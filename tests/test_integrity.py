@@ -313,7 +313,7 @@ def test_a_version_record_is_read_without_its_leaf_table_and_still_checked(tmp_p
     assert version_from_bytes(pretty, "t") == v
     fresh = fp.Repo(str(tmp_path / "r"))
     assert [x.step for x in fresh.log("main")] == [1, 0] and fresh.version("main~1").meta["id"] == "x"
-    assert fresh._manifests.get(v.id) is None, "the log parsed a leaf table"
+    assert fresh.history.cache.get(v.id) is None, "the log parsed a leaf table"
     assert torch.equal(fresh.load("main")["tied"], torch.zeros(3))
     repo.store.write(key, [edited])
     with pytest.raises(CorruptObjectError, match=v.id):

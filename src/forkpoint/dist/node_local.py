@@ -14,6 +14,7 @@ import logging
 from ..errors import CorruptObjectError, ForkpointError, MissingObjectError, RefNotFoundError
 from ..format.manifest import Manifest, Version
 from ..format.objects import object_key
+from ..repo.history import check_id
 
 log = logging.getLogger("forkpoint")
 
@@ -61,13 +62,13 @@ class NodeLocalMixin:
                 self.store.write(key, [data])
                 self.store.barrier([key])
                 with self._tier_locks[0]:
-                    self._move_ref(self.store, "heads", manifest.version.branch, vid)
+                    self.refs.move(self.store, "heads", manifest.version.branch, vid)
             self.coordinator.set(sid, f"recorded/{self.rank}", "1")
         else:
             if leader != 0:
                 self.coordinator.get(sid, f"recorded/{leader}", wait=True)
             manifest = Manifest.from_bytes(self.store.read(key), f"{self.store.url}/{key}")
-        self._manifests.put(vid, manifest)
+        self.history.cache.put(vid, manifest)
         return flush
 
     @contextlib.contextmanager
@@ -116,7 +117,7 @@ class NodeLocalMixin:
                  for vid in self._undone_flushes(k, ours)] if self.rank == 0 else []
         tasks = []
         for m, share in node:
-            self._manifests.put(m.version.id, m)
+            self.history.cache.put(m.version.id, m)
             with self._flush_share(share):
                 tasks.append(self._schedule_flush(m.version.id, 0))
         return tasks + [self._schedule_flush(vid, k) for k, vid in below]
@@ -127,14 +128,14 @@ class NodeLocalMixin:
         (and whether another running process writes to its tier 0); rank 0 says which can be
         flushed. Returns (manifest, the objects this rank copies) for each of those."""
         offer = self._from_rank_0("listing the versions its tier 0 has not flushed", lambda: [
-            (vid, self._manifest_by_id(vid).to_bytes()) for vid in self._undone_flushes(0, ours)])
+            (vid, self.history.manifest_by_id(vid).to_bytes()) for vid in self._undone_flushes(0, ours)])
         manifests = []
 
         def report():
             for vid, data in offer:
                 where = f"version {vid} from rank 0's tier 0"
                 manifests.append(Manifest.from_bytes(data, where))
-                self._check_names(manifests[-1].version, vid, where)
+                check_id(manifests[-1].version, vid, where)
             held = [sorted(o for o in m.objects() if self.store.exists(object_key(o))) for m in manifests]
             return self.leases.others_alive(self.store, ignore=ours), held
 
@@ -227,7 +228,7 @@ class NodeLocalMixin:
         """`ref` as the shared tiers (below the node-local one) resolve it, or None."""
         for store in self.stores[1:]:
             for kind in ("heads", "tags"):
-                target = self._ref_state_in(store, kind, ref)[1]
+                target = self.refs.state_in(store, kind, ref)[1]
                 if target is not None:
                     return target
         if all(c in "0123456789abcdef" for c in ref) and any(

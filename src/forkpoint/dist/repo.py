@@ -274,7 +274,7 @@ class Repo(NodeLocalMixin, BaseRepo):
             with self._flush_share(flush[0]):
                 self._after_commit(outcome["id"], 0)
         session.adopt_deltas()
-        return self._manifest_by_id(outcome["id"]).version
+        return self.history.manifest_by_id(outcome["id"]).version
 
 def split_rank_local(tree, objects) -> tuple[object, list]:
     """Replace each outermost rank-local object's subtree of a captured tree by a RankSlot;

@@ -53,7 +53,7 @@ class CompactionMixin:
         vids = [self.resolve(r) for r in refs] if refs else [v.id for v in self.versions()]
         items: dict[str, LaterEncode] = {}
         for vid in vids:
-            m = self._manifest_by_id(vid)
+            m = self.history.manifest_by_id(vid)
             if not m.version.pruned:
                 encodable_objects(m, rules, COMPACTED_POLICIES, items)
         report = CompactReport(versions=len(vids))

@@ -41,16 +41,15 @@ from ..storage import Store, open_store
 from ..tiers import Tier, open_tiers
 from .commit import SaveSession
 from .compaction import CompactionMixin
-from .holders import BranchHolds
 from .interrupts import finishing_on_first_interrupt
 from .compare import CompareMixin
-from .history import HistoryMixin, ManifestCache
+from .history import History, HistoryCommands
 from .maintenance import MaintenanceMixin
 from .writers import Leases
 from .placement import PlacementMixin
 from .reading import ReadingMixin
 from .records import PendingSave, environment
-from .refs import RefsMixin
+from .refs import RefCommands, Refs
 
 REPO_MARKER = "forkpoint.json"
 RECENT_COMMITS = 256
@@ -76,7 +75,7 @@ def _close_left_open() -> None:
 atexit.register(_close_left_open)
 
 
-class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin, CompactionMixin, PlacementMixin):
+class Repo(RefCommands, HistoryCommands, ReadingMixin, CompareMixin, MaintenanceMixin, CompactionMixin, PlacementMixin):
     """A forkpoint repository at `url`: a local path, file://, mem://name, or an fsspec URL
     such as s3://bucket/prefix (`storage_options` go to the fsspec file system), or a
     hierarchy of `tiers` (see fp.tier). How saves lay out, encode and stage data is given once,
@@ -128,7 +127,6 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         self._encoding_now: collections.Counter = collections.Counter()
         self._evict_lock = threading.Lock()
         self._tier_locks = [threading.Lock() for _ in self.stores]
-        self._manifests = ManifestCache()
         self._stubs_seen: dict[str, dict] = {}
         self._layouts = ChunkMemory(Layouts)
         self._pacing = PaceMemory()
@@ -138,7 +136,8 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         self._committing: set[str] = set()
         self._recent_commits: collections.deque = collections.deque(maxlen=RECENT_COMMITS)
         self._pending_commits: collections.deque[Task] = collections.deque()
-        self._holds = BranchHolds(self.stores[-1])
+        self.refs = Refs(self.stores, self.url, self.writer_id)
+        self.history = History(self.stores, self.url, self.refs)
         self.leases = Leases(self.stores, self.writer_id)
         self._closed = False
         if self.closes_at_exit:
@@ -183,7 +182,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         self._staging.clear()
         self._device.clear()
         self.leases.release()
-        self._holds.release_all()
+        self.refs.holds.release_all()
         for store in self.stores:
             store.close()
         self._closed = True
@@ -193,7 +192,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         rows = []
         for kind, names in (("branch", self.branches()), ("tag", self.tags())):
             for name, vid in sorted(names.items()):
-                v = self._version_by_id(vid)
+                v = self.history.version_by_id(vid)
                 metrics = " ".join(f"{k}={x}" for k, x in v.metrics.items())
                 rows.append((f"{kind} {name}", f"{vid[:12]}  step {v.step}  {metrics}  {v.message}"))
         return html_table(f"forkpoint repository {self.url}", rows or [("", "no versions yet")])
@@ -319,11 +318,11 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
     def _head_manifest(self, branch: str) -> Manifest | None:
         """The manifest of the branch head that a new save builds on, or None (no head, an
         unreadable one, or a pruned stub)."""
-        head = self._ref_state("heads", branch)[1]
+        head = self.refs.target("heads", branch)
         if head is None:
             return None
         try:
-            m = self._manifest_by_id(head)
+            m = self.history.manifest_by_id(head)
         except (RefNotFoundError, FormatError):
             return None
         return None if m.version.pruned else m
@@ -388,8 +387,8 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
         record.tiers = record.tiers or [{"url": t.url, "keep": t.keep, "flush_every": t.flush_every,
                                          **({"local": True} if t.local else {})} for t in self.tier_specs]
         for _ in range(1000):
-            seq = self._ref_state_in(self.store, "heads", record.branch)[0]
-            head = self._ref_state("heads", record.branch)[1]
+            seq = self.refs.state_in(self.store, "heads", record.branch)[0]
+            head = self.refs.target("heads", record.branch)
             record.parents = [head] if head else []
             record.time = time.time()
             with gc_paused():
@@ -401,10 +400,10 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
             try:
                 self.store.write(key, [data])
                 self.store.barrier([key])
-                published = self._publish_ref("heads", record.branch, seq + 1, vid)
+                published = self.refs.publish("heads", record.branch, seq + 1, vid)
                 if published:
                     with self._lock:
-                        self._manifests.put(vid, manifest)
+                        self.history.cache.put(vid, manifest)
                         self._commit_seq += 1
                         self._recent_commits.append((self._commit_seq, vid, manifest.objects()))
             finally:
@@ -418,7 +417,7 @@ class Repo(RefsMixin, HistoryMixin, ReadingMixin, CompareMixin, MaintenanceMixin
                     f"branch {record.branch!r} of {self.url} moved while saving; version {vid} is "
                     f"stored but not on the branch: keep it with repo.fork({vid!r}, name) or "
                     "repo.tag(name, ...) before gc removes it")
-            if published is False:  # None: left for gc (see _publish_ref)
+            if published is False:  # None: left for gc (see Refs.publish)
                 self.store.delete(key)
         raise ConflictError(f"branch {record.branch!r}: gave up after repeated concurrent updates")
 

@@ -73,20 +73,27 @@ class ManifestCache:
             return m
 
 
-class HistoryMixin:
-    """Version lookup of a Repo (see repo.core)."""
+class History:
+    """Versions and lineage of one repository's tiers: manifests by id (through a
+    ManifestCache), ref expressions resolved, first-parent walks. A Repo's collaborator,
+    reached as `repo.history`."""
 
-    def _manifest_by_id(self, vid: str) -> Manifest:
-        cached = self._manifests.get(vid)
+    def __init__(self, stores: list[Store], url: str, refs, cache: ManifestCache | None = None):
+        self.stores, self.url, self.refs = stores, url, refs
+        self.cache = cache or ManifestCache()
+
+    def manifest_by_id(self, vid: str) -> Manifest:
+        """The full manifest of version `vid` (cached)."""
+        cached = self.cache.get(vid)
         if cached is not None:
             return cached
-        data, where = self._manifest_bytes(vid)
+        data, where = self.manifest_bytes(vid)
         m = Manifest.from_bytes(data, where)
-        self._check_names(m.version, vid, where)
-        self._manifests.put(vid, m)
+        check_id(m.version, vid, where)
+        self.cache.put(vid, m)
         return m
 
-    def _manifest_bytes(self, vid: str) -> tuple[bytes, str]:
+    def manifest_bytes(self, vid: str) -> tuple[bytes, str]:
         """(bytes, where) of version `vid`'s manifest from the fastest tier holding it."""
         if not isinstance(vid, str) or not vid or not all(c in "0123456789abcdef" for c in vid):
             raise FormatError(f"invalid version id {vid!r} in {self.url}: expected hex digits")
@@ -98,23 +105,20 @@ class HistoryMixin:
                 continue
         raise RefNotFoundError(f"version {vid} does not exist in {self.url}") from None
 
-    def _check_names(self, version: Version, vid: str, where: str) -> None:
-        if version.id != vid:
-            raise FormatError(f"manifest {where} names version {version.id}, not {vid}")
-
-    def _version_by_id(self, vid: str) -> Version:
+    def version_by_id(self, vid: str) -> Version:
         """The Version record of `vid`: from the record cache when its manifest was met, else
         read without its leaf table (and cached)."""
-        record = self._manifests.record(vid)
+        record = self.cache.record(vid)
         if record is not None:
             return record
-        data, where = self._manifest_bytes(vid)
+        data, where = self.manifest_bytes(vid)
         record = version_from_bytes(data, where)
-        self._check_names(record, vid, where)
-        self._manifests.put_record(vid, record)
+        check_id(record, vid, where)
+        self.cache.put_record(vid, record)
         return record
 
-    def _version_ids(self, store: Store | None = None) -> list[str]:
+    def version_ids(self, store: Store | None = None) -> list[str]:
+        """The ids of every version record on `store` (default: any tier), without reading them."""
         stores = [store] if store is not None else self.stores
         return sorted({k[len("versions/"):-len(".json")] for st in stores for k in st.list("versions")
                        if k.endswith(".json")})
@@ -126,30 +130,30 @@ class HistoryMixin:
         base, ups = parse_ref_expr(ref)
         vid = None
         if base.replace(".", "").replace("_", "").replace("-", "").isalnum() and "/" not in base:
-            vid = self._ref_target("heads", base)
+            vid = self.ref_target("heads", base)
             if vid is None:
-                vid = self._ref_target("tags", base)
+                vid = self.ref_target("tags", base)
         if vid is None and len(base) >= 4 and all(c in "0123456789abcdef" for c in base):
-            matches = [v for v in self._version_ids() if v.startswith(base)]
+            matches = [v for v in self.version_ids() if v.startswith(base)]
             if len(matches) > 1:
                 raise RefNotFoundError(f"ref {base!r} is ambiguous: {', '.join(sorted(matches)[:5])}")
             vid = matches[0] if matches else None
         if vid is None:
             raise RefNotFoundError(
                 f"no branch, tag or version {base!r} in {self.url}; branches: "
-                f"{', '.join(self.branches()) or '(none)'}")
+                f"{', '.join(self.refs.targets('heads')) or '(none)'}")
         for i in range(ups):
-            parents = self._version_by_id(vid).parents
+            parents = self.version_by_id(vid).parents
             if not parents:
                 raise RefNotFoundError(f"{ref!r}: version {vid} has no parent ({i} generations back)")
             vid = parents[0]
         return vid
 
-    def _ref_target(self, kind: str, name: str) -> str | None:
+    def ref_target(self, kind: str, name: str) -> str | None:
         """The version a branch or tag names, or None when there is no such ref; MissingObjectError
         naming the ref when its version is on no tier (a partial copy, a damaged record)."""
-        vid = self._ref_state(kind, name)[1]
-        if vid is not None and not self._has_manifest(vid):
+        vid = self.refs.target(kind, name)
+        if vid is not None and not self.has_manifest(vid):
             noun = "branch" if kind == "heads" else "tag"
             raise MissingObjectError(
                 f"{noun} {name!r} of {self.url} points at version {vid}, which is on no tier: the repository "
@@ -157,23 +161,11 @@ class HistoryMixin:
                 f"an intact version with `forkpoint branch reset {name} REF` (tags: `forkpoint tag --force`)")
         return vid
 
-    def _has_manifest(self, vid: str) -> bool:
+    def has_manifest(self, vid: str) -> bool:
         key = f"versions/{vid}.json"
-        return self._manifests.record(vid) is not None or any(st.exists(key) for st in self.stores)
+        return self.cache.record(vid) is not None or any(st.exists(key) for st in self.stores)
 
-    def version(self, ref: str = "main") -> Version:
-        """Return the Version record `ref` names."""
-        return self._version_by_id(self.resolve(ref))
-
-    def manifest(self, ref: str = "main") -> Manifest:
-        """Return the full manifest (record, skeleton, leaf table) of `ref`."""
-        return self._manifest_by_id(self.resolve(ref))
-
-    def log(self, ref: str = "main", limit: int | None = None) -> list[Version]:
-        """Return the first-parent history of `ref`, newest first (pruned records included)."""
-        return list(itertools.islice(self._first_parents(self.resolve(ref)), limit))
-
-    def _first_parents(self, vid: str | None, strict: bool = True):
+    def first_parents(self, vid: str | None, strict: bool = True):
         """Yield the records of `vid` and its first-parent ancestors, newest first, lazily.
         A missing ancestor raises MissingObjectError and a cycle FormatError, naming the version
         that leads there (with strict=False the walk stops at either)."""
@@ -186,7 +178,7 @@ class HistoryMixin:
                                   "ancestor of itself, as its parent; a manifest was crafted or damaged")
             seen.add(vid)
             try:
-                v = self._version_by_id(vid)
+                v = self.version_by_id(vid)
             except RefNotFoundError:
                 if child is None:
                     raise
@@ -199,11 +191,37 @@ class HistoryMixin:
             yield v
             child, vid = vid, (v.parents[0] if v.parents else None)
 
+
+def check_id(version: Version, vid: str, where: str) -> None:
+    if version.id != vid:
+        raise FormatError(f"manifest {where} names version {version.id}, not {vid}")
+
+
+class HistoryCommands:
+    """The version lookups of a Repo's public API, over `self.history` (see repo.core)."""
+
+    history: History
+
+    def resolve(self, ref: str) -> str:
+        """Return the version id named by a branch, tag, id (or unique prefix), with `~N` suffixes."""
+        return self.history.resolve(ref)
+
+    def version(self, ref: str = "main") -> Version:
+        """Return the Version record `ref` names."""
+        return self.history.version_by_id(self.history.resolve(ref))
+
+    def manifest(self, ref: str = "main") -> Manifest:
+        """Return the full manifest (record, skeleton, leaf table) of `ref`."""
+        return self.history.manifest_by_id(self.history.resolve(ref))
+
+    def log(self, ref: str = "main", limit: int | None = None) -> list[Version]:
+        """Return the first-parent history of `ref`, newest first (pruned records included)."""
+        return list(itertools.islice(self.history.first_parents(self.history.resolve(ref)), limit))
+
     def version_ids(self) -> list[str]:
         """The ids of every version record on any tier (stubs included), without reading them."""
-        return self._version_ids()
+        return self.history.version_ids()
 
     def versions(self) -> list[Version]:
         """Return every version record in the repository, oldest first."""
-        return sorted((self._version_by_id(v) for v in self._version_ids()),
-                      key=lambda v: v.time)
+        return sorted((self.history.version_by_id(v) for v in self.history.version_ids()), key=lambda v: v.time)

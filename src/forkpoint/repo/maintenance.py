@@ -27,7 +27,7 @@ class MaintenanceMixin:
             report.problems.extend(self._lineage_problems())
         seen, verified = set(), set()  # verified: (tier, chunk) read back intact
         for store in self.stores:
-            for vid in self._version_ids(store):
+            for vid in self.history.version_ids(store):
                 if wanted is not None and vid not in wanted:
                     continue
                 key = f"versions/{vid}.json"
@@ -95,12 +95,12 @@ class MaintenanceMixin:
         damaged or loop (the breaks that make gc refuse to run)."""
         problems, walked = [], set()
         for kind, noun in (("heads", "branch"), ("tags", "tag")):
-            for name in self._ref_names(kind):
+            for name in self.refs.names(kind):
                 try:
-                    vid = self._ref_target(kind, name)
+                    vid = self.history.ref_target(kind, name)
                     if vid is None or vid in walked:
                         continue
-                    for v in self._first_parents(vid):
+                    for v in self.history.first_parents(vid):
                         if v.id in walked:
                             break
                         walked.add(v.id)
@@ -131,7 +131,7 @@ class MaintenanceMixin:
     def _prune(self, vid: str, store: Store | None = None, barrier: bool = True) -> list[Store]:
         """Replace the version's manifest on `store` (default: every tier holding it) by a stub;
         return the stores written (without `barrier`, the caller makes the stubs durable)."""
-        stub = stub_bytes(self._version_by_id(vid))
+        stub = stub_bytes(self.history.version_by_id(vid))
         key = f"versions/{vid}.json"
         targets = [store] if store is not None else [st for st in self.stores if st.exists(key)]
         for st in targets:
@@ -139,7 +139,7 @@ class MaintenanceMixin:
             if barrier:
                 st.barrier([key])
         with self._lock:
-            self._manifests.pop(vid, None)
+            self.history.cache.pop(vid, None)
         return targets
 
     def gc(self, keep=None, branches: list[str] | None = None, dry_run: bool = False,
@@ -183,8 +183,8 @@ class MaintenanceMixin:
         try:
             targets = set()
             for kind in ("heads", "tags"):
-                for name, vid in self._names(kind).items():
-                    targets.add(vid if self._has_manifest(vid) else self._ref_target(kind, name))
+                for name, vid in self.refs.targets(kind).items():
+                    targets.add(vid if self.history.has_manifest(vid) else self.history.ref_target(kind, name))
             return self._reachable(targets, strict=True)
         except ForkpointError as e:
             raise type(e)(f"gc refused to run and deleted nothing: {e}") from None
@@ -226,7 +226,7 @@ class MaintenanceMixin:
                 report.deleted_manifests += 1
                 if not dry_run:
                     store.delete(key)
-                    self._manifests.pop(vid, None)
+                    self.history.cache.pop(vid, None)
                 continue
             if vid not in pruned:
                 live_objects.update(m.objects())
@@ -332,7 +332,7 @@ class MaintenanceMixin:
             if v.pruned:
                 continue
             needed = needs[vid] = set()
-            for leaf in self._manifest_by_id(vid).leaves:
+            for leaf in self.history.manifest_by_id(vid).leaves:
                 for c in leaf.chunks:
                     size = objects.get(c.object, ("", 0))[1]
                     objects[c.object] = ("delta+" if c.delta else "", max(size, c.start + c.size))

@@ -41,7 +41,7 @@ class PlacementMixin:
             self._sched.submit("evict", lambda: self._evict(k), priority=Priority.EVICT)
 
     def _schedule_flush(self, vid: str, k: int) -> Task:
-        m = self._manifest_by_id(vid)
+        m = self.history.manifest_by_id(vid)
         tier = f"tier{k + 1}"
         src, dst = self.stores[k], self.stores[k + 1]
         keys = self._flush_keys(vid, k, m)
@@ -69,9 +69,9 @@ class PlacementMixin:
                     with self._tier_locks[k + 1]:
                         copy_manifest(src, dst, vid)
                         self._stub_ancestors(vid, dst)
-                        head = self._ref_state_in(dst, "heads", m.version.branch)[1]
+                        head = self.refs.state_in(dst, "heads", m.version.branch)[1]
                         if head is None or self._descends(vid, head):
-                            self._move_ref(dst, "heads", m.version.branch, vid)
+                            self.refs.move(dst, "heads", m.version.branch, vid)
                     committed = True
             except Exception as e:
                 with self._lock:
@@ -120,7 +120,7 @@ class PlacementMixin:
         """(The committed versions `store` holds in full, newest first; its branch heads.)"""
         present = sorted((m.version for m in self._manifests_in(store) if not m.version.pruned),
                          key=lambda v: v.time, reverse=True)
-        heads = {self._ref_state_in(store, "heads", b)[1] for b in {v.branch for v in present}} - {None}
+        heads = {self.refs.state_in(store, "heads", b)[1] for b in {v.branch for v in present}} - {None}
         committed = self._reachable(heads | set(self.tags().values()))
         return [v for v in present if v.id in committed], heads
 
@@ -176,10 +176,10 @@ class PlacementMixin:
 
     def _stub_ancestors(self, vid: str, dst: Store) -> None:
         """Give `dst` records (stubs) of the ancestors it lacks, so its history stays walkable."""
-        parents = self._version_by_id(vid).parents
+        parents = self.history.version_by_id(vid).parents
         while parents and parents[0] not in self._flushing and not dst.exists(f"versions/{parents[0]}.json"):
             try:
-                parent = self._version_by_id(parents[0])
+                parent = self.history.version_by_id(parents[0])
             except RefNotFoundError:
                 return
             self._prune(parent.id, dst)
@@ -187,7 +187,7 @@ class PlacementMixin:
 
     def _descends(self, vid: str, ancestor: str) -> bool:
         """True when `ancestor` is `vid` or on its first-parent line (walked only as far as it)."""
-        return any(v.id == ancestor for v in self._first_parents(vid, strict=False))
+        return any(v.id == ancestor for v in self.history.first_parents(vid, strict=False))
 
     def _forget_writer(self, writer) -> None:
         with self._evict_lock:
@@ -207,7 +207,7 @@ class PlacementMixin:
         seen: set[str] = set()
         for vid in heads:
             if strict:
-                for v in self._first_parents(vid):
+                for v in self.history.first_parents(vid):
                     if v.id in seen:
                         break
                     seen.add(v.id)
@@ -215,7 +215,7 @@ class PlacementMixin:
             while vid and vid not in seen:
                 seen.add(vid)
                 try:
-                    parents = self._version_by_id(vid).parents
+                    parents = self.history.version_by_id(vid).parents
                 except (RefNotFoundError, FormatError):
                     break
                 vid = parents[0] if parents else None
@@ -266,7 +266,7 @@ class PlacementMixin:
                     continue
                 self._prune(vid, nxt)
             store.delete(f"versions/{vid}.json")
-            self._manifests.pop(vid)
+            self.history.cache.pop(vid)
         with self._evict_lock:
             live = set()
             for m in self._manifests_in(store):
@@ -279,7 +279,7 @@ class PlacementMixin:
         out = []
         known = self._stubs_seen.get(store.url, {})
         stubs = {}
-        for vid in self._version_ids(store):
+        for vid in self.history.version_ids(store):
             key = f"versions/{vid}.json"
             try:
                 signature = store.signature(key)
@@ -330,7 +330,7 @@ class PlacementMixin:
         source = next((st for st in self.stores[1:] if st.exists(f"versions/{vid}.json")), None)
         if source is None:
             raise RefNotFoundError(f"version {vid} is on no tier of {self.url}")
-        m = self._manifest_by_id(vid)
+        m = self.history.manifest_by_id(vid)
         if m.version.pruned:
             return
         keys = sorted(object_keys(m))

@@ -59,7 +59,7 @@ class ReadingMixin:
         return out
 
     def _readable(self, ref: str) -> Manifest:
-        m = self._manifest_by_id(self.resolve(ref))
+        m = self.history.manifest_by_id(self.resolve(ref))
         with self._lock:
             if m.version.id in self._future_order:
                 self._future_order.remove(m.version.id)

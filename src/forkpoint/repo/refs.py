@@ -13,16 +13,21 @@ from ..errors import ConflictError, RefNotFoundError
 from ..format.manifest import Version
 from ..format.refs import check_name, decode_record, encode_record, record_key, seq_of
 from ..storage import Store
-from .holders import Holder, current_holder, run_name
+from .holders import BranchHolds, Holder, current_holder, run_name
 
 _REF_NOUN = {"heads": "branch", "tags": "tag"}
 REF_RECORDS_KEPT = 16
 
 
-class RefsMixin:
-    """Refs of a Repo (see repo.core)."""
+class Refs:
+    """The branch and tag refs of one repository's tiers (fastest first), and the branch
+    holds of this process: a Repo's collaborator, reached as `repo.refs`."""
 
-    def _ref_state_in(self, store: Store, kind: str, name: str) -> tuple[int, str | None]:
+    def __init__(self, stores: list[Store], url: str, writer_id: str):
+        self.stores, self.url, self.writer_id = stores, url, writer_id
+        self.holds = BranchHolds(stores[-1])
+
+    def state_in(self, store: Store, kind: str, name: str) -> tuple[int, str | None]:
         """Return (highest seq, target) of a ref in one store; (-1, None) when it never existed."""
         for _ in range(100):
             seqs = ref_seqs(store, kind, name)
@@ -35,22 +40,25 @@ class RefsMixin:
                 continue  # deleted as old by writers that published newer records meanwhile
         raise ConflictError(f"could not read {_REF_NOUN.get(kind, kind)} {name!r} in {store.url}: too many concurrent writers")
 
-    def _ref_state(self, kind: str, name: str) -> tuple[int, str | None]:
+    def state(self, kind: str, name: str) -> tuple[int, str | None]:
         """Return the ref as the fastest tier that has records of it sees it."""
         for store in self.stores:
-            state = self._ref_state_in(store, kind, name)
+            state = self.state_in(store, kind, name)
             if state[0] >= 0:
                 return state
         return -1, None
 
-    def _publish_ref(self, kind: str, name: str, seq: int, target: str | None,
-                     store: Store | None = None) -> bool | None:
+    def target(self, kind: str, name: str) -> str | None:
+        """The version id a ref names, or None (never existed, or deleted)."""
+        return self.state(kind, name)[1]
+
+    def publish(self, kind: str, name: str, seq: int, target: str | None, store: Store | None = None) -> bool | None:
         """Publish record `seq` of a ref: True when done; False when that seq exists; None
         when it had been deleted as old and this writer's read of the ref was stale (see the
         module doc; its record is not the newest, though in theory, after REF_RECORDS_KEPT
         publishes between its create and its check, others may have read it, so what it
         names must stay)."""
-        store = store or self.store
+        store = store or self.stores[0]
         data = encode_record(seq, target, time.time(), self.writer_id)
         if not store.create_exclusive(record_key(kind, name, seq), data):
             return False
@@ -61,90 +69,97 @@ class RefsMixin:
             drop_old_records(store, kind, name, seqs)
         return True
 
-    def _set_ref(self, kind: str, name: str, target: str | None, must_exist: bool | None,
-                 repair: bool = False) -> None:
+    def set(self, kind: str, name: str, target: str | None, must_exist: bool | None, repair: bool = False) -> None:
         """Move a ref on every tier; with `repair`, whatever its newest records hold (damaged
         records are passed over, not read)."""
         if repair:
             current = "?" if any(ref_seqs(st, kind, name) for st in self.stores) else None
         else:
-            current = self._ref_state(kind, name)[1]
+            current = self.target(kind, name)
         if must_exist is True and current is None:
             raise RefNotFoundError(f"no {_REF_NOUN.get(kind, kind)} {name!r} in {self.url}")
         if must_exist is False and current is not None:
             raise ValueError(f"{_REF_NOUN.get(kind, kind)} {name!r} already exists in {self.url} (at {current})")
         for store in reversed(self.stores):
-            self._move_ref(store, kind, name, target, repair)
+            self.move(store, kind, name, target, repair)
 
-    def _move_ref(self, store: Store, kind: str, name: str, target: str | None, repair: bool = False) -> None:
+    def move(self, store: Store, kind: str, name: str, target: str | None, repair: bool = False) -> None:
+        """Publish `target` as the next record of a ref in one store, retrying past concurrent writers."""
         for _ in range(100):
             if repair:
                 seq = max(ref_seqs(store, kind, name), default=-1)
             else:
-                seq, _ = self._ref_state_in(store, kind, name)
-            if self._publish_ref(kind, name, seq + 1, target, store):
+                seq, _ = self.state_in(store, kind, name)
+            if self.publish(kind, name, seq + 1, target, store):
                 return
         raise ConflictError(f"could not update {_REF_NOUN.get(kind, kind)} {name!r} in {store.url}: too many concurrent writers")
 
-    def _ref_names(self, kind: str) -> list[str]:
+    def names(self, kind: str) -> list[str]:
         """The names that have records of kind `kind` on any tier (deleted refs included)."""
         return sorted({key.split("/")[2] for store in self.stores
                        for key in store.list(f"refs/{kind}") if key.count("/") == 3})
 
-    def _names(self, kind: str) -> dict[str, str]:
+    def targets(self, kind: str) -> dict[str, str]:
+        """{name: version id} of the live refs of kind `kind`."""
         out = {}
-        for name in self._ref_names(kind):
-            target = self._ref_state(kind, name)[1]
+        for name in self.names(kind):
+            target = self.target(kind, name)
             if target is not None:
                 out[name] = target
         return out
 
+
+class RefCommands:
+    """The ref operations of a Repo's public API, over `self.refs` and `self.version` (see repo.core)."""
+
+    refs: Refs
+
     def branches(self) -> dict[str, str]:
         """Return {branch name: head version id}."""
-        return self._names("heads")
+        return self.refs.targets("heads")
 
     def tags(self) -> dict[str, str]:
         """Return {tag name: version id}."""
-        return self._names("tags")
+        return self.refs.targets("tags")
 
     def head(self, branch: str = "main") -> str | None:
         """Return the head version id of `branch`, or None when it has no versions."""
-        return self._ref_state("heads", check_name(branch, "branch"))[1]
+        return self.refs.target("heads", check_name(branch, "branch"))
 
     def fork(self, ref: str, name: str) -> Version:
         """Create branch `name` at the version `ref` names; later saves on it descend from there."""
         version = self.version(ref)
-        self._set_ref("heads", check_name(name, "branch"), version.id, must_exist=False)
+        self.refs.set("heads", check_name(name, "branch"), version.id, must_exist=False)
         return version
 
     def tag(self, name: str, ref: str = "main", force: bool = False) -> Version:
         """Point tag `name` at `ref` (moving an existing tag only with force=True)."""
         version = self.version(ref)
-        self._set_ref("tags", check_name(name, "tag"), version.id, must_exist=None if force else False)
+        self.refs.set("tags", check_name(name, "tag"), version.id, must_exist=None if force else False)
         return version
 
     def delete_tag(self, name: str) -> None:
         """Remove a tag (its version stays)."""
-        self._set_ref("tags", check_name(name, "tag"), None, must_exist=True)
+        self.refs.set("tags", check_name(name, "tag"), None, must_exist=True)
 
     def delete_branch(self, name: str) -> None:
         """Remove a branch ref (its versions stay until gc finds them unreachable), even one
         whose newest record is damaged."""
-        self._set_ref("heads", check_name(name, "branch"), None, must_exist=True, repair=True)
+        self.refs.set("heads", check_name(name, "branch"), None, must_exist=True, repair=True)
 
     def hold_branch(self, name: str, run: str | None = None, take_over: bool = False) -> None:
         """Make this process the one live writer of branch `name` until release_branch or
         close (a Checkpointer does this). BranchHeldError names a live holder; a dead one is
         replaced; `take_over` replaces a live one too (for a holder known to be dead)."""
-        self._holds.hold(check_name(name, "branch"), run or run_name(), take_over)
+        self.refs.holds.hold(check_name(name, "branch"), run or run_name(), take_over)
 
     def release_branch(self, name: str) -> None:
         """Stop holding branch `name` (other runs may then write it)."""
-        self._holds.release(check_name(name, "branch"))
+        self.refs.holds.release(check_name(name, "branch"))
 
     def branch_holder(self, name: str) -> Holder | None:
         """The live run holding branch `name`, or None."""
-        holder = current_holder(self._holds.store, check_name(name, "branch"))
+        holder = current_holder(self.refs.holds.store, check_name(name, "branch"))
         return holder if holder is not None and holder.alive() else None
 
     def reset_branch(self, name: str, ref: str) -> Version:
@@ -152,7 +167,7 @@ class RefsMixin:
         repair for a branch whose head record is damaged or names a lost version (versions
         after `ref` stay until gc finds them unreachable)."""
         version = self.version(ref)
-        self._set_ref("heads", check_name(name, "branch"), version.id, must_exist=None, repair=True)
+        self.refs.set("heads", check_name(name, "branch"), version.id, must_exist=None, repair=True)
         return version
 
 
