@@ -595,3 +595,76 @@ def _disagreeing_save(rank, world, out, url):
     known = [repo.save({"w": torch.full((10,), float(i))}, step=(7 + i) if rank == i else None).step for i in (0, 1)]
     repo.close()
     return raised + [known]
+
+
+def _replica_tiers(nodes, shared, rank, budget=None):
+    """Tier 0 local to each rank's simulated node, replicated once to the next node; the shared tier below."""
+    return [fp.tier(os.path.join(nodes, f"node{rank}"), keep=2, local=True, replicas=1, budget=budget), shared]
+
+
+def _replicated_saves(rank, world, out, nodes, shared, saves=3, budget=None, victim=-1):
+    """`saves` versions of FSDP + DDP + rank-local state into replicated node-local tiers; rank
+    `victim` is SIGKILLed while it exchanges the last version's replicas (its node then lost)."""
+    fsdp, fopt = build_fsdp()
+    ddp, dopt = build_ddp()
+    repo = fp.dist.Repo(tiers=_replica_tiers(nodes, shared, rank, budget), create=True, timeout=30)
+    if rank == victim:
+        real, calls = repo.replicator.peers.exchange, []
+
+        def exchange(sends, receives):
+            calls.append(1)
+            if len(calls) == saves:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real(sends, receives)
+        repo.replicator.peers.exchange = exchange
+    ids, references, marked = [], [], []
+    for step in range(saves):
+        train(fsdp, fopt, "fsdp", 1, rank)
+        train(ddp, dopt, "ddp", 1, rank)
+        state = _mixed_state(fsdp, fopt, ddp, dopt, rank, step)
+        references.append(_mixed_reference(state))  # collective: before the victim can die
+        ids.append(repo.save(state, step=step).id)
+        if rank == 0:
+            torch.save(references, os.path.join(out, "references.pt"))
+        marked.append(repo.replicated(ids[-1]))  # the victim dies in here, replicating the last version
+    result = {"ids": ids, "replicated": marked, "held": repo.replicated(ids[-2]) if saves > 1 else None}
+    if victim < 0:
+        repo.drain()
+        dist.barrier()
+        repo.close()
+    return result
+
+
+def _counting_reads(store) -> list:
+    """Count the reads of `store`'s data (read, read_into, map): [count] grows as they happen."""
+    count = [0]
+    for name in ("read", "read_into", "map"):
+        real = getattr(store, name)
+
+        def counted(*args, _real=real, **kwargs):
+            count[0] += 1
+            return _real(*args, **kwargs)
+        setattr(store, name, counted)
+    return count
+
+
+def _replicated_restore(rank, world, out, nodes, shared, references_path):
+    """Restore "main" through replicated node-local tiers into fresh models; count the shared tier's reads."""
+    import dataclasses
+
+    fsdp, fopt = build_fsdp(seed=99)
+    ddp, dopt = build_ddp(seed=98)
+    repo = fp.dist.Repo(tiers=_replica_tiers(nodes, shared, rank), create=True, timeout=30)
+    reads = _counting_reads(repo.stores[1])
+    state = _mixed_state(fsdp, fopt, ddp, dopt, -1, -1)
+    version = repo.restore(state, "main")
+    shared_reads = reads[0]
+    got = _mixed_reference(state)
+    matches = [i for i, ref in enumerate(torch.load(references_path))
+               if all(torch.equal(ref[k], got[k]) for k in ref)]
+    recovery = repo.replicator.last_recovery
+    result = {"version": version.id, "matches": matches, "shared_reads": shared_reads,
+              "note": state["note"].obj["rank"].tolist(), "replicated": repo.replicated(version.id),
+              "recovery": dataclasses.asdict(recovery) if recovery else None}
+    repo.close()
+    return result

@@ -61,6 +61,55 @@ class TorchGroup:
     def close(self) -> None:
         """Nothing to release: the process group owns its store."""
 
+    def peers(self, ranks: list[int], timeout: float) -> "TorchPeers":
+        """(Collective over the whole group) a group of `ranks` (ranks of this group) for
+        point-to-point transfers from background threads, apart from the training's collectives."""
+        return TorchPeers(self._dist, [self._global(r) for r in ranks], timeout)
+
+    def _global(self, rank: int) -> int:
+        return self._dist.get_global_rank(self._group, rank) if self._group is not None else rank
+
+
+class TorchPeers:
+    """A gloo group of some ranks (global ranks `ranks`; a member's place in it is its index):
+    object all-gather and batched point-to-point transfers of byte buffers."""
+
+    def __init__(self, dist, ranks: list[int], timeout: float):
+        import datetime
+
+        self._dist, self.ranks = dist, ranks
+        self._group = dist.new_group(ranks, timeout=datetime.timedelta(seconds=timeout), backend="gloo")
+
+    def all_gather(self, value) -> list:
+        """Every member's `value`, in member order (call on every member)."""
+        out = [None] * len(self.ranks)
+        self._dist.all_gather_object(out, value, group=self._group)
+        return out
+
+    def exchange(self, sends: dict[int, list], receives: dict[int, list[int]]) -> dict[int, list[bytearray]]:
+        """Send each member `m` of `sends` its buffers (in order), receive from each member of
+        `receives` buffers of the given sizes; returns them. Both sides post everything before
+        waiting, so a ring of exchanges cannot deadlock."""
+        import warnings
+
+        import torch
+
+        works, got = [], {}
+        with warnings.catch_warnings():  # read-only buffers are only read by a send
+            warnings.simplefilter("ignore", UserWarning)
+            for member, buffers in sends.items():
+                for buf in buffers:
+                    t = torch.frombuffer(buf, dtype=torch.uint8) if len(buf) else torch.empty(0, dtype=torch.uint8)
+                    works.append(self._dist.isend(t, self.ranks[member], group=self._group))
+        for member, sizes in receives.items():
+            got[member] = [bytearray(n) for n in sizes]
+            for buf in got[member]:
+                t = torch.frombuffer(buf, dtype=torch.uint8) if len(buf) else torch.empty(0, dtype=torch.uint8)
+                works.append(self._dist.irecv(t, self.ranks[member], group=self._group))
+        for w in works:
+            w.wait()
+        return got
+
 
 def hosts_of(group: Group) -> list[str]:
     """Every rank's host name, in rank order (collective)."""

@@ -32,6 +32,7 @@ from ..state.stateful import get_at
 from .coordinator import Coordinator, DistSaveError
 from .group import Group, TorchGroup, hosts_of
 from .node_local import NodeLocalMixin, assign_flush, check_node_local
+from .replication import Replicator
 
 
 class Repo(NodeLocalMixin, BaseRepo):
@@ -96,9 +97,28 @@ class Repo(NodeLocalMixin, BaseRepo):
         self.sweep_grace = sweep_grace
         self.node_ranks = self._node_group(hosts[self.rank])
         self._next_assign: list[str] | None = None
+        self.replicator = self._replicator(timeout)
 
     def _rank_world(self) -> tuple[int, int]:
         return self.rank, self.world
+
+    def _replicator(self, timeout: float) -> Replicator | None:
+        """(Collective) the replicas of tier 0 when it asks for them, else None."""
+        if not self.tier_specs[0].replicas:
+            return None
+        if not hasattr(self.group, "peers"):
+            raise ValueError(f"{self.api_name} cannot keep replicas of tier 0 (its processes have no "
+                             "point-to-point transfers): use fp.dist.Repo (torch.distributed)")
+        return Replicator(self, self.node_leaders, lambda name, fn, after: self._sched.submit(
+            name, fn, priority=Priority.FLUSH, after=[after] if after is not None else []), timeout)
+
+    def replicated(self, ref: str = "main") -> bool:
+        """True when every object of version `ref` has replicas+1 copies on distinct nodes (its
+        replica record is on this node's tier 0), after the replications queued so far end."""
+        if self.replicator is None:
+            return False
+        self.replicator.wait()
+        return self.replicator.replicated(self.resolve(ref))
 
     closes_at_exit = False
     """A rank's exit does not wait for saves in flight: they wait for every rank, and the others
@@ -248,6 +268,8 @@ class Repo(NodeLocalMixin, BaseRepo):
             assignment = assign_flush(manifest, parts) if self.node_local else None
             with self._flush_share(assignment[0] if assignment else None):
                 version = session.commit(manifest)
+            if self.replicator is not None:
+                self.replicator.schedule(version.id)
         except Exception as e:
             self.coordinator.announce(sid, {"error": f"{type(e).__name__}: {e}"})
             if isinstance(e, DistSaveError):
@@ -270,6 +292,8 @@ class Repo(NodeLocalMixin, BaseRepo):
         if "error" in outcome:
             raise DistSaveError(f"save {sid} did not commit (reported by rank 0): {outcome['error']}")
         part.result()
+        if self.replicator is not None:
+            self.replicator.schedule(outcome["id"])
         if flush:
             with self._flush_share(flush[0]):
                 self._after_commit(outcome["id"], 0)

@@ -12,6 +12,7 @@ from ..format.manifest import Manifest, version_from_bytes
 from ..format.objects import object_key
 from ..storage import Store
 from ..tiers import farthest_next_use
+from ..tiers.replication import record_key as replica_record_key
 from ..engine.parallel import parallel_map
 from ..tiers.movement import copy_manifest, copy_object, object_keys, sweep
 from .compaction import encodable_objects
@@ -266,6 +267,7 @@ class PlacementMixin:
                     continue
                 self._prune(vid, nxt)
             store.delete(f"versions/{vid}.json")
+            store.delete(replica_record_key(vid))
             self.history.cache.pop(vid)
         with self._evict_lock:
             live = set()

@@ -4,7 +4,9 @@ Each tier holds a complete repository layout (objects, manifests, refs), so any 
 can be read; `keep` bounds how many versions a tier holds (the last tier prunes), and
 `flush_every` says which versions go on to the next tier. A `local` tier (node-local disk,
 /dev/shm) is reached only by the processes of one node: an fp.dist.Repo then keeps each
-node's part of a version there and flushes the parts to the shared tier below.
+node's part of a version there and flushes the parts to the shared tier below; with
+`replicas=k` it also copies each node's part to the local tier of k other nodes
+(dist/replication.py), bounded by `budget` bytes per node.
 """
 
 import os
@@ -22,6 +24,8 @@ class Tier:
     flush_every: int = 1
     storage_options: dict = field(default_factory=dict, hash=False, compare=False)
     local: bool = False
+    replicas: int = 0
+    budget: int | None = None
 
     def __post_init__(self):
         for name in ("keep", "flush_every"):
@@ -32,13 +36,21 @@ class Tier:
             raise ValueError(f"tier {self.url}: keep must be >= 1, got {self.keep}")
         if self.flush_every < 1:
             raise ValueError(f"tier {self.url}: flush_every must be >= 1, got {self.flush_every}")
+        for name in ("replicas", "budget"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"tier {self.url}: {name} must be an int >= 0, got {value!r}")
+        if (self.replicas or self.budget is not None) and not self.local:
+            raise ValueError(f"tier {self.url}: replicas need a node-local tier that outlives the processes "
+                             "(e.g. fp.tier('/dev/shm/run', keep=2, local=True, replicas=1))")
 
 
 def tier(url: str, keep: int | None = None, flush_every: int = 1, local: bool = False,
-         **storage_options) -> Tier:
+         replicas: int = 0, budget: int | None = None, **storage_options) -> Tier:
     """Describe a tier: `fp.tier("mem://fast", keep=2)`, `fp.tier("s3://b/run")`,
-    `fp.tier("/local/nvme/run", keep=2, local=True)` (each node has its own)."""
-    return Tier(str(url), keep, flush_every, storage_options, local)
+    `fp.tier("/local/nvme/run", keep=2, local=True)` (each node has its own), and
+    `fp.tier("/dev/shm/run", keep=2, local=True, replicas=1)` (each node's part also on a peer)."""
+    return Tier(str(url), keep, flush_every, storage_options, local, replicas, budget)
 
 
 def open_tiers(tiers) -> tuple[list[Tier], list[Store]]:
