@@ -597,17 +597,19 @@ def _disagreeing_save(rank, world, out, url):
     return raised + [known]
 
 
-def _replica_tiers(nodes, shared, rank, budget=None):
-    """Tier 0 local to each rank's simulated node, replicated once to the next node; the shared tier below."""
-    return [fp.tier(os.path.join(nodes, f"node{rank}"), keep=2, local=True, replicas=1, budget=budget), shared]
+def _replica_tiers(nodes, shared, rank, budget=None, node_size=1):
+    """Tier 0 local to each simulated node (ranks r // node_size share it), replicated once to
+    the next node; the shared tier below."""
+    node = os.path.join(nodes, f"node{rank // node_size}")
+    return [fp.tier(node, keep=2, local=True, replicas=1, budget=budget), shared]
 
 
-def _replicated_saves(rank, world, out, nodes, shared, saves=3, budget=None, victim=-1):
+def _replicated_saves(rank, world, out, nodes, shared, saves=3, budget=None, victim=-1, node_size=1):
     """`saves` versions of FSDP + DDP + rank-local state into replicated node-local tiers; rank
     `victim` is SIGKILLed while it exchanges the last version's replicas (its node then lost)."""
     fsdp, fopt = build_fsdp()
     ddp, dopt = build_ddp()
-    repo = fp.dist.Repo(tiers=_replica_tiers(nodes, shared, rank, budget), create=True, timeout=30)
+    repo = fp.dist.Repo(tiers=_replica_tiers(nodes, shared, rank, budget, node_size), create=True, timeout=30)
     if rank == victim:
         real, calls = repo.replicator.peers.exchange, []
 
@@ -626,8 +628,12 @@ def _replicated_saves(rank, world, out, nodes, shared, saves=3, budget=None, vic
         ids.append(repo.save(state, step=step).id)
         if rank == 0:
             torch.save(references, os.path.join(out, "references.pt"))
-        marked.append(repo.replicated(ids[-1]))  # the victim dies in here, replicating the last version
-    result = {"ids": ids, "replicated": marked, "held": repo.replicated(ids[-2]) if saves > 1 else None}
+        if victim < 0:
+            marked.append(repo.replicated(ids[-1]))
+        else:  # the victim dies in here, replicating the last version; no collective after that
+            repo.replicator.wait()
+            marked.append(repo.replicator.replicated(ids[-1]))
+    result = {"ids": ids, "replicated": marked}
     if victim < 0:
         repo.drain()
         dist.barrier()
@@ -636,28 +642,35 @@ def _replicated_saves(rank, world, out, nodes, shared, saves=3, budget=None, vic
 
 
 def _counting_reads(store) -> list:
-    """Count the reads of `store`'s data (read, read_into, map): [count] grows as they happen."""
+    """Count the reads of objects from `store` (read, read_into, map of keys under objects/):
+    [count] grows as they happen (manifests and refs are not counted)."""
     count = [0]
     for name in ("read", "read_into", "map"):
         real = getattr(store, name)
 
-        def counted(*args, _real=real, **kwargs):
-            count[0] += 1
-            return _real(*args, **kwargs)
+        def counted(key, *args, _real=real, **kwargs):
+            count[0] += key.startswith("objects/")
+            return _real(key, *args, **kwargs)
         setattr(store, name, counted)
     return count
 
 
-def _replicated_restore(rank, world, out, nodes, shared, references_path):
-    """Restore "main" through replicated node-local tiers into fresh models; count the shared tier's reads."""
+def _replicated_restore(rank, world, out, nodes, shared, references_path, resume=False, node_size=1):
+    """Restore "main" through replicated node-local tiers into fresh models (with `resume`, by
+    Checkpointer.resume); count the shared tier's reads."""
     import dataclasses
 
     fsdp, fopt = build_fsdp(seed=99)
     ddp, dopt = build_ddp(seed=98)
-    repo = fp.dist.Repo(tiers=_replica_tiers(nodes, shared, rank), create=True, timeout=30)
+    repo = fp.dist.Repo(tiers=_replica_tiers(nodes, shared, rank, None, node_size), create=True, timeout=30)
     reads = _counting_reads(repo.stores[1])
     state = _mixed_state(fsdp, fopt, ddp, dopt, -1, -1)
-    version = repo.restore(state, "main")
+    if resume:
+        ck = fp.Checkpointer(repo, state, every=1)
+        ck.resume()
+        version = ck.last_version
+    else:
+        version = repo.restore(state, "main")
     shared_reads = reads[0]
     got = _mixed_reference(state)
     matches = [i for i, ref in enumerate(torch.load(references_path))

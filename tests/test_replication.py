@@ -81,11 +81,12 @@ def test_a_node_killed_during_replication_leaves_no_version_marked_that_is_not(t
 
     shutil.rmtree(f"{nodes}/node2")
     references = str(tmp_path / "save" / "references.pt")
-    records = launch("replicated_restore", 4, tmp_path / "restart", nodes, shared, references)
+    records = launch("replicated_restore", 4, tmp_path / "restart", nodes, shared, references, True)
     for rec in records:
         result = rec["result"]
         assert result["version"] == ids[1] and result["matches"] == [1], result
-        assert result["shared_reads"] == 0 and result["replicated"]
+        assert result["shared_reads"] == 0 and result["replicated"], \
+            "Checkpointer.resume rebuilds the newest version peers can give back"
 
 
 @rerun_once_if_hung
@@ -105,3 +106,21 @@ def test_a_node_over_its_budget_takes_no_replicas_and_a_loss_then_reads_the_shar
     assert [rec["result"]["shared_reads"] > 0 for rec in records] == [False, True, False, False]
     reason = records[0]["result"]["recovery"]["reason"]
     assert "node(s) [1] lost their tier 0, and the version was never fully replicated" in reason, reason
+
+
+@rerun_once_if_hung
+def test_nodes_of_two_ranks_replicate_through_their_first_rank(tmp_path):
+    nodes, shared = str(tmp_path / "nodes"), str(tmp_path / "shared")
+    records = launch("replicated_saves", 4, tmp_path / "save", nodes, shared, 2, None, -1, 2)
+    ids = records[0]["result"]["ids"]
+    assert [rec["result"]["replicated"] for rec in records] == [[True, True]] * 4
+    assert sorted(os.listdir(nodes)) == ["node0", "node1"]
+    newest = fp.Repo(shared).manifest(ids[1])
+    assert all(copies(nodes, o) == 2 for o in newest.objects()), "each node holds the whole version"
+    shutil.rmtree(f"{nodes}/node0")
+    references = str(tmp_path / "save" / "references.pt")
+    records = launch("replicated_restore", 4, tmp_path / "lost", nodes, shared, references, False, 2)
+    for r, rec in enumerate(records):
+        result = rec["result"]
+        assert result["version"] == ids[1] and result["matches"] == [1] and result["note"] == [r, 1], result
+        assert result["shared_reads"] == 0 and result["replicated"]

@@ -198,12 +198,15 @@ class Checkpointer:
         or missing is skipped for the next older one with a ResumeWarning naming what was
         skipped and why (fall_back=False raises instead); `strict` is restore's key check.
         A branch that close(final_step=...) finished says so (ResumeWarning, `finished`).
-        Flushes a killed process left undone are finished in the background (Repo.finish_flushes:
+        Nodes of an fp.dist.Repo that lost their replicated tier 0 first get their part back
+        from peers (fp.dist.Repo.recover). Flushes a killed process left undone are finished in the background (Repo.finish_flushes:
         by every rank of an fp.dist.Repo, where it is collective; by rank 0 of a plain Repo).
 
         Later versions record the restart count (SLURM / torchelastic) and the wall time since
         the restored version was written (work lost plus time spent waiting to restart).
         """
+        if hasattr(self.repo, "recover"):  # collective: nodes lost and replaced get their part back
+            self.repo.recover(self.branch)
         if getattr(self.repo, "collective", False) or _world()[1] == 0:
             self.repo.finish_flushes()
         if self.repo.head(self.branch) is None:

@@ -199,10 +199,9 @@ class NodeLocalMixin:
         after a change of world size), the version the shared tier below has for `ref`."""
         if not self.node_local:
             return super().restore(state, ref, *args, **kwargs)
-        if self.replicator is not None:
-            recovered = self.replicator.recover(ref)
-            if recovered is not None:
-                ref = recovered.vid
+        recovered = self.recover(ref)
+        if recovered is not None:
+            ref = recovered.vid
         try:
             mine = self.resolve(ref)
         except RefNotFoundError:

@@ -279,7 +279,8 @@ class Replicator:
                 raise ForkpointError(f"node {donor} sent a manifest of {m.version.id} for {vid}")
             self.store.write(key, [data])
             self.store.barrier([key])
-        if self.repo.refs.state_in(self.store, "heads", branch)[1] is None:
+        if self.repo.refs.state_in(self.store, "heads", branch)[1] != vid:
+            # a newer head is one that can no longer be rebuilt: every node resumes from `vid`
             self.repo.refs.move(self.store, "heads", branch, vid)
         if decision["record"] and not self.replicated(vid):
             self._write_record(ReplicaRecord(vid, self.replicas, decision["record"]))

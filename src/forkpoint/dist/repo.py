@@ -112,13 +112,22 @@ class Repo(NodeLocalMixin, BaseRepo):
         return Replicator(self, self.node_leaders, lambda name, fn, after: self._sched.submit(
             name, fn, priority=Priority.FLUSH, after=[after] if after is not None else []), timeout)
 
+    def recover(self, branch: str = "main"):
+        """(Collective) rebuild what nodes lost of `branch` from their peers' replicas (see
+        dist/replication.py): the Recovery, or None when nothing was lost or tier 0 keeps no
+        replicas. restore and Checkpointer.resume call it."""
+        return None if self.replicator is None else self.replicator.recover(branch)
+
     def replicated(self, ref: str = "main") -> bool:
-        """True when every object of version `ref` has replicas+1 copies on distinct nodes (its
-        replica record is on this node's tier 0), after the replications queued so far end."""
+        """(Collective) True when every object of version `ref` has replicas+1 copies on
+        distinct nodes (its replica record is on this node's tier 0), once the replications
+        queued so far have ended (each node's first rank answers for the node)."""
         if self.replicator is None:
             return False
+        vid = self.resolve(ref)
         self.replicator.wait()
-        return self.replicator.replicated(self.resolve(ref))
+        mine = self.replicator.replicated(vid) if self.replicator.member is not None else None
+        return self.group.all_gather(mine)[self.node_ranks[0]]
 
     closes_at_exit = False
     """A rank's exit does not wait for saves in flight: they wait for every rank, and the others
