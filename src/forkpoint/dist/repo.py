@@ -118,6 +118,12 @@ class Repo(NodeLocalMixin, BaseRepo):
         replicas. restore and Checkpointer.resume call it."""
         return None if self.replicator is None else self.replicator.recover(branch)
 
+    @property
+    def last_recovery(self):
+        """What the last recovery did (dist.replication.Recovery: version, objects from peers
+        and from the shared tier, why the shared tier was read), or None."""
+        return None if self.replicator is None else self.replicator.last_recovery
+
     def replicated(self, ref: str = "main") -> bool:
         """(Collective) True when every object of version `ref` has replicas+1 copies on
         distinct nodes (its replica record is on this node's tier 0), once the replications
