@@ -199,34 +199,36 @@ def main(argv=None) -> int:
     ap.add_argument("--dir", default=None, help="where the shared tier goes (default: a temporary directory)")
     ap.add_argument("--s3", action="store_true", help="also recover from a moto S3 server")
     ap.add_argument("--skip-stall", action="store_true")
+    ap.add_argument("--skip-recovery", action="store_true")
     args = ap.parse_args(argv)
     base = args.dir or tempfile.mkdtemp(prefix="fp-bench-repl-")
     width = width_for(args.mib)
     print(f"state: {LAYERS} x Linear({width}, {width}) + AdamW = "
           f"{LAYERS * width * width * 12 / 2**20:.0f} MiB over {WORLD} nodes", flush=True)
-    rows = [recovery_case("peers", base, width, 1, os.path.join(base, "shared-peers"), {}, args.repeats),
-            recovery_case("shared disk", base, width, 0, os.path.join(base, "shared-disk"), {}, args.repeats)]
-    if args.s3:
-        sys.path.insert(0, os.path.dirname(__file__))
-        from flush_encode import start_moto
+    if not args.skip_recovery:
+        rows = [recovery_case("peers", base, width, 1, os.path.join(base, "shared-peers"), {}, args.repeats),
+                recovery_case("shared disk", base, width, 0, os.path.join(base, "shared-disk"), {}, args.repeats)]
+        if args.s3:
+            sys.path.insert(0, os.path.dirname(__file__))
+            from flush_encode import start_moto
 
-        import s3fs
+            import s3fs
 
-        endpoint, proc = start_moto()
-        try:
-            s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint}).mkdir("bench")
-            rows.append(recovery_case("S3 (moto)", base, width, 0, "s3://bench/run",
-                                      {"client_kwargs": {"endpoint_url": endpoint}}, args.repeats))
-        finally:
-            proc.terminate()
-    print("| recover after losing 1 of 4 nodes | restore (s, slowest rank) | runs | objects from peers |")
-    print("|---|---|---|---|")
-    for r in rows:
-        dropped = "" if r["case"] == "peers" or r["cache_dropped"] else " (page cache NOT dropped)"
-        print(f"| {r['case']}{dropped} | {r['seconds']:.2f} | {', '.join(f'{t:.2f}' for t in r['runs'])} | "
-              f"{r['from_peers']} |")
-    print(f"peers vs shared disk: {rows[1]['seconds'] / rows[0]['seconds']:.1f}x faster" +
-          (f"; vs S3: {rows[2]['seconds'] / rows[0]['seconds']:.1f}x" if len(rows) > 2 else ""))
+            endpoint, proc = start_moto()
+            try:
+                s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint}).mkdir("bench")
+                rows.append(recovery_case("S3 (moto)", base, width, 0, "s3://bench/run",
+                                          {"client_kwargs": {"endpoint_url": endpoint}}, args.repeats))
+            finally:
+                proc.terminate()
+        print("| recover after losing 1 of 4 nodes | restore (s, slowest rank) | runs | objects from peers |")
+        print("|---|---|---|---|")
+        for r in rows:
+            dropped = "" if r["case"] == "peers" or r["cache_dropped"] else " (page cache NOT dropped)"
+            print(f"| {r['case']}{dropped} | {r['seconds']:.2f} | {', '.join(f'{t:.2f}' for t in r['runs'])} | "
+                  f"{r['from_peers']} |")
+        print(f"peers vs shared disk: {rows[1]['seconds'] / rows[0]['seconds']:.1f}x faster" +
+              (f"; vs S3: {rows[2]['seconds'] / rows[0]['seconds']:.1f}x" if len(rows) > 2 else ""))
     if not args.skip_stall:
         s = stall(base, width, args.steps, args.every, args.repeats)
         print(f"loop of {args.steps} steps, a checkpoint every {args.every}: " +

@@ -611,14 +611,17 @@ def _replicated_saves(rank, world, out, nodes, shared, saves=3, budget=None, vic
     ddp, dopt = build_ddp()
     repo = fp.dist.Repo(tiers=_replica_tiers(nodes, shared, rank, budget, node_size), create=True, timeout=30)
     if rank == victim:
-        real, calls = repo.replicator.peers.exchange, []
+        real_replicate, real_exchange, calls = repo.replicator.replicate, repo.replicator.peers.exchange, []
+
+        def replicate(vid):
+            calls.append(vid)
+            return real_replicate(vid)
 
         def exchange(sends, receives):
-            calls.append(1)
-            if len(calls) == saves:
+            if len(calls) == saves:  # the last version's first exchange
                 os.kill(os.getpid(), signal.SIGKILL)
-            return real(sends, receives)
-        repo.replicator.peers.exchange = exchange
+            return real_exchange(sends, receives)
+        repo.replicator.replicate, repo.replicator.peers.exchange = replicate, exchange
     ids, references, marked = [], [], []
     for step in range(saves):
         train(fsdp, fopt, "fsdp", 1, rank)

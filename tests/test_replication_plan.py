@@ -4,7 +4,8 @@ recovery sources, and hostile replica records."""
 import pytest
 
 import forkpoint as fp
-from forkpoint.tiers.replication import (ReplicaRecord, batches, plan_recovery, plan_replication, ring_peers)
+from forkpoint.tiers.replication import (ReplicaRecord, batches, delivered, plan_recovery, plan_replication,
+                                         ring_peers)
 
 A, B, C, D = ("a" * 64, "b" * 64, "c" * 64, "d" * 64)
 
@@ -15,6 +16,7 @@ def test_each_node_sends_to_the_next_k_on_the_ring_and_never_to_itself():
     plan = plan_replication(held, 1, [0, 0, 0], None)
     assert plan.sends == {(0, 1): [A], (1, 2): [B], (2, 0): [C]}, "D is on every node already: not sent"
     assert plan.holds == [sorted([A, C, D]), sorted([A, B, D]), sorted([B, C, D])] and plan.short == []
+    assert plan.own == [sorted([A, D]), sorted([B, D]), sorted([C, D])], "what each node's ranks wrote"
     two = plan_replication(held, 2, [0, 0, 0], None)
     copies = {o: sum(o in h for h in two.holds) for o in (A, B, C)}
     assert copies == {A: 3, B: 3, C: 3}
@@ -45,18 +47,21 @@ def test_recovery_takes_each_object_from_a_surviving_peer_else_from_the_shared_t
     plan = plan_recovery(needed, present, on_shared=lambda d: d == D)
     assert plan.sends == {(0, 1): [B], (2, 1): [C]} and plan.from_shared == {2: [D]} and plan.missing == []
     assert plan_recovery([{A}], [set()], on_shared=lambda d: False).missing == [A]
+    assert delivered(plan, present) == [{A, B}, {B, C}, {C, D}]
 
 
 @pytest.mark.parametrize("data, match", [
     (b"not json", "not a replica record"),
-    (b'{"version": "v", "replicas": 1, "holds": [["../../etc/passwd"]]}', "not a replica record"),
-    (b'{"version": "v", "replicas": 1, "holds": "x"}', "not a replica record"),
-    (b'{"version": "v", "replicas": 1, "holds": [[]]}', "describes 1 nodes, this job has 2"),
+    (b'{"version": "v", "replicas": 1, "own": [[], []], "holds": [["../../etc/passwd"], []]}',
+     "not a replica record"),
+    (b'{"version": "v", "replicas": 1, "own": [[], []], "holds": "x"}', "not a replica record"),
+    (b'{"version": "v", "replicas": 1, "holds": [[], []]}', "not a replica record"),
+    (b'{"version": "v", "replicas": 1, "own": [[]], "holds": [[]]}', "describes 1 nodes, this job has 2"),
 ])
 def test_a_damaged_or_crafted_replica_record_is_refused(data, match):
     with pytest.raises(ValueError, match=match):
         ReplicaRecord.from_bytes(data, "replicas/v.json", nodes=2)
-    record = ReplicaRecord("v", 1, [[A], [B]])
+    record = ReplicaRecord("v", 1, [[A], [B]], [[A, B], [A, B]])
     assert ReplicaRecord.from_bytes(record.to_bytes(), "r", 2) == record
 
 
@@ -66,3 +71,11 @@ def test_replicas_need_a_node_local_tier_and_sane_numbers():
     with pytest.raises(ValueError, match="replicas must be an int >= 0"):
         fp.tier("/dev/shm/x", local=True, replicas=-1)
     assert fp.tier("/dev/shm/x", keep=2, local=True, replicas=1, budget=1 << 30).replicas == 1
+
+
+def test_replicas_are_refused_below_tier_0_and_without_a_distributed_repository(tmp_path):
+    with pytest.raises(ValueError, match="only tier 0 can keep replicas"):
+        fp.Repo(tiers=[str(tmp_path / "a"), fp.tier(str(tmp_path / "b"), local=True, replicas=1)], create=True)
+    with pytest.raises(ValueError, match="needs fp.dist.Repo"):
+        fp.Repo(tiers=[fp.tier(str(tmp_path / "c"), keep=2, local=True, replicas=1), str(tmp_path / "d")],
+                create=True)

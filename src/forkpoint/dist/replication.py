@@ -15,27 +15,35 @@ of it from a surviving peer (RAM to RAM), and only objects no peer holds from th
 import logging
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..engine.parallel import parallel_map
 from ..errors import ForkpointError
 from ..format.manifest import Manifest
 from ..format.objects import decode_object, object_key
 from ..tiers.movement import copy_object
-from ..tiers.replication import (ReplicaRecord, batches, plan_recovery, plan_replication, record_key)
+from ..tiers.replication import (ReplicaRecord, batches, delivered, plan_recovery, plan_replication,
+                                 record_key)
 
 log = logging.getLogger("forkpoint")
 
 ROUND_BYTES = 256 << 20
-"""The most bytes one node receives from one peer in a round of a transfer."""
+"""About the most bytes one node receives from one peer in a round of a transfer."""
+
+MAX_OBJECT_BYTES = 1 << 40
+"""A peer's announced object size above this is refused (a corrupted message)."""
 
 
 @dataclass
 class Recovery:
-    """What a restore's recovery did: the version chosen, the objects copied from peers and
-    from the shared tier, and why the shared tier was read (empty when it was not)."""
+    """What a restore's recovery did: the version chosen, the objects of the nodes' own parts
+    copied from peers and from the shared tier before the restore, the replicas re-seeded in
+    the background after it, and why the shared tier was read (empty when it was not)."""
 
     vid: str
     from_peers: int
     from_shared: int
+    reseeded: int
     reason: str
 
 
@@ -88,7 +96,7 @@ class Replicator:
             mine = ({}, 0, f"{type(e).__name__}: {e}")
         views = self.peers.all_gather(mine)
         plan = plan_replication([v[0] for v in views], self.replicas, [v[1] for v in views], self.budget)
-        sizes = {d: n for v in views for d, n in v[0].items()}
+        sizes = {d: n for v in views for d, n in v[0].items()}  # estimates: each file's own size is sent
         error = mine[2]
         if error is None:
             try:
@@ -100,7 +108,7 @@ class Replicator:
         if why:
             log.warning("version %s is not replicated: %s", vid, "; ".join(why))
             return False
-        self._write_record(ReplicaRecord(vid, self.replicas, plan.holds))
+        self._write_record(ReplicaRecord(vid, self.replicas, plan.own, plan.holds))
         return True
 
     def _used_bytes(self) -> int:
@@ -116,30 +124,37 @@ class Replicator:
 
     def _transfer(self, sends: dict, sizes: dict, read, what: str) -> None:
         """Move the objects of `sends` ({(source, target): digests}, same on every member) in
-        rounds; what this member receives is checked by hash, written and made durable. A
-        failure here still takes part in every round (zeros stand in for an unreadable
-        object, which its receiver then refuses), so no peer waits out the timeout; it is
-        raised at the end."""
-        rounds = {pair: batches(digests, sizes, ROUND_BYTES) for pair, digests in sends.items()}
+        rounds of about ROUND_BYTES (by `sizes`, estimates: each round first sends the files'
+        own sizes, as copies of one object may be encoded differently on different nodes);
+        what this member receives is checked by hash, written and made durable. A failure
+        here still takes part in every round (a byte stands in for an unreadable object,
+        which its receiver then refuses), so no peer waits out the timeout; it is raised at
+        the end."""
+        rounds = {pair: batches(digests, {d: sizes.get(d, 1 << 20) for d in digests}, ROUND_BYTES)
+                  for pair, digests in sends.items()}
         count = max((len(r) for r in rounds.values()), default=0)
         written, errors = [], []
 
         def payload(digest):
             try:
-                data = read(digest)
-                if len(data) == sizes[digest]:
-                    return data
-                errors.append(f"object {digest} changed size while it was sent")
+                return read(digest)
             except Exception as e:
                 errors.append(f"cannot read object {digest}: {type(e).__name__}: {e}")
-            return bytearray(sizes[digest])
+                return b"\0"
 
         for r in range(count):
-            out = {t: [payload(d) for d in rs[r]] for (s, t), rs in rounds.items() if s == self.member and r < len(rs)}
-            into = {s: [sizes[d] for d in rs[r]] for (s, t), rs in rounds.items() if t == self.member and r < len(rs)}
+            mine = {t: rs[r] for (s, t), rs in rounds.items() if s == self.member and r < len(rs)}
+            theirs = {s: rs[r] for (s, t), rs in rounds.items() if t == self.member and r < len(rs)}
+            out = {t: [payload(d) for d in digests] for t, digests in mine.items()}
+            lengths = self.peers.exchange(
+                {t: [np.array([len(b) for b in bufs], dtype=np.int64).tobytes()] for t, bufs in out.items()},
+                {s: [8 * len(digests)] for s, digests in theirs.items()})
+            into = {s: [int(n) for n in np.frombuffer(lengths[s][0], dtype=np.int64)] for s in theirs}
+            if any(n < 1 or n > MAX_OBJECT_BYTES for ns in into.values() for n in ns):
+                raise ForkpointError(f"{what}: a peer announced an object size out of range")
             got = self.peers.exchange(out, into)
             for source, buffers in got.items():
-                for digest, data in zip(rounds[(source, self.member)][r], buffers):
+                for digest, data in zip(theirs[source], buffers):
                     try:
                         decode_object(data, digest, f"{what} from node {source}", pmap=parallel_map)
                     except Exception as e:
@@ -160,9 +175,10 @@ class Replicator:
 
     def recover(self, branch: str) -> Recovery | None:
         """(Collective, every rank) when some node's tier 0 lacks what the others hold of
-        `branch` (a node was lost and replaced), bring every node's part of the newest
-        version that can be rebuilt back from peers and the shared tier; the Recovery, or
-        None when no node lost anything (or no node holds the branch)."""
+        `branch` (a node was lost and replaced), bring back every node's own part of the
+        newest version that can be rebuilt, from peers and the shared tier, before this
+        returns; the replicas a node held for others follow in the background (then the
+        replica record). The Recovery, or None when no node lost anything."""
         survey = self._survey(branch) if self.member is not None else None
         surveys = [s for s in self.repo.group.all_gather(survey) if s is not None]
         heads = [s["head"] for s in surveys]
@@ -184,95 +200,100 @@ class Replicator:
             return None
         if decision["reason"]:
             log.warning("restoring version %s: %s", decision["vid"], decision["reason"])
-        self.last_recovery = Recovery(decision["vid"], sum(len(v) for v in decision["sends"].values()),
-                                      sum(len(v) for v in decision["from_shared"].values()), decision["reason"])
+        if self.member is not None:
+            self._last = self._submit("reseed", lambda: self._reseed(decision), self._last)
+        now, later = decision["now"], decision["later"]
+        self.last_recovery = Recovery(decision["vid"], sum(map(len, now["sends"].values())),
+                                      sum(map(len, now["from_shared"].values())),
+                                      sum(map(len, later["sends"].values())) + sum(map(len, later["from_shared"].values())),
+                                      decision["reason"])
         return self.last_recovery
 
     def _survey(self, branch: str) -> dict:
-        """What this node holds of `branch`: its head, and for each version on its tier 0
-        (newest first) the time, the objects, those present and the replica record."""
-        refs, history = self.repo.refs, self.repo.history
-        head = refs.state_in(self.store, "heads", branch)[1]
+        """What this node holds of `branch`: its head, and for each version on its tier 0 the
+        time, the objects, those present (with their sizes) and the replica record."""
+        head = self.repo.refs.state_in(self.store, "heads", branch)[1]
         versions = {}
-        for vid in history.version_ids(self.store):
+        for vid in self.repo.history.version_ids(self.store):
             try:
                 m = Manifest.from_bytes(self.store.read(f"versions/{vid}.json"), f"{self.store.url}/versions/{vid}")
             except Exception:  # a damaged manifest: that version is not offered by this node
                 continue
-            if m.version.pruned or m.version.branch != branch:
+            if m.version.id != vid or m.version.pruned or m.version.branch != branch:
                 continue
-            objects = sorted(m.objects())
-            record = None
-            if self.store.exists(record_key(vid)):
-                try:
-                    record = ReplicaRecord.from_bytes(self.store.read(record_key(vid)), record_key(vid),
-                                                      self.nodes).holds
-                except ValueError as e:
-                    log.warning("%s", e)
             present = {}
-            for o in objects:
+            for o in sorted(m.objects()):
                 try:
                     present[o] = self.store.size(object_key(o))
                 except FileNotFoundError:
                     pass
-            versions[vid] = {"time": m.version.time, "objects": objects, "record": record, "present": present}
+            versions[vid] = {"time": m.version.time, "objects": sorted(m.objects()), "present": present,
+                             "record": self._record(vid)}
         return {"head": head, "versions": versions}
+
+    def _record(self, vid: str) -> dict | None:
+        """This node's replica record of `vid` ({"own", "holds"}), or None (absent or damaged)."""
+        try:
+            r = ReplicaRecord.from_bytes(self.store.read(record_key(vid)), record_key(vid), self.nodes)
+        except FileNotFoundError:
+            return None
+        except ValueError as e:
+            log.warning("%s", e)
+            return None
+        return {"own": r.own, "holds": r.holds}
 
     def _decide(self, surveys: list[dict]) -> dict:
         """(Rank 0) the newest version every object of which a surviving node or the shared
-        tier holds, and how each node gets back its part of it."""
+        tier holds, and how each node gets back its own part of it (`now`) and the replicas
+        it held for others (`later`)."""
         shared = self.repo.stores[1:]
         versions: dict = {}
         for s in surveys:
             for vid, v in s["versions"].items():
-                versions.setdefault(vid, v)
-                if v["record"] and not versions[vid]["record"]:
-                    versions[vid]["record"] = v["record"]
+                versions.setdefault(vid, dict(v))
+                versions[vid]["record"] = versions[vid]["record"] or v["record"]
         lost = [n for n, s in enumerate(surveys) if not s["head"]]
-        reason = ""
+
+        def on_shared(d):
+            return any(st.exists(object_key(d)) for st in shared)
+        reason = "no node holds a version of it"
         for vid in sorted(versions, key=lambda x: versions[x]["time"], reverse=True):
-            v = versions[vid]
+            v, record = versions[vid], versions[vid]["record"]
             present = [set(s["versions"].get(vid, {}).get("present", ())) for s in surveys]
             sizes = {d: n for s in surveys for d, n in s["versions"].get(vid, {}).get("present", {}).items()}
-            record = v["record"]
-            needed = [set(h) for h in record] if record else [set() for _ in surveys]
-            plan = plan_recovery(needed, present, lambda d: any(st.exists(object_key(d)) for st in shared))
+            none = [set() for _ in surveys]
+            now = plan_recovery([set(h) for h in record["own"]] if record else none, present, on_shared)
+            later = plan_recovery([set(h) for h in record["holds"]] if record else none,
+                                  delivered(now, present), on_shared)
             lacking = [o for o in v["objects"] if not any(o in p for p in present)]
-            on_shared = [o for o in lacking if any(st.exists(object_key(o)) for st in shared)]
-            if plan.missing or len(on_shared) < len(lacking):
-                reason = (f"{len(lacking) - len(on_shared)} object(s) of version {vid} are on no surviving "
-                          f"node and not on the shared tier")
+            kept = [o for o in lacking if on_shared(o)]
+            if now.missing or later.missing or len(kept) < len(lacking):
+                reason = f"{len(lacking) - len(kept)} object(s) of version {vid} are on no surviving node nor below"
                 log.info("version %s cannot be rebuilt: %s", vid, reason)
                 continue
+            reason = ""
             if lacking:
-                why = (f"{len(lacking)} of its {len(v['objects'])} objects are on no surviving node "
-                       f"(node(s) {lost} lost their tier 0, " +
-                       (f"replicas={self.replicas})" if record else "and the version was never fully replicated)"))
-                reason = f"{why}: they are read from {shared[0].url}"
-            else:
-                reason = ""
-            return {"vid": vid, "reason": reason, "record": record,
-                    "sends": {f"{s},{t}": d for (s, t), d in plan.sends.items()},
-                    "from_shared": {str(t): d for t, d in plan.from_shared.items()},
-                    "sizes": {d: sizes[d] for ds in plan.sends.values() for d in ds},
+                reason = (f"{len(lacking)} of its {len(v['objects'])} objects are on no surviving node (node(s) "
+                          f"{lost} lost their tier 0, " + (f"replicas={self.replicas})" if record else
+                                                           "and the version was never fully replicated)")
+                          + f": they are read from {shared[0].url}")
+            return {"vid": vid, "reason": reason, "record": record, "sizes": sizes,
+                    "now": _plan_json(now), "later": _plan_json(later),
                     "manifest_from": next(n for n, s in enumerate(surveys) if vid in s["versions"])}
-        return {"vid": None, "reason": reason or "no node holds a version of it"}
+        return {"vid": None, "reason": reason}
 
     def _rebuild(self, branch: str, decision: dict) -> None:
-        """(First rank of each node) receive this node's part of the chosen version from peers
-        and the shared tier, then record the version (and its replica record) here."""
+        """(First rank of each node) receive this node's own part of the chosen version from
+        peers and the shared tier, then record the version and its head here."""
         vid, donor, key = decision["vid"], decision["manifest_from"], f"versions/{decision['vid']}.json"
-        sends = {tuple(int(x) for x in pair.split(",")): d for pair, d in decision["sends"].items()}
         error = None
         try:  # every member takes part in each exchange, whatever failed here
-            self._transfer(sends, decision["sizes"], self._local_bytes, f"version {vid}, recovered")
+            self._carry_out(decision["now"], decision["sizes"], f"version {vid}, recovered")
         except Exception as e:
             error = e
         data = self.peers.all_gather(self.store.read(key) if self.member == donor else None)[donor]
         if error is not None:
             raise error
-        for digest in decision["from_shared"].get(str(self.member), ()):
-            copy_object(self.repo.stores[1:], self.store, object_key(digest), parallel_map)
         if not self.store.exists(key):
             m = Manifest.from_bytes(data, f"version {vid} from node {donor}")
             if m.version.id != vid:
@@ -282,5 +303,36 @@ class Replicator:
         if self.repo.refs.state_in(self.store, "heads", branch)[1] != vid:
             # a newer head is one that can no longer be rebuilt: every node resumes from `vid`
             self.repo.refs.move(self.store, "heads", branch, vid)
-        if decision["record"] and not self.replicated(vid):
-            self._write_record(ReplicaRecord(vid, self.replicas, decision["record"]))
+
+    def _reseed(self, decision: dict) -> bool:
+        """(First rank of each node, in the background after a recovery) receive the replicas
+        this node held for others; once every node has, record the version as replicated
+        again where the record is missing."""
+        vid, error = decision["vid"], None
+        try:
+            self._carry_out(decision["later"], decision["sizes"], f"replicas of version {vid}, re-seeded")
+        except Exception as e:
+            error = f"{type(e).__name__}: {e}"
+        errors = self.peers.all_gather(error)
+        if any(errors):
+            log.warning("version %s is not replicated again after the recovery: %s", vid,
+                        "; ".join(f"node {n}: {e}" for n, e in enumerate(errors) if e))
+            return False
+        record = decision["record"]
+        if record and not self.replicated(vid):
+            self._write_record(ReplicaRecord(vid, self.replicas, record["own"], record["holds"]))
+        return True
+
+    def _carry_out(self, plan: dict, sizes: dict, what: str) -> None:
+        """Carry out a recovery plan (`_plan_json`): the exchange with peers, then the copies
+        from the shared tier that fall to this node."""
+        sends = {tuple(int(x) for x in pair.split(",")): d for pair, d in plan["sends"].items()}
+        self._transfer(sends, sizes, self._local_bytes, what)
+        for digest in plan["from_shared"].get(str(self.member), ()):
+            copy_object(self.repo.stores[1:], self.store, object_key(digest), parallel_map)
+
+
+def _plan_json(plan) -> dict:
+    """A RecoveryPlan as a broadcastable dict (string keys)."""
+    return {"sends": {f"{s},{t}": d for (s, t), d in plan.sends.items()},
+            "from_shared": {str(t): d for t, d in plan.from_shared.items()}}

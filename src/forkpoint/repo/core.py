@@ -109,6 +109,9 @@ class Repo(RefCommands, HistoryCommands, ReadingMixin, CompareMixin, Maintenance
         self.store = self.stores[0]
         self.url = self.store.url
         try:
+            if self.tier_specs[0].replicas and not getattr(self, "collective", False):
+                raise ValueError(f"tier 0 ({self.tier_specs[0].url}) asks for replicas on peer nodes: that "
+                                 "needs fp.dist.Repo (the nodes of a torch.distributed job)")
             self._open_or_create(create)
         except BaseException:
             for store in self.stores:

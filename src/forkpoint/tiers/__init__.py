@@ -58,6 +58,8 @@ def open_tiers(tiers) -> tuple[list[Tier], list[Store]]:
     if not tiers:
         raise ValueError("tiers must name at least one store")
     specs = [t if isinstance(t, Tier) else tier(t) for t in tiers]
+    if any(t.replicas for t in specs[1:]):
+        raise ValueError("only tier 0 can keep replicas on peer nodes (replicas= on a lower tier)")
     stores: list[Store] = []
     seen: dict[str, str] = {}
     try:

@@ -26,10 +26,12 @@ def ring_peers(node: int, nodes: int, replicas: int) -> list[int]:
 @dataclass
 class ReplicationPlan:
     """What one replication moves: `sends[(source node, target node)]` = digests (sorted),
-    `holds[node]` = every digest the node holds once it is done, and `short` = why the
-    version will not have replicas+1 copies of every object (empty when it will)."""
+    `own[node]` = the digests the node held before (its ranks' part), `holds[node]` = every
+    digest it holds once it is done, and `short` = why the version will not have replicas+1
+    copies of every object (empty when it will)."""
 
     sends: dict = field(default_factory=dict)
+    own: list = field(default_factory=list)
     holds: list = field(default_factory=list)
     short: list = field(default_factory=list)
 
@@ -40,9 +42,10 @@ def plan_replication(held: list[dict[str, int]], replicas: int, used: list[int],
     copies on distinct nodes; a target whose tier would pass `budget` bytes (it holds `used`
     now) receives nothing and the plan says so."""
     n = len(held)
-    plan = ReplicationPlan(holds=[set(h) for h in held])
+    plan = ReplicationPlan(own=[sorted(h) for h in held], holds=[set(h) for h in held])
     if replicas >= n:
         plan.short.append(f"replicas={replicas} needs at least {replicas + 1} nodes, the job has {n}")
+        plan.holds = [sorted(h) for h in plan.holds]
         return plan
     incoming: list[dict] = [{} for _ in range(n)]
     for source in range(n):
@@ -81,32 +84,35 @@ def batches(digests: list[str], sizes: dict[str, int], max_bytes: int) -> list[l
 
 @dataclass
 class ReplicaRecord:
-    """A version whose every object had replicas+1 copies: what each node holds of it."""
+    """A version whose every object had replicas+1 copies: what each node's ranks wrote of
+    it (`own`, what its restore reads) and what each node holds of it (`holds`)."""
 
     vid: str
     replicas: int
+    own: list
     holds: list
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"version": self.vid, "replicas": self.replicas, "holds": self.holds},
-                          sort_keys=True).encode()
+        return json.dumps({"version": self.vid, "replicas": self.replicas, "own": self.own,
+                           "holds": self.holds}, sort_keys=True).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str, nodes: int) -> "ReplicaRecord":
         """Parse a stored record, refusing one that does not describe `nodes` nodes of digests."""
         try:
             d = json.loads(data)
-            holds = d["holds"]
-            ok = (isinstance(d["version"], str) and isinstance(d["replicas"], int) and isinstance(holds, list)
+            lists = (d["own"], d["holds"])
+            ok = (isinstance(d["version"], str) and isinstance(d["replicas"], int)
+                  and all(isinstance(x, list) for x in lists)
                   and all(isinstance(h, list) and all(isinstance(x, str) and len(x) == 64 for x in h)
-                          for h in holds))
+                          for x in lists for h in x))
         except (ValueError, KeyError, TypeError):
             ok = False
         if not ok:
             raise ValueError(f"{where} is not a replica record: corrupted")
-        if len(holds) != nodes:
-            raise ValueError(f"{where} describes {len(holds)} nodes, this job has {nodes}")
-        return cls(d["version"], d["replicas"], holds)
+        if len(d["holds"]) != nodes or len(d["own"]) != nodes:
+            raise ValueError(f"{where} describes {len(d['holds'])} nodes, this job has {nodes}")
+        return cls(d["version"], d["replicas"], d["own"], d["holds"])
 
 
 @dataclass
@@ -118,6 +124,16 @@ class RecoveryPlan:
     sends: dict = field(default_factory=dict)
     from_shared: dict = field(default_factory=dict)
     missing: list = field(default_factory=list)
+
+
+def delivered(plan: RecoveryPlan, present: list[set]) -> list[set]:
+    """What each node holds once `plan` is carried out (`present`: before it)."""
+    after = [set(p) for p in present]
+    for (_, target), digests in plan.sends.items():
+        after[target].update(digests)
+    for target, digests in plan.from_shared.items():
+        after[target].update(digests)
+    return after
 
 
 def plan_recovery(needed: list[set], present: list[set], on_shared) -> RecoveryPlan:
