@@ -9,7 +9,7 @@ import forkpoint as fp
 HERE = os.path.dirname(__file__)
 
 
-def _interrupted(url: str, interrupts: int) -> subprocess.CompletedProcess:
+def _interrupted(url: str, interrupts: int | str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, os.path.join(HERE, "helpers", "interrupted_save.py"), url, str(interrupts)],
                           capture_output=True, text=True, timeout=300)
 
@@ -54,3 +54,17 @@ def test_a_second_interrupt_aborts_the_save_and_leaves_nothing_after_gc(tmp_path
     referenced = {o for leaf in repo.manifest("main").leaves for c in leaf.chunks for o in c.objects}
     assert {os.path.basename(p) for p in _files(url, "objects")} == referenced
     assert repo.verify().ok
+
+
+def test_a_second_interrupt_once_the_commit_began_says_the_save_committed(tmp_path):
+    url = str(tmp_path / "repo")
+    run = _interrupted(url, "late")
+    assert run.returncode == 130 and "stopped by the interrupt" in run.stdout, run.stderr
+    repo = fp.Repo(url)
+    head = repo.version("main")
+    assert head.step == 1, "the commit had begun: it completes"
+    lines = [line for line in run.stderr.splitlines() if line.startswith("forkpoint:")]
+    assert lines[1:] == ["forkpoint: aborting the save of step 1 on branch 'main'",
+                         "forkpoint: the save of step 1 on branch 'main' could not be aborted, it had reached "
+                         f"its commit: committed as version {head.id}"], run.stderr
+    assert repo.verify().ok and _files(url, "tmp") == set()

@@ -1,4 +1,5 @@
-"""A synchronous save that receives real SIGINTs at its first (and second) object write."""
+"""A synchronous save that receives real SIGINTs at its first (and second) object write, or
+("late") at its first object write and once its commit has begun."""
 
 import os
 import signal
@@ -12,24 +13,34 @@ from forkpoint.repo import interrupts
 from forkpoint.storage.local import LocalStore
 
 
-def main(url: str, count: int) -> None:
+def main(url: str, count: int, late: bool) -> None:
     repo = fp.Repo(url, create=True)
     repo.save({"x": np.zeros(10)}, step=0)
     writes = []
     real, say = LocalStore.write, interrupts._say
-    heard = threading.Event()
+    heard, aborting = threading.Event(), threading.Event()
 
     def said(text):
         say(text)
         heard.set()
+        if text.startswith("aborting"):
+            aborting.set()
 
     def write(store, key, parts):
-        if key.startswith("objects/"):
+        if late and key.startswith("versions/") and len(writes) > 1:
+            heard.wait(60)
+            os.kill(os.getpid(), signal.SIGINT)
+            aborting.wait(60)  # the commit goes on only once the abort has been asked for
+        elif key.startswith("objects/"):
             writes.append(key)
             if len(writes) <= count:
                 if len(writes) > 1:  # a signal sent before the last was handled would merge with it
                     heard.wait(60)
                 os.kill(os.getpid(), signal.SIGINT)
+            if count > 1 and len(writes) >= count:
+                # the save must not reach its commit before the main thread has handled the
+                # second interrupt, however slowly it is scheduled
+                aborting.wait(60)
         return real(store, key, parts)
 
     interrupts._say = said
@@ -45,4 +56,5 @@ def main(url: str, count: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    late = sys.argv[2] == "late"
+    main(sys.argv[1], 1 if late else int(sys.argv[2]), late)

@@ -203,6 +203,14 @@ class NodeLocalMixin:
         if recovered is not None:
             ref = recovered.vid
         try:
+            return self._agreed_restore(state, ref, *args, **kwargs)
+        finally:
+            if self.replicator is not None:
+                self.replicator.start_reseed()
+
+    def _agreed_restore(self, state, ref: str, *args, **kwargs) -> Version:
+        """The node-local restore proper (see restore)."""
+        try:
             mine = self.resolve(ref)
         except RefNotFoundError:
             mine = None

@@ -64,6 +64,7 @@ class Replicator:
         self.member = leaders.index(repo.rank) if repo.rank in leaders else None
         self._submit, self._last = submit, None
         self.last_recovery: Recovery | None = None
+        self._reseed_due: dict | None = None
 
     @property
     def store(self):
@@ -73,11 +74,13 @@ class Replicator:
         """(First rank of each node, in commit order) queue the replication of `vid`."""
         if self.member is None:
             return None
+        self.start_reseed()  # a recovery not followed by a restore re-seeds before this copy
         self._last = self._submit("replicate", lambda: self.replicate(vid), self._last)
         return self._last
 
     def wait(self) -> None:
         """Wait for the replications queued so far (their failures are logged, not raised)."""
+        self.start_reseed()
         if self._last is not None:
             self._last.future.exception()
 
@@ -200,14 +203,20 @@ class Replicator:
             return None
         if decision["reason"]:
             log.warning("restoring version %s: %s", decision["vid"], decision["reason"])
-        if self.member is not None:
-            self._last = self._submit("reseed", lambda: self._reseed(decision), self._last)
+        self._reseed_due = decision
         now, later = decision["now"], decision["later"]
         self.last_recovery = Recovery(decision["vid"], sum(map(len, now["sends"].values())),
                                       sum(map(len, now["from_shared"].values())),
                                       sum(map(len, later["sends"].values())) + sum(map(len, later["from_shared"].values())),
                                       decision["reason"])
         return self.last_recovery
+
+    def start_reseed(self) -> None:
+        """After the restore a recovery served (or the next save or wait): queue the re-seeding
+        of the replicas the nodes held for others, so it does not compete with the restore's reads."""
+        decision, self._reseed_due = self._reseed_due, None
+        if decision is not None and self.member is not None:
+            self._last = self._submit("reseed", lambda: self._reseed(decision), self._last)
 
     def _survey(self, branch: str) -> dict:
         """What this node holds of `branch`: its head, and for each version on its tier 0 the

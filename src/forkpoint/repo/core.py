@@ -365,12 +365,16 @@ class Repo(RefCommands, HistoryCommands, ReadingMixin, CompareMixin, Maintenance
             self._delta_plans.add(plan)
         return plan
 
-    def _abort_save(self, plan, commit: Task) -> None:
+    def _abort_save(self, plan, commit: Task) -> str | None:
         """Stop a save before its commit: writes not begun are refused, the commit publishes
         nothing; returns once the writes in flight have ended. What it wrote is unreferenced
-        and goes at the next gc once this process has ended (or after the grace period)."""
+        and goes at the next gc once this process has ended (or after the grace period).
+        Returns None, or how it ended when the commit had already begun (it then completes)."""
         plan.writer.aborted = True
         futures.wait([commit.future])
+        if commit.future.exception() is None:
+            return f"committed as version {commit.future.result().id}"
+        return None
 
     def _finish_save(self, session: SaveSession, plan, skeleton, record: Version, allow_pickle: bool) -> Version:
         if plan.writer.aborted:
