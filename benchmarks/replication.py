@@ -15,7 +15,9 @@ its processes new). Timed, slowest rank, from opening the repository to the end 
 Stall: a loop of --steps training steps checkpointing every --every steps through a
 Checkpointer (asynchronous saves), with replicas=1 and with replicas=0, against the same loop
 without checkpoints; stall per checkpoint = (loop - baseline) / checkpoints, slowest rank,
-median over --repeats runs in rotating order.
+median over --repeats runs in rotating order. Also the time the loop spends inside
+Checkpointer.step per checkpoint (what the training waits for, apart from the CPU the
+background work takes from it where the cores are all busy).
 
     python -m benchmarks replication --mib 2048 --repeats 3 --s3
 """
@@ -106,12 +108,16 @@ def worker(rank: int, job: str, case: dict, rendezvous: str, out: str) -> None:
         ck = fp.Checkpointer(repo, {"train": fp.dist.TrainState(model, opt)}, every=case["every"]) \
             if repo else None
         dist.barrier()
-        start = time.perf_counter()
+        start, blocked, cpu = time.perf_counter(), 0.0, time.process_time()
         for s in range(case["steps"]):
             step(model, opt, width)
             if ck:
+                before = time.perf_counter()
                 ck.step(s)
+                blocked += time.perf_counter() - before
         result["seconds"] = time.perf_counter() - start
+        result["blocked"] = blocked
+        result["cpu"] = time.process_time() - cpu  # every thread of the rank, gloo's included
         if ck:
             ck.close()
             repo.close()
@@ -172,6 +178,8 @@ def recovery_case(name: str, base: str, width: int, replicas: int, shared: str, 
 def stall(base: str, width: int, steps: int, every: int, repeats: int) -> dict:
     """Median stall per checkpoint with and without replicas, against the loop without checkpoints."""
     runs = {"none": [], "replicas=0": [], "replicas=1": []}
+    blocked = {"replicas=0": [], "replicas=1": []}
+    cpu = {"none": [], "replicas=0": [], "replicas=1": []}
     for i in range(repeats):
         order = list(runs)[i % 3:] + list(runs)[:i % 3]
         for name in order:
@@ -179,14 +187,20 @@ def stall(base: str, width: int, steps: int, every: int, repeats: int) -> dict:
                     "width": width, "steps": steps, "every": 0 if name == "none" else every,
                     "replicas": 1 if name == "replicas=1" else 0}
             shutil.rmtree(case["nodes"], ignore_errors=True)
-            runs[name].append(max(r["seconds"] for r in launch("loop", case)))
+            results = launch("loop", case)
+            runs[name].append(max(r["seconds"] for r in results))
+            cpu[name].append(sum(r["cpu"] for r in results))
+            if name in blocked:
+                blocked[name].append(max(r["blocked"] for r in results))
             shutil.rmtree(case["nodes"], ignore_errors=True)
             shutil.rmtree(case["shared"], ignore_errors=True)
     checkpoints = steps // every
     base_time = statistics.median(runs["none"])
-    out = {"loop_seconds": {k: statistics.median(v) for k, v in runs.items()}, "checkpoints": checkpoints}
+    out = {"loop_seconds": {k: statistics.median(v) for k, v in runs.items()}, "checkpoints": checkpoints,
+           "cpu_seconds": {k: statistics.median(v) for k, v in cpu.items()}}
     for name in ("replicas=0", "replicas=1"):
         out[f"stall_{name}"] = (statistics.median(runs[name]) - base_time) / checkpoints
+        out[f"blocked_{name}"] = statistics.median(blocked[name]) / checkpoints
     return out
 
 
@@ -233,8 +247,13 @@ def main(argv=None) -> int:
         s = stall(base, width, args.steps, args.every, args.repeats)
         print(f"loop of {args.steps} steps, a checkpoint every {args.every}: " +
               ", ".join(f"{k} {v:.2f} s" for k, v in s["loop_seconds"].items()))
-        print(f"stall per checkpoint: replicas=0 {s['stall_replicas=0']:.2f} s, replicas=1 "
+        print(f"stall per checkpoint (loop time added): replicas=0 {s['stall_replicas=0']:.2f} s, replicas=1 "
               f"{s['stall_replicas=1']:.2f} s")
+        print("CPU seconds of the loop, all ranks: " +
+              ", ".join(f"{k} {v:.1f} s" for k, v in s["cpu_seconds"].items()) +
+              f" (this machine has {os.cpu_count()} cores)")
+        print(f"time blocked in Checkpointer.step per checkpoint: replicas=0 {s['blocked_replicas=0']:.2f} s, "
+              f"replicas=1 {s['blocked_replicas=1']:.2f} s")
     if args.dir is None:
         shutil.rmtree(base, ignore_errors=True)
     return 0
