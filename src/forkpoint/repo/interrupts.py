@@ -5,7 +5,8 @@ who saw a traceback would not know whether the version was committed. While a sa
 in the main thread, the first SIGINT only says, in one line, that the save is finishing;
 the save commits and KeyboardInterrupt is raised after it. A second SIGINT aborts the save:
 nothing is committed, the writes in flight end (no temp file stays) and KeyboardInterrupt
-is raised; one that comes once the commit has begun says the save committed after all. A caller's own SIGINT handler is left alone.
+is raised; one that comes once the commit has begun says the save committed after all.
+A caller's own SIGINT handler is left alone.
 """
 
 import contextlib
@@ -22,8 +23,9 @@ def _say(text: str) -> None:
 @contextlib.contextmanager
 def finishing_on_first_interrupt(what: str, abort: Callable[[], str | None]):
     """Run the block (which waits for `what`) with the rule above; `abort()` stops `what`
-    and returns once its writes have ended: None, or how `what` ended when it was too late. Yields a list the block appends its outcome to
-    (a description for the line said after a deferred interrupt)."""
+    and returns once its writes have ended: None, or how `what` ended when it was too late.
+    Yields a list the block appends its outcome to (a description for the line said after a
+    deferred interrupt)."""
     outcome: list[str] = []
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
