@@ -3,6 +3,9 @@
 A child that outlives its time is sent SIGABRT with Python's fault handler on, so every Python
 process of its session prints the stack of each of its threads; the error's first line names
 the innermost frames of each main thread (CI shows only the summary line of a failure).
+Children get one OpenMP thread unless the caller says otherwise: the suite's workers already
+fill the cores, and an oversubscribed OpenMP barrier can stall a CPU backward for minutes
+(pytorch/pytorch#91547).
 """
 
 import os
@@ -22,6 +25,7 @@ def run(cmd, timeout: float, env: dict | None = None, **kwargs) -> subprocess.Co
     """`subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, ...)` that raises
     ChildHung, naming where the child's threads were, when the timeout passes."""
     env = dict(os.environ if env is None else env, PYTHONFAULTHANDLER="1")
+    env.setdefault("OMP_NUM_THREADS", "1")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, **kwargs)
     try:
