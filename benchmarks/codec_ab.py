@@ -38,6 +38,9 @@ from compression import (PARTS, buffers, encode_units, load_or_train, save_units
                          tensor_split, unit_layouts)
 
 
+CODEC_MODULES = ("floatcodec.py", "planecoders.py", "planeforms.py", "kernels.py", "zstdframe.py")
+
+
 def other_codec(src: Path):
     """The float codec module of the checkout whose sources are at `src`, imported under its own
     name (as other_forkpoint.format.floatcodec, beside that checkout's errors module)."""
@@ -47,7 +50,9 @@ def other_codec(src: Path):
     (root / "format" / "__init__.py").touch()
     if (src / "forkpoint/errors.py").exists():
         shutil.copy(src / "forkpoint/errors.py", root)
-    shutil.copy(src / "forkpoint/format/floatcodec.py", root / "format")
+    for module in CODEC_MODULES:
+        if (src / "forkpoint/format" / module).exists():
+            shutil.copy(src / "forkpoint/format" / module, root / "format")
     for built in glob.glob(str(src / "forkpoint/format/_planes*.so")):
         shutil.copy(built, root / "format")
     sys.path.insert(0, str(root.parent))

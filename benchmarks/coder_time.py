@@ -25,7 +25,7 @@ CODERS = {1: "zstd", 2: "Huffman", 3: "runs", 4: "seven-bit", 5: "sparse"}
 def timed_encodes(fc, units: list, itemsize: int, layouts: list | None) -> tuple[float, int, dict]:
     """(seconds, coded bytes, {coder: [seconds, plane bytes, coded bytes]}) of one pass."""
     per_coder: dict = {}
-    plain = fc._encode_plane
+    plain = fc.encode_plane
     depth = [0]
 
     def timed(plane, coder, block=0):
@@ -42,7 +42,7 @@ def timed_encodes(fc, units: list, itemsize: int, layouts: list | None) -> tuple
         entry[1] += plane.nbytes
         entry[2] += plane.nbytes if out is None else len(out)
         return out
-    fc._encode_plane = timed
+    fc.encode_plane = timed
     try:
         start, coded = time.perf_counter(), 0
         for i, (data, row) in enumerate(units):
@@ -50,7 +50,7 @@ def timed_encodes(fc, units: list, itemsize: int, layouts: list | None) -> tuple
             coded += sum(memoryview(p).nbytes for p in pieces)
         return time.perf_counter() - start, coded, per_coder
     finally:
-        fc._encode_plane = plain
+        fc.encode_plane = plain
 
 
 def main() -> None:

@@ -65,7 +65,7 @@ def parts(chunks: list, store: LocalStore, cores: int, repeats: int) -> dict[str
     def encode(i: int) -> None:
         c = chunks[i]
         layouts[i].uses = min(layouts[i].uses, 1)
-        encoded[i] = floatcodec.encode_pieces(c["bytes"], c["itemsize"], threads=1, out=scratch[i],
+        encoded[i] = floatcodec.encode_pieces(c["bytes"], c["itemsize"], out=scratch[i],
                                               layouts=layouts[i], row=c["row"])
 
     def write_all(payloads: list) -> None:

@@ -8,6 +8,7 @@ import forkpoint as fp
 from forkpoint.engine.parallel import parallel_map
 from helpers.unpaced import encode_every_chunk
 from forkpoint.format.codecs import CODECS, codec_for
+from forkpoint.format import kernels, planecoders, planeforms
 
 
 def _trained_like(dtype, n=300_000):
@@ -158,11 +159,11 @@ def test_float_codec_chooses_layout_and_coder_per_plane(monkeypatch):
 
     weights, moments = _weights_and_moments()
     tried = []
-    real = floatcodec._encode_plane
-    monkeypatch.setattr(floatcodec, "_encode_plane", lambda plane, coder, block=0: tried.append(coder) or real(plane, coder, block))
+    real = planecoders.encode_plane
+    monkeypatch.setattr(planecoders, "encode_plane", lambda plane, coder, block=0: tried.append(coder) or real(plane, coder, block))
     rotated, coders, _ = floatcodec.choose(weights.view(np.uint8), 4)
     assert floatcodec.RUNS not in tried, "planes with few runs are not trial-coded with runs"
-    monkeypatch.setattr(floatcodec, "_encode_plane", real)
+    monkeypatch.setattr(planecoders, "encode_plane", real)
     assert rotated and coders[-1] == floatcodec.HUFFMAN and coders[:2] == [floatcodec.RAW] * 2, \
         "a weight's exponent is isolated and Huffman-coded, its low mantissa bytes stay raw"
     _, coders, _ = floatcodec.choose(moments.view(np.uint8), 4)
@@ -173,9 +174,9 @@ def test_float_codec_chooses_layout_and_coder_per_plane(monkeypatch):
     _, coders, _ = floatcodec.choose(repeats.view(np.uint8), 4)
     assert coders == [floatcodec.ZSTD] * 4, "values repeating at long distances: every plane by zstd"
     tried.clear()
-    monkeypatch.setattr(floatcodec, "_encode_plane", lambda plane, coder, block=0: tried.append(coder) or real(plane, coder, block))
+    monkeypatch.setattr(planecoders, "encode_plane", lambda plane, coder, block=0: tried.append(coder) or real(plane, coder, block))
     floatcodec.choose(moments.view(np.uint8), 4)
-    monkeypatch.setattr(floatcodec, "_encode_plane", real)
+    monkeypatch.setattr(planecoders, "encode_plane", real)
     assert tried.count(floatcodec.ZSTD) == 2, \
         "zstd is tried below the top plane only where the top took it (here sparse, in both rotations)"
     import zstandard
@@ -341,7 +342,6 @@ def test_objects_of_the_previous_float_codec_still_read():
 
 
 def test_rotated_layout_is_the_documented_16_bit_rotation():
-    from forkpoint.format import floatcodec
 
     rng = np.random.default_rng(0)
     for n in (1, 7, 8, 9, 1003):
@@ -349,13 +349,13 @@ def test_rotated_layout_is_the_documented_16_bit_rotation():
         word = (top.astype(np.uint32) << 8) | below
         turned = ((word << 1) | (word >> 15)) & 0xFFFF
         t, b = top.copy(), below.copy()
-        floatcodec._rotate(t, b, True)
+        planeforms._rotate(t, b, True)
         assert np.array_equal(t, turned >> 8) and np.array_equal(b, turned & 0xFF)
-        floatcodec._rotate(t, b, False)
+        planeforms._rotate(t, b, False)
         assert np.array_equal(t, top) and np.array_equal(b, below)
     exponent = np.array([1.0, -2.0, 3e-5, 1e30], np.float32).view(np.uint8).reshape(-1, 4)
     t, b = exponent[:, 3].copy(), exponent[:, 2].copy()
-    floatcodec._rotate(t, b, True)
+    planeforms._rotate(t, b, True)
     assert list(t) == [127, 128, 127 - 16, 127 + 99], "the top plane holds the biased exponent"
 
 
@@ -387,25 +387,24 @@ def test_native_huffman_writes_standard_deflate_streams(kind):
     without runs (every run length around deflate's 258 cap, runs across block edges)."""
     import zlib
 
-    from forkpoint.format import floatcodec
-    if floatcodec._native is None:
+    if kernels.planes is None:
         pytest.skip("native kernels not built (no C compiler at install time)")
     rng = np.random.default_rng(1)
     for n in (0, 1, 3, 1023, 16384, 16385, 100_003, 600_000):
         data = _skewed_bytes(kind, n, rng).tobytes()
         for block in (1024, 16384, 1 << 20):
             for runs in (False, True):
-                coded = floatcodec._native.huffman_deflate(data, block, runs)
+                coded = kernels.planes.huffman_deflate(data, block, runs)
                 assert zlib.decompress(coded, -15) == data, (kind, n, block, runs)
     if kind in ("constant", "runs") and n:
-        assert len(floatcodec._native.huffman_deflate(data, 16384, True)) < \
-            0.5 * len(floatcodec._native.huffman_deflate(data, 16384)), "runs shrink what literals cannot"
+        assert len(kernels.planes.huffman_deflate(data, 16384, True)) < \
+            0.5 * len(kernels.planes.huffman_deflate(data, 16384)), "runs shrink what literals cannot"
     if kind == "geometric":
         packer = zlib.compressobj(1, zlib.DEFLATED, -15, 9, zlib.Z_HUFFMAN_ONLY)
         reference = len(packer.compress(data) + packer.flush())
-        assert len(floatcodec._native.huffman_deflate(data, 16384)) < 1.01 * reference
+        assert len(kernels.planes.huffman_deflate(data, 16384)) < 1.01 * reference
     with pytest.raises(ValueError, match="block"):
-        floatcodec._native.huffman_deflate(b"abc", 10)
+        kernels.planes.huffman_deflate(b"abc", 10)
 
 
 @pytest.mark.parametrize("runs", [False, True])
@@ -416,21 +415,20 @@ def test_native_huffman_joins_pieces_of_one_distribution_and_splits_where_it_cha
     halves)."""
     import zlib
 
-    from forkpoint.format import floatcodec
-    if floatcodec._native is None:
+    if kernels.planes is None:
         pytest.skip("native kernels not built (no C compiler at install time)")
     rng = np.random.default_rng(3)
     steady = (rng.geometric(0.3, 1 << 20) % 256).astype(np.uint8)
     if runs:
         steady[rng.integers(0, steady.size - 64, 2000)[:, None] + np.arange(64)] = 0
-    pieces = floatcodec._native.huffman_deflate(steady, 16384, runs)
-    whole = floatcodec._native.huffman_deflate(steady, 1 << 20, runs)
+    pieces = kernels.planes.huffman_deflate(steady, 16384, runs)
+    whole = kernels.planes.huffman_deflate(steady, 1 << 20, runs)
     assert zlib.decompress(pieces, -15) == steady.tobytes()
     assert len(pieces) <= len(whole) + 64 * (runs + 1), "pieces of one distribution should code as few blocks"
     shifted = np.concatenate([steady[: 1 << 19], (steady[: 1 << 19] + 128).astype(np.uint8)])
-    pieces = floatcodec._native.huffman_deflate(shifted, 16384, runs)
+    pieces = kernels.planes.huffman_deflate(shifted, 16384, runs)
     assert zlib.decompress(pieces, -15) == shifted.tobytes()
-    assert len(pieces) < 0.9 * len(floatcodec._native.huffman_deflate(shifted, 1 << 20, runs))
+    assert len(pieces) < 0.9 * len(kernels.planes.huffman_deflate(shifted, 1 << 20, runs))
 
 
 @pytest.mark.parametrize("kind", ["uniform", "constant", "geometric", "two", "fibonacci", "runs"])
@@ -438,8 +436,7 @@ def test_native_huffman_size_is_counted_exactly_without_coding(kind):
     """huffman_bytes(data, block), which choose uses instead of a trial encode, is the size of
     the stream huffman_deflate(data, block) writes, to the byte: the same blocks (a plane whose
     distribution changes halfway splits), the same codes, clamped at the 14-bit limit."""
-    from forkpoint.format import floatcodec
-    native = floatcodec._native
+    native = kernels.planes
     if native is None:
         pytest.skip("native kernels not built")
     rng = np.random.default_rng(11)
@@ -461,8 +458,8 @@ def test_an_encode_samples_a_sixteenth_of_a_small_chunk_and_estimates_keep_the_f
     weights = (np.random.default_rng(2).standard_normal(1 << 18) * 0.02).astype(np.float32)
     data = weights.view(np.uint8)
     seen = []
-    real = floatcodec._to_planes
-    monkeypatch.setattr(floatcodec, "_to_planes", lambda e, i, r, p: seen.append(p.shape[1]) or real(e, i, r, p))
+    real = planeforms.to_planes
+    monkeypatch.setattr(floatcodec, "to_planes", lambda e, i, r, p: seen.append(p.shape[1]) or real(e, i, r, p))
     floatcodec.encode_pieces(data, 4)
     assert seen[0] == (1 << 18) // floatcodec.SAMPLE_SHARE
     seen.clear()
@@ -487,24 +484,23 @@ def test_sparse_planes_split_join_and_read_back_across_builds(monkeypatch):
     """A sparse plane is a bitmap of its nonzero bytes (least significant bit first) and those
     bytes: the native split matches numpy's, at every length around the kernels' 8- and 16-byte
     steps and every share of zeros, and what either build writes the other reads."""
-    from forkpoint.format import floatcodec
-    native = floatcodec._native
+    native = kernels.planes
     rng = np.random.default_rng(13)
     for plane in _sparse_bytes_cases(rng):
         if native is not None:
-            bitmap, nonzero = floatcodec._split_sparse(plane)
+            bitmap, nonzero = planecoders._split_sparse(plane)
             assert np.array_equal(bitmap, np.packbits(plane != 0, bitorder="little"))
             assert np.array_equal(nonzero, plane[plane != 0])
-        coded = floatcodec._pack_sparse(plane)
-        monkeypatch.setattr(floatcodec, "_native", None)
-        by_numpy = floatcodec._pack_sparse(plane)
+        coded = planecoders._pack_sparse(plane)
+        monkeypatch.setattr(kernels, "planes", None)
+        by_numpy = planecoders._pack_sparse(plane)
         for payload in (coded, by_numpy):
             out = np.full(plane.size, 7, np.uint8)
-            floatcodec._unpack_sparse(payload, out)
+            planecoders._unpack_sparse(payload, out)
             assert np.array_equal(out, plane)
-        monkeypatch.setattr(floatcodec, "_native", native)
+        monkeypatch.setattr(kernels, "planes", native)
         out = np.full(plane.size, 7, np.uint8)
-        floatcodec._unpack_sparse(by_numpy, out)
+        planecoders._unpack_sparse(by_numpy, out)
         assert np.array_equal(out, plane)
 
 
@@ -519,12 +515,12 @@ def test_a_sparse_planes_bitmap_codes_runs_only_where_it_has_them():
     stretches = scattered.copy()
     stretches.reshape(-1, 256)[::2] = 0
     for plane, coder in ((scattered, floatcodec.HUFFMAN), (stretches, floatcodec.RUNS)):
-        bitmap, _ = floatcodec._split_sparse(plane)
-        assert floatcodec._bitmap_coder(bitmap)[0] == coder
-        packed = floatcodec._pack_sparse(plane)
-        assert floatcodec._sparse_bytes(plane) == len(packed)
+        bitmap, _ = planecoders._split_sparse(plane)
+        assert planecoders._bitmap_coder(bitmap)[0] == coder
+        packed = planecoders._pack_sparse(plane)
+        assert planecoders._sparse_bytes(plane) == len(packed)
         out = np.empty(plane.size, np.uint8)
-        floatcodec._unpack_sparse(packed, out)
+        planecoders._unpack_sparse(packed, out)
         assert np.array_equal(out, plane)
 
 
@@ -532,8 +528,7 @@ def test_native_sparse_kernels_refuse_wrong_buffers():
     """split_sparse refuses a bitmap or nonzero room too small for the data; join_sparse refuses
     a bitmap of the wrong length, one that marks bytes past the plane's end, and one that marks
     more or fewer bytes than it is given; none writes out of bounds."""
-    from forkpoint.format import floatcodec
-    native = floatcodec._native
+    native = kernels.planes
     if native is None:
         pytest.skip("native kernels not built")
     data = np.array([0, 5, 0, 7, 9, 0, 0, 0, 0, 3], np.uint8)
@@ -563,23 +558,22 @@ def test_portable_and_vector_sparse_kernels_agree(tmp_path):
     import subprocess
     import sys
 
-    from forkpoint.format import floatcodec
-    if floatcodec._native is None:
+    if kernels.planes is None:
         pytest.skip("native kernels not built")
     planes = list(_sparse_bytes_cases(np.random.default_rng(17)))
     np.savez(tmp_path / "planes.npz", *planes)
-    script = ("import sys, numpy as np; from forkpoint.format import floatcodec as f; "
+    script = ("import sys, numpy as np; from forkpoint.format import kernels, planecoders as c; "
               "d = np.load(sys.argv[1]); out = {}\n"
               "for k in d.files:\n"
-              "    b, z = (x.copy() for x in f._split_sparse(d[k])); back = np.empty_like(d[k])\n"
-              "    f._native.join_sparse(b, z, back); assert (back == d[k]).all(); out[k] = np.concatenate([b, z])\n"
+              "    b, z = (x.copy() for x in c._split_sparse(d[k])); back = np.empty_like(d[k])\n"
+              "    kernels.planes.join_sparse(b, z, back); assert (back == d[k]).all(); out[k] = np.concatenate([b, z])\n"
               "np.savez(sys.argv[2], **out)")
     env = {**os.environ, "FORKPOINT_PORTABLE_KERNELS": "1"}
     subprocess.run([sys.executable, "-c", script, str(tmp_path / "planes.npz"), str(tmp_path / "portable.npz")],
                    env=env, check=True)
     portable = np.load(tmp_path / "portable.npz")
     for i, plane in enumerate(planes):
-        assert np.array_equal(portable[f"arr_{i}"], np.concatenate(floatcodec._split_sparse(plane)))
+        assert np.array_equal(portable[f"arr_{i}"], np.concatenate(planecoders._split_sparse(plane)))
 
 
 def _kernel_cases() -> list[tuple[np.ndarray, int]]:
@@ -609,23 +603,23 @@ def test_vector_kernels_write_and_read_the_payloads_of_the_portable_ones(tmp_pat
     import sys
 
     from forkpoint.format import floatcodec
-    if floatcodec._native is None:
+    if kernels.planes is None:
         pytest.skip("native kernels not built")
     cases = _kernel_cases()
-    here = floatcodec._native.kernels()
+    here = kernels.planes.kernels()
     if portable == "avx512" and "avx512" not in here.values():
         pytest.skip(f"this processor takes no AVX-512 path ({here})")
     np.savez(tmp_path / "cases.npz", *[data for data, _ in cases])
     mine = [floatcodec.encode(data, itemsize) for data, itemsize in cases]
     for i, payload in enumerate(mine):
         (tmp_path / f"mine{i}").write_bytes(payload)
-    script = ("import sys, json, numpy as np; from pathlib import Path; from forkpoint.format import floatcodec as f\n"
+    script = ("import sys, json, numpy as np; from pathlib import Path; from forkpoint.format import floatcodec as f, kernels\n"
               "d = np.load(sys.argv[1]); sizes = json.loads(sys.argv[2]); at = Path(sys.argv[3])\n"
               "for i, k in enumerate(d.files):\n"
               "    (at / f'theirs{i}').write_bytes(f.encode(d[k], sizes[i]))\n"
               "    mine = f.decode((at / f'mine{i}').read_bytes(), d[k].nbytes)\n"
               "    assert mine.tobytes() == d[k].tobytes(), i\n"
-              "print(json.dumps(f._native.kernels()))")
+              "print(json.dumps(kernels.planes.kernels()))")
     env = {**os.environ, "FORKPOINT_PORTABLE_KERNELS": portable}
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "cases.npz"),
                            json.dumps([itemsize for _, itemsize in cases]), str(tmp_path)],
@@ -642,11 +636,10 @@ def test_kernels_report_takes_no_argument_and_unknown_settings_mean_portable(ker
     "avx512" keeps every kernel portable."""
     import json
 
-    from forkpoint.format import floatcodec
-    if floatcodec._native is None:
+    if kernels.planes is None:
         pytest.skip("native kernels not built")
     with pytest.raises(TypeError):
-        floatcodec._native.kernels(1)
+        kernels.planes.kernels(1)
 
     def chosen(value):
         return json.loads(kernels_setting(value, "import json; from forkpoint.format import _planes; "
@@ -683,7 +676,7 @@ def test_scattered_zeros_are_coded_as_a_bitmap_and_the_nonzero_bytes(monkeypatch
     payload = floatcodec.encode(data, 2)
     assert payload[0] == floatcodec.SPARSE_VERSION == 5
     with monkeypatch.context() as without:
-        without.setattr(floatcodec, "SPARSE_MIN_ZEROS", 2.0)
+        without.setattr(planecoders, "SPARSE_MIN_ZEROS", 2.0)
         plain = floatcodec.encode(data, 2)
         assert plain[0] < floatcodec.SPARSE_VERSION
     assert len(payload) < 0.95 * len(plain), f"{len(payload)} bytes sparse against {len(plain)}"
@@ -691,8 +684,8 @@ def test_scattered_zeros_are_coded_as_a_bitmap_and_the_nonzero_bytes(monkeypatch
         assert bytes(floatcodec.decode(payload, data.nbytes, pmap)) == data.tobytes()
 
 
-@pytest.mark.parametrize("kernels", ["native", "numpy"])
-def test_damaged_sparse_planes_are_refused(monkeypatch, kernels):
+@pytest.mark.parametrize("kind", ["native", "numpy"])
+def test_damaged_sparse_planes_are_refused(monkeypatch, kind):
     """A sparse plane whose head names more bytes than it has, whose bitmap does not mark as
     many bytes as it holds, or that a payload of version 4 names, is refused with what is wrong."""
     import struct
@@ -700,8 +693,8 @@ def test_damaged_sparse_planes_are_refused(monkeypatch, kernels):
     from forkpoint.format import floatcodec
     data = _scattered_delta(n=100_000)
     payload = bytearray(floatcodec.encode(data, 2))
-    if kernels == "numpy":
-        monkeypatch.setattr(floatcodec, "_native", None)
+    if kind == "numpy":
+        monkeypatch.setattr(kernels, "planes", None)
     head = floatcodec._HEAD.size + floatcodec._ROW.size
     assert payload[head + 1] == floatcodec.SPARSE, "the low plane is coded sparse"
     low_at = head + 3 + 8
@@ -721,18 +714,16 @@ def test_damaged_sparse_planes_are_refused(monkeypatch, kernels):
 def test_native_kernels_are_built_where_a_compiler_is():
     import shutil
 
-    from forkpoint.format import floatcodec
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler on this machine")
-    assert floatcodec._native is not None, "pip install should have built forkpoint.format._planes"
+    assert kernels.planes is not None, "pip install should have built forkpoint.format._planes"
 
 
 def test_native_plane_stats_match_numpy(monkeypatch):
     """plane_stats, which choose asks of every sample plane without holding the GIL, gives what
     the numpy fallback computes: entropy, zero bytes, bit 0 seen, and the share of bytes equal to
     the two before them (runs across the native kernel's 64-byte masks)."""
-    from forkpoint.format import floatcodec
-    native = floatcodec._native
+    native = kernels.planes
     if native is None:
         pytest.skip("native kernels not built")
     rng = np.random.default_rng(9)
@@ -742,9 +733,9 @@ def test_native_plane_stats_match_numpy(monkeypatch):
                   (rng.integers(0, 128, n, dtype=np.uint8) * 2)]
     for plane in cases:
         entropy, zeros, odd, share = native.plane_stats(plane, True)
-        monkeypatch.setattr(floatcodec, "_native", None)
-        want = floatcodec._plane_stats(plane, runs=True)
-        monkeypatch.setattr(floatcodec, "_native", native)
+        monkeypatch.setattr(kernels, "planes", None)
+        want = planecoders.plane_stats(plane, runs=True)
+        monkeypatch.setattr(kernels, "planes", native)
         assert abs(entropy - want[0]) <= 1e-9 * max(1, plane.size) and (zeros, odd) == want[1:3]
         assert share == pytest.approx(want[3], abs=1e-12)
         assert native.plane_stats(plane)[3] == 0.0, "the run share is counted only where asked"
@@ -753,7 +744,7 @@ def test_native_plane_stats_match_numpy(monkeypatch):
 @pytest.mark.parametrize("itemsize", [2, 4, 8])
 def test_native_planes_match_numpy_and_payloads_cross_read(itemsize, monkeypatch):
     from forkpoint.format import floatcodec
-    native = floatcodec._native
+    native = kernels.planes
     if native is None:
         pytest.skip("native kernels not built")
     rng = np.random.default_rng(itemsize)
@@ -761,10 +752,10 @@ def test_native_planes_match_numpy_and_payloads_cross_read(itemsize, monkeypatch
     for rotated in (False, True):
         mine = np.empty((itemsize, 10_001), np.uint8)
         native.to_planes(raw, mine, itemsize, rotated)
-        monkeypatch.setattr(floatcodec, "_native", None)
+        monkeypatch.setattr(kernels, "planes", None)
         reference = np.empty_like(mine)
-        floatcodec._to_planes(raw, itemsize, rotated, reference)
-        monkeypatch.setattr(floatcodec, "_native", native)
+        planeforms.to_planes(raw, itemsize, rotated, reference)
+        monkeypatch.setattr(kernels, "planes", native)
         assert np.array_equal(mine, reference)
         back = np.empty_like(raw)
         native.from_planes(mine, back, itemsize, rotated)
@@ -776,10 +767,10 @@ def test_native_planes_match_numpy_and_payloads_cross_read(itemsize, monkeypatch
     weights, moments = _weights_and_moments()
     data = np.concatenate([weights, moments]).view(np.uint8)
     with_native = floatcodec.encode(data, 4)
-    monkeypatch.setattr(floatcodec, "_native", None)
+    monkeypatch.setattr(kernels, "planes", None)
     without = floatcodec.encode(data, 4)
     assert bytes(floatcodec.decode(with_native, data.nbytes)) == data.tobytes()
-    monkeypatch.setattr(floatcodec, "_native", native)
+    monkeypatch.setattr(kernels, "planes", native)
     assert bytes(floatcodec.decode(without, data.nbytes)) == data.tobytes()
 
 
@@ -821,20 +812,19 @@ def test_runs_coder_reads_stretches_across_its_64_byte_masks():
     inflate back to the data, and a long stretch costs a few match codes, not a byte each."""
     import zlib
 
-    from forkpoint.format import floatcodec
-    if floatcodec._native is None:
+    if kernels.planes is None:
         pytest.skip("native kernels not built (no C compiler at install time)")
     rng = np.random.default_rng(64)
     for offset in [0, 1, *range(56, 73), *range(120, 131)]:
         for length in range(1, 71):
             data = bytearray(rng.integers(0, 256, 220, dtype=np.uint8).tobytes())
             data[max(0, offset - 1):offset + length] = bytes([7]) * (offset + length - max(0, offset - 1))
-            coded = floatcodec._native.huffman_deflate(bytes(data), 1024, True)
+            coded = kernels.planes.huffman_deflate(bytes(data), 1024, True)
             assert zlib.decompress(coded, -15) == data, (offset, length)
     literals = rng.integers(0, 256, 1000, dtype=np.uint8).tobytes()
     stretched = literals[:500] + bytes([literals[499]]) * 5000 + literals[500:]
-    assert len(floatcodec._native.huffman_deflate(stretched, 1 << 14, True)) < \
-        len(floatcodec._native.huffman_deflate(literals, 1 << 14, True)) + 40
+    assert len(kernels.planes.huffman_deflate(stretched, 1 << 14, True)) < \
+        len(kernels.planes.huffman_deflate(literals, 1 << 14, True)) + 40
 
 
 def test_version_1_float_payloads_still_decode():
@@ -850,8 +840,8 @@ def test_version_1_float_payloads_still_decode():
     for lo in range(0, weights.size, per):
         piece = raw[lo * 4:(lo + per) * 4]
         planes = np.empty((4, piece.nbytes // 4), np.uint8)
-        floatcodec._to_planes(piece, 4, rotated, planes)
-        parts += [bytes(floatcodec._encode_plane(p, c)) for p, c in zip(planes, coders)]
+        planeforms.to_planes(piece, 4, rotated, planes)
+        parts += [bytes(planecoders.encode_plane(p, c)) for p, c in zip(planes, coders)]
     payload = (struct.pack("<BBBxQI", 1, 4, 1, weights.size, per) + bytes(coders)
                + struct.pack(f"<{len(parts)}I", *map(len, parts)) + b"".join(parts))
     assert bytes(floatcodec.decode(payload, raw.nbytes)) == raw.tobytes()
@@ -947,13 +937,13 @@ def test_runs_without_the_native_coder_use_zlib_rle_and_read_back(monkeypatch):
     the same way, read by either build."""
     from forkpoint.format import floatcodec
     data = _moments_with_runs().view(np.uint8)
-    native = floatcodec._native
-    monkeypatch.setattr(floatcodec, "_native", None)
+    native = kernels.planes
+    monkeypatch.setattr(kernels, "planes", None)
     layouts = floatcodec.Layouts()
     without = b"".join(floatcodec.encode_pieces(data, 4, layouts=layouts))
     assert layouts.segments[0][1][3] == floatcodec.RUNS
     assert bytes(floatcodec.decode(without, data.nbytes)) == data.tobytes()
-    monkeypatch.setattr(floatcodec, "_native", native)
+    monkeypatch.setattr(kernels, "planes", native)
     assert bytes(floatcodec.decode(without, data.nbytes)) == data.tobytes()
     if native is not None:
         assert len(floatcodec.encode(data, 4)) < 1.05 * len(without), "the native runs coder codes about as small"
@@ -1021,8 +1011,7 @@ def test_native_inflater_reads_every_kind_of_deflate_stream_as_zlib_does():
     refuses a truncated or damaged stream with ValueError (never reads past either buffer)."""
     import zlib
 
-    from forkpoint.format import floatcodec
-    native = floatcodec._native
+    native = kernels.planes
     if native is None:
         pytest.skip("native kernels not built")
     rng = np.random.default_rng(5)

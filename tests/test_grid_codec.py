@@ -11,7 +11,7 @@ import torch
 
 import forkpoint as fp
 from forkpoint.engine.parallel import parallel_map
-from forkpoint.format import floatcodec
+from forkpoint.format import floatcodec, kernels, planecoders, planeforms
 
 
 def _outer(rows, cols, positive, dtype=torch.bfloat16, seed=0, scale=1e-6):
@@ -32,9 +32,9 @@ def _bytes(t: torch.Tensor) -> np.ndarray:
 @pytest.fixture
 def native():
     """The native kernels (the test is skipped where the extension was not built)."""
-    if floatcodec._native is None:
+    if kernels.planes is None:
         pytest.skip("native kernels not built")
-    return floatcodec._native
+    return kernels.planes
 
 
 def _payload(data, itemsize, row, **kw) -> bytes:
@@ -103,25 +103,25 @@ def test_native_and_numpy_fit_the_same_grid_and_read_each_other(native, monkeypa
     for rows, cols in ((300, 200), (17, 1000), (1000, 8), (129, 65)):
         plane = rng.integers(0, 256, rows * cols, dtype=np.uint8)
         plane[: rows * cols // 2] = rng.integers(100, 110, rows * cols // 2, dtype=np.uint8)
-        mine = floatcodec._fit_grid(plane, cols)
-        monkeypatch.setattr(floatcodec, "_native", None)
-        reference = floatcodec._fit_grid(plane, cols)
+        mine = planeforms.fit_grid(plane, cols)
+        monkeypatch.setattr(kernels, "planes", None)
+        reference = planeforms.fit_grid(plane, cols)
         residual = np.empty_like(plane)
-        floatcodec._apply_grid(plane, residual, reference, cols, add=False)
-        monkeypatch.setattr(floatcodec, "_native", native)
+        planeforms.apply_grid(plane, residual, reference, cols, add=False)
+        monkeypatch.setattr(kernels, "planes", native)
         assert np.array_equal(mine, reference), (rows, cols)
         native_residual = np.empty_like(plane)
-        floatcodec._apply_grid(plane, native_residual, mine, cols, add=False)
+        planeforms.apply_grid(plane, native_residual, mine, cols, add=False)
         assert np.array_equal(native_residual, residual)
-        floatcodec._apply_grid(residual, residual, mine, cols, add=True)
+        planeforms.apply_grid(residual, residual, mine, cols, add=True)
         assert np.array_equal(residual, plane)
     data = _bytes(_outer(512, 384, False))
     with_native = _payload(data, 2, 384)
-    monkeypatch.setattr(floatcodec, "_native", None)
+    monkeypatch.setattr(kernels, "planes", None)
     without = _payload(data, 2, 384)
     assert without[0] == floatcodec.GRID_VERSION and abs(len(without) - len(with_native)) < 0.02 * len(without)
     assert bytes(floatcodec.decode(with_native, data.nbytes)) == data.tobytes()
-    monkeypatch.setattr(floatcodec, "_native", native)
+    monkeypatch.setattr(kernels, "planes", native)
     assert bytes(floatcodec.decode(without, data.nbytes)) == data.tobytes()
 
 
@@ -242,19 +242,19 @@ def test_native_and_numpy_seven_bit_packing_agree(native, monkeypatch):
     rng = np.random.default_rng(3)
     for n in (0, 1, 7, 8, 9, 15, 16, 17, 1000, 100_003):
         plane = (rng.integers(0, 128, n, dtype=np.uint8) << 1).astype(np.uint8)
-        mine = floatcodec._pack_seven(plane)
-        monkeypatch.setattr(floatcodec, "_native", None)
-        reference = floatcodec._pack_seven(plane)
+        mine = planecoders._pack_seven(plane)
+        monkeypatch.setattr(kernels, "planes", None)
+        reference = planecoders._pack_seven(plane)
         back = np.empty_like(plane)
-        floatcodec._unpack_seven(mine, back)
-        monkeypatch.setattr(floatcodec, "_native", native)
+        planecoders._unpack_seven(mine, back)
+        monkeypatch.setattr(kernels, "planes", native)
         assert mine == reference and len(mine) == (7 * n + 7) // 8
         assert np.array_equal(back, plane)
         if n:
             plane[n // 2] |= 1
-            assert floatcodec._pack_seven(plane) is None
+            assert planecoders._pack_seven(plane) is None
     with pytest.raises(ValueError, match="seven-bit"):
-        floatcodec._unpack_seven(b"\0" * 6, np.empty(8, np.uint8))
+        planecoders._unpack_seven(b"\0" * 6, np.empty(8, np.uint8))
 
 
 def test_zstds_repeats_at_long_distances_are_judged_on_a_stretch_of_rows(monkeypatch):
@@ -314,16 +314,16 @@ def test_native_and_numpy_agree_at_the_farthest_reach(native, monkeypatch):
     """The native scorer ranks candidates by keys of their score and place in the search; at
     the farthest reach the API takes (255 rows back, 1020 candidates) it still picks the rows
     numpy picks."""
-    monkeypatch.setattr(floatcodec, "MATCH_REACH", 255)
+    monkeypatch.setattr(planeforms, "MATCH_REACH", 255)
     rows = np.random.default_rng(7).integers(0, 256, (600, floatcodec.MATCH_ROW), dtype=np.uint8)
     rows[250:500] = rows[:250] + np.uint8(3)
     plane = rows.reshape(-1)
     by_native = plane.copy()
-    side = floatcodec._match_rows(by_native)
+    side = planeforms.match_rows(by_native)
     assert (side[250:500] == 250).all() and (side[600 + 250:600 + 500] == 3).all()
-    monkeypatch.setattr(floatcodec, "_native", None)
+    monkeypatch.setattr(kernels, "planes", None)
     by_numpy = plane.copy()
-    assert np.array_equal(floatcodec._match_rows(by_numpy), side) and np.array_equal(by_numpy, by_native)
+    assert np.array_equal(planeforms.match_rows(by_numpy), side) and np.array_equal(by_numpy, by_native)
 
 
 @pytest.mark.parametrize("size", [0, 1, 255, 256, 257, 511, 4096 * 256 + 77])
@@ -332,22 +332,22 @@ def test_native_and_numpy_match_the_same_rows_and_read_each_other(native, monkey
     structured = np.frombuffer(_near_multiples(rows=size // 256 + 1)[1::2][:size].tobytes(), np.uint8)
     for kind, plane in (("rows", structured), ("random", rng.integers(0, 256, size, dtype=np.uint8))):
         by_native = plane.copy()
-        side = floatcodec._match_rows(by_native)
+        side = planeforms.match_rows(by_native)
         assert side[:side.size // 2].any() == (kind == "rows" and size >= 2 * floatcodec.MATCH_ROW)
-        monkeypatch.setattr(floatcodec, "_native", None)
+        monkeypatch.setattr(kernels, "planes", None)
         by_numpy = plane.copy()
-        assert np.array_equal(floatcodec._match_rows(by_numpy), side) and np.array_equal(by_numpy, by_native)
-        floatcodec._unmatch_rows(by_numpy, side)
-        monkeypatch.setattr(floatcodec, "_native", native)
-        floatcodec._unmatch_rows(by_native, side)
+        assert np.array_equal(planeforms.match_rows(by_numpy), side) and np.array_equal(by_numpy, by_native)
+        planeforms.unmatch_rows(by_numpy, side)
+        monkeypatch.setattr(kernels, "planes", native)
+        planeforms.unmatch_rows(by_native, side)
         assert np.array_equal(by_numpy, plane) and np.array_equal(by_native, plane)
     data = _near_multiples(rows=2048)
     with_native = floatcodec.encode(data, 2)
-    monkeypatch.setattr(floatcodec, "_native", None)
+    monkeypatch.setattr(kernels, "planes", None)
     with_numpy = floatcodec.encode(data, 2)
     assert with_numpy[0] >= floatcodec.MATCH_VERSION
     assert bytes(floatcodec.decode(with_native, data.nbytes)) == data.tobytes()
-    monkeypatch.setattr(floatcodec, "_native", native)
+    monkeypatch.setattr(kernels, "planes", native)
     assert bytes(floatcodec.decode(with_numpy, data.nbytes)) == data.tobytes()
 
 
@@ -360,28 +360,28 @@ def test_portable_and_vector_match_scoring_pick_the_same_rows(native, tmp_path, 
     structured = np.frombuffer(_near_multiples(rows=600)[1::2].tobytes(), np.uint8)
     plane = np.concatenate([structured, rng.integers(0, 256, 3 * 256 + 17, dtype=np.uint8)])
     np.save(tmp_path / "plane.npy", plane)
-    script = ("import sys, numpy as np; from forkpoint.format import floatcodec as f; "
-              "p = np.load(sys.argv[1]); far = p.copy(); s = f._match_rows(p); t = np.zeros_like(s)\n"
-              "f._native.match_rows(far, far, t, f.MATCH_ROW, 255, f.MATCH_LEAST)\n"
+    script = ("import sys, numpy as np; from forkpoint.format import kernels, planeforms as pf; "
+              "p = np.load(sys.argv[1]); far = p.copy(); s = pf.match_rows(p); t = np.zeros_like(s)\n"
+              "kernels.planes.match_rows(far, far, t, pf.MATCH_ROW, 255, pf.MATCH_LEAST)\n"
               "np.save(sys.argv[2], np.concatenate([s, p, t, far]))")
     env = {**os.environ, "FORKPOINT_PORTABLE_KERNELS": portable}
     subprocess.run([sys.executable, "-c", script, str(tmp_path / "plane.npy"), str(tmp_path / "portable.npy")],
                    env=env, check=True)
     here, far = plane.copy(), plane.copy()
-    side, far_side = floatcodec._match_rows(here), np.zeros(floatcodec._match_side_bytes(plane.size), np.uint8)
-    native.match_rows(far, far, far_side, floatcodec.MATCH_ROW, 255, floatcodec.MATCH_LEAST)
-    assert side[:side.size // 2].any() and (far_side[:far_side.size // 2] > floatcodec.MATCH_REACH).any()
+    side, far_side = planeforms.match_rows(here), np.zeros(planeforms.match_side_bytes(plane.size), np.uint8)
+    native.match_rows(far, far, far_side, floatcodec.MATCH_ROW, 255, planeforms.MATCH_LEAST)
+    assert side[:side.size // 2].any() and (far_side[:far_side.size // 2] > planeforms.MATCH_REACH).any()
     assert np.array_equal(np.load(tmp_path / "portable.npy"), np.concatenate([side, here, far_side, far]))
 
 
-@pytest.mark.parametrize("kernels", ["native", "numpy"])
-def test_damaged_row_matches_are_refused(monkeypatch, kernels):
+@pytest.mark.parametrize("kind", ["native", "numpy"])
+def test_damaged_row_matches_are_refused(monkeypatch, kind):
     data = _near_multiples(rows=1024)
     payload = floatcodec.encode(data, 2)
     head = floatcodec._HEAD.size + floatcodec._ROW.size
     assert payload[0] >= floatcodec.MATCH_VERSION and payload[head] & floatcodec.MATCH
-    if kernels == "numpy":
-        monkeypatch.setattr(floatcodec, "_native", None)
+    if kind == "numpy":
+        monkeypatch.setattr(kernels, "planes", None)
     lengths_at = head + 3
     top_at = lengths_at + 8 + struct.unpack_from("<I", payload, lengths_at)[0]
     backwards = bytearray(payload)

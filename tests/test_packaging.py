@@ -14,8 +14,8 @@ import pytest
 ROOT = Path(__file__).parent.parent
 pytestmark = pytest.mark.timeout(900)
 
-KERNELS = ("from forkpoint.format import floatcodec; from forkpoint.storage import streamcopy; "
-           "assert floatcodec._native is not None and streamcopy._stream is not None, 'C kernels missing'")
+KERNELS = ("from forkpoint.format import kernels; from forkpoint.storage import streamcopy; "
+           "assert kernels.planes is not None and streamcopy._stream is not None, 'C kernels missing'")
 NUMPY_ONLY = """
 import sys, numpy as np, forkpoint as fp
 repo = fp.Repo(sys.argv[1], create=True, codec="lossless")

@@ -15,10 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-try:
-    from . import _planes as _native
-except ImportError:  # built by `pip install` where a compiler is; numpy otherwise
-    _native = None
+from . import kernels
 
 SIGNIFICAND_BITS = {2: 10, 4: 23, 8: 52}
 NARROW_BITS = {"bfloat16": 7, "float16": 10}
@@ -63,8 +60,8 @@ def round_significand(data: np.ndarray, itemsize: int, keep: int) -> float:
     drop = SIGNIFICAND_BITS[itemsize] - keep
     if drop <= 0 or data.nbytes == 0:
         return 0.0
-    if _native is not None:
-        return _native.round_significand(data, itemsize, drop)
+    if kernels.planes is not None:
+        return kernels.planes.round_significand(data, itemsize, drop)
     return _round_numpy(data, itemsize, drop)
 
 
