@@ -1,17 +1,23 @@
 """Comparing versions: per-leaf diff and the first divergence of two runs."""
 
 import json
+from collections.abc import Callable
 
 import numpy as np
 
-from ..format.manifest import Leaf, Manifest
+from ..format.manifest import Leaf, Manifest, Version
 from ..state import walk_skeleton
 from ..state.leaves import is_torch_tensor
 from .records import Divergence, LeafDiff
 
 
-class CompareMixin:
-    """Comparison of a Repo (see repo.core)."""
+class Comparison:
+    """Diffs of two versions and the first divergence of two runs, over three reads of a Repo:
+    `readable(ref)` (a readable Manifest), `read_values(m, indices)` ({index: value}), `log(ref)`."""
+
+    def __init__(self, readable: Callable[[str], Manifest], read_values: Callable[[Manifest, list[int]], dict],
+                 log: Callable[[str], list[Version]]):
+        self._readable, self._read_values, self._log = readable, read_values, log
 
     def diff(self, a: str, b: str, numeric: bool = True) -> list[LeafDiff]:
         """Compare two versions leaf by leaf; identical hashes are 'same' without reading data."""
@@ -47,8 +53,8 @@ class CompareMixin:
             return LeafDiff(path, "changed", f"{la.dtype}{la.shape} -> {lb.dtype}{lb.shape}")
         d = LeafDiff(path, "changed", "values")
         if numeric and la.kind in ("torch", "numpy", "numpy_scalar"):
-            va = _as_float64(self._read_values(ma, [x["i"]], {}, None, False)[x["i"]])
-            vb = _as_float64(self._read_values(mb, [y["i"]], {}, None, False)[y["i"]])
+            va = _as_float64(self._read_values(ma, [x["i"]])[x["i"]])
+            vb = _as_float64(self._read_values(mb, [y["i"]])[y["i"]])
             if va is not None and vb is not None:
                 delta = np.abs(vb - va)
                 d.max_abs = float(delta.max()) if delta.size else 0.0
@@ -58,8 +64,8 @@ class CompareMixin:
 
     def first_divergence(self, branch_a: str, branch_b: str, atol: float = 0.0) -> Divergence | None:
         """Return the earliest common step whose states differ by more than `atol`, or None."""
-        by_step_a = {v.step: v for v in reversed(self.log(branch_a)) if v.step is not None}
-        by_step_b = {v.step: v for v in reversed(self.log(branch_b)) if v.step is not None}
+        by_step_a = {v.step: v for v in reversed(self._log(branch_a)) if v.step is not None}
+        by_step_b = {v.step: v for v in reversed(self._log(branch_b)) if v.step is not None}
         for step in sorted(set(by_step_a) & set(by_step_b)):
             va, vb = by_step_a[step], by_step_b[step]
             if va.id == vb.id or va.pruned or vb.pruned:
@@ -70,6 +76,20 @@ class CompareMixin:
                 worst = max((d.max_abs for d in beyond if d.max_abs is not None), default=None)
                 return Divergence(step, va.id, vb.id, [d.path for d in beyond], worst)
         return None
+
+
+class CompareCommands:
+    """The comparisons of a Repo's public API, over `self.comparison` (see repo.core)."""
+
+    comparison: Comparison
+
+    def diff(self, a: str, b: str, numeric: bool = True) -> list[LeafDiff]:
+        """Compare two versions leaf by leaf; identical hashes are 'same' without reading data."""
+        return self.comparison.diff(a, b, numeric)
+
+    def first_divergence(self, branch_a: str, branch_b: str, atol: float = 0.0) -> Divergence | None:
+        """Return the earliest common step whose states differ by more than `atol`, or None."""
+        return self.comparison.first_divergence(branch_a, branch_b, atol)
 
 
 def _node_repr(node: dict) -> str:

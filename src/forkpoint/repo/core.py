@@ -42,12 +42,12 @@ from ..tiers import Tier, open_tiers
 from .commit import SaveSession
 from .compaction import CompactionMixin
 from .interrupts import finishing_on_first_interrupt
-from .compare import CompareMixin
+from .compare import CompareCommands, Comparison
 from .history import History, HistoryCommands
 from .maintenance import MaintenanceMixin
 from .writers import Leases
 from .placement import PlacementMixin
-from .reading import ReadingMixin
+from .reading import ReadCommands, Reader
 from .records import PendingSave, environment
 from .refs import RefCommands, Refs
 
@@ -75,7 +75,7 @@ def _close_left_open() -> None:
 atexit.register(_close_left_open)
 
 
-class Repo(RefCommands, HistoryCommands, ReadingMixin, CompareMixin, MaintenanceMixin, CompactionMixin, PlacementMixin):
+class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, MaintenanceMixin, CompactionMixin, PlacementMixin):
     """A forkpoint repository at `url`: a local path, file://, mem://name, or an fsspec URL
     such as s3://bucket/prefix (`storage_options` go to the fsspec file system), or a
     hierarchy of `tiers` (see fp.tier). How saves lay out, encode and stage data is given once,
@@ -142,6 +142,10 @@ class Repo(RefCommands, HistoryCommands, ReadingMixin, CompareMixin, Maintenance
         self.refs = Refs(self.stores, self.url, self.writer_id)
         self.history = History(self.stores, self.url, self.refs)
         self.leases = Leases(self.stores, self.writer_id)
+        self.reader = Reader(self.stores, self.url, self.history, self._submit_read, self._sched.batch,
+                             self._rank_world, self._forget_next_use)
+        self.comparison = Comparison(self.reader.readable,
+                                     lambda m, indices: self.reader.read_values(m, indices, {}, None, False), self.log)
         self._closed = False
         if self.closes_at_exit:
             _OPEN_AT_EXIT.add(self)
@@ -314,6 +318,10 @@ class Repo(RefCommands, HistoryCommands, ReadingMixin, CompareMixin, Maintenance
             out["flush_errors"] = list(self._flush_errors)
         return out
 
+    def _rank_world(self) -> tuple[int, int]:
+        """(rank, world size) of this process for rank-local state; one process by default."""
+        return 0, 1
+
     def _submit_read(self, fn, nbytes: int) -> Task:
         return self._sched.submit("restore", fn, priority=Priority.RESTORE,
                                   needs={f"io:{self._tier}": 1}, nbytes=nbytes, tier=self._tier)
@@ -355,7 +363,7 @@ class Repo(RefCommands, HistoryCommands, ReadingMixin, CompareMixin, Maintenance
         head = m.version.id if m is not None else None
 
         def read_base(leaf, chunk):
-            return self._from_holders(head, lambda store: chunk_value(store, leaf, chunk, head))
+            return self.reader.from_holders(head, lambda store: chunk_value(store, leaf, chunk, head))
 
         with self._lock:
             for other in self._delta_plans:

@@ -310,6 +310,12 @@ class PlacementMixin:
         except FileNotFoundError:
             return False
 
+    def _forget_next_use(self, vid: str) -> None:
+        """Drop version `vid` from the expected access order (see prefetch): it was just read."""
+        with self._lock:
+            if vid in self._future_order:
+                self._future_order.remove(vid)
+
     def prefetch(self, refs, order: list[str] | None = None) -> list[Task]:
         """Copy versions to the fastest tier in the background; return their tasks.
 

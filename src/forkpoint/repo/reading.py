@@ -1,6 +1,7 @@
 """Load and in-place restore, with strict checks and tier fallback."""
 
 import os
+from collections.abc import Callable
 
 from ..engine.gcpause import gc_paused
 from ..engine.restore import ReadRequest, mapped_leaf, read_leaves
@@ -16,25 +17,45 @@ from ..state.skeleton import rename as rename_skeleton
 from ..state.skeleton import select as select_skeleton
 
 
-class ReadingMixin:
-    """Reading of a Repo (see repo.core)."""
+class Reader:
+    """Loads, in-place restores and raw reads of a repository's versions, from the fastest of
+    `stores` holding each one, falling back tier by tier on a missing or corrupt object.
+
+    `history` resolves refs and reads manifests; `submit_read(fn, nbytes)` schedules one read
+    and `batch()` groups several (the Repo's scheduler); `rank_world()` is this process's
+    (rank, world size) for rank-local state; `on_read(vid)` is told of each version read (the
+    tiers' prefetch order drops it)."""
+
+    def __init__(self, stores: list, url: str, history, submit_read: Callable, batch: Callable,
+                 rank_world: Callable[[], tuple[int, int]], on_read: Callable[[str], None]):
+        self._stores, self._url, self._history = stores, url, history
+        self._submit_read, self._batch = submit_read, batch
+        self._rank_world, self._on_read = rank_world, on_read
 
     def readable(self, ref: str) -> Manifest:
         """The manifest of version `ref` for reading its data (PrunedVersionError when it was
         pruned): its leaves, chunks and tree, for readers that place data themselves."""
-        return self._readable(ref)
+        m = self._history.manifest_by_id(self._history.resolve(ref))
+        self._on_read(m.version.id)
+        if m.version.pruned:
+            raise PrunedVersionError(
+                f"version {m.version.id} (step {m.version.step}) of {self._url} was pruned (by "
+                "retention, or evicted from a faster tier without being flushed, see fp.tier's flush_every); "
+                "its record remains in the log but its data is gone")
+        return m
 
     def read_into(self, requests: list, vid: str) -> None:
         """Fill `requests` (engine.restore.ReadRequest: a leaf, or a box of it, into a caller's
         buffer) with version `vid`'s verified bytes, from the fastest tier holding them."""
-        self._read_with_fallback(requests, vid)
+        self.from_holders(vid, lambda store: read_leaves(store, requests, vid, self._submit_read,
+                                                         batch=self._batch))
 
     def load_block(self, ref: str, path: str, offset, shape):
         """The box of array leaf `path` of version `ref` at `offset` with `shape`, as a new numpy
         array; only the chunks (and the 1 MiB blocks of them) that meet the box are read."""
         import numpy as np
 
-        m = self._readable(ref)
+        m = self.readable(ref)
         leaf = next((lf for lf in m.leaves if lf.path == path), None)
         if leaf is None:
             raise RefNotFoundError(f"version {m.version.id} has no leaf {path!r}: leaves are "
@@ -54,23 +75,11 @@ class ReadingMixin:
             raise UnsupportedTypeError(f"leaf {path!r} has dtype {leaf.dtype}, which numpy lacks: load it "
                                        "with repo.load(paths=[...]) instead") from None
         out = np.empty(shape, dtype=dtype)
-        self._read_with_fallback([ReadRequest(leaf, out.reshape(-1).view(np.uint8), (offset, shape))],
+        self.read_into([ReadRequest(leaf, out.reshape(-1).view(np.uint8), (offset, shape))],
                                  m.version.id)
         return out
 
-    def _readable(self, ref: str) -> Manifest:
-        m = self.history.manifest_by_id(self.resolve(ref))
-        with self._lock:
-            if m.version.id in self._future_order:
-                self._future_order.remove(m.version.id)
-        if m.version.pruned:
-            raise PrunedVersionError(
-                f"version {m.version.id} (step {m.version.step}) of {self.url} was pruned (by "
-                "retention, or evicted from a faster tier without being flushed, see fp.tier's flush_every); "
-                "its record remains in the log but its data is gone")
-        return m
-
-    def _read_values(self, m: Manifest, indices: list[int], targets: dict, map_location,
+    def read_values(self, m: Manifest, indices: list[int], targets: dict, map_location,
                      allow_pickle: bool, devices: dict | None = None, mmap: bool = False) -> dict[int, object]:
         """Read leaves `indices` of `m`; `targets[i]` is a live uint8 buffer to fill in place.
         With mmap, leaves that allow it are mapped from storage instead of read."""
@@ -91,7 +100,7 @@ class ReadingMixin:
                 obj, buf = empty_leaf(leaf.kind, leaf.dtype, leaf.shape, leaf.device, leaf.path)
                 requests.append(ReadRequest(leaf, buf))
                 fresh[i] = obj
-        self._read_with_fallback(requests, m.version.id)
+        self.read_into(requests, m.version.id)
         for i, obj in fresh.items():
             loc = (devices or {}).get(i, map_location)
             values[i] = finish_leaf(m.leaves[i].kind, obj, m.leaves[i].device, loc, allow_pickle,
@@ -100,15 +109,15 @@ class ReadingMixin:
             base = m.leaves[i].alias_of
             if base is not None:
                 if base not in values:
-                    values.update(self._read_values(m, [base], targets, map_location, allow_pickle, devices))
+                    values.update(self.read_values(m, [base], targets, map_location, allow_pickle, devices))
                 values[i] = values[base]
         return values
 
     def _holders(self, vid: str) -> list:
         """The stores holding version `vid`, fastest first (tier 0 when none says so)."""
-        return [st for st in self.stores if st.exists(f"versions/{vid}.json")] or [self.store]
+        return [st for st in self._stores if st.exists(f"versions/{vid}.json")] or [self._stores[0]]
 
-    def _from_holders(self, vid: str, read):
+    def from_holders(self, vid: str, read):
         """`read(store)` on the fastest tier holding the version; on a missing or corrupt
         object, on the next one."""
         holders = self._holders(vid)
@@ -118,11 +127,6 @@ class ReadingMixin:
             except (MissingObjectError, CorruptObjectError):
                 if i == len(holders) - 1:
                     raise
-
-    def _read_with_fallback(self, requests, vid: str) -> None:
-        """Fill `requests` from the fastest tier holding the version, falling back tier by tier."""
-        self._from_holders(vid, lambda store: read_leaves(store, requests, vid, self._submit_read,
-                                                          batch=self._sched.batch))
 
     def _mapped(self, leaf, vid: str):
         """A leaf memory-mapped from the fastest tier holding the version, or None."""
@@ -137,7 +141,7 @@ class ReadingMixin:
         mmap=True, large leaves on a local or /dev/shm tier are memory-mapped (copy-on-write,
         still verified) instead of copied into fresh memory. Rank-local state saved by several
         ranks comes back as this rank's part, or as the list of every rank's with all_ranks."""
-        m = self._readable(ref)
+        m = self.readable(ref)
         paths = [paths] if isinstance(paths, str) else paths
         skeleton = select_skeleton(m.tree, paths)
         if skeleton is None:
@@ -145,7 +149,7 @@ class ReadingMixin:
         if not all_ranks:
             skeleton = self._resolve_ranks(skeleton, m, [], [])
         indices = [n["i"] for _, _, n in walk_skeleton(skeleton) if n.get("t") == "leaf"]
-        values = self._read_values(m, indices, {}, map_location, allow_pickle, mmap=mmap)
+        values = self.read_values(m, indices, {}, map_location, allow_pickle, mmap=mmap)
         return unflatten(skeleton, values, f"version {m.version.id}")
 
     @gc_paused()
@@ -153,7 +157,7 @@ class ReadingMixin:
                 rename: dict[str, str] | None = None, map_location=None,
                 allow_pickle: bool = False) -> Version:
         """Restore `ref` into live objects in place; strict checks list every mismatch at once."""
-        m = self._readable(ref)
+        m = self.readable(ref)
         paths = [paths] if isinstance(paths, str) else paths
         skeleton = select_skeleton(m.tree, paths)
         if skeleton is None:
@@ -182,7 +186,7 @@ class ReadingMixin:
             elif is_torch_tensor(value):
                 devices[node["i"]] = value.device
         indices = [n["i"] for n in stored.values() if n.get("t") == "leaf"]
-        values = self._read_values(m, indices, targets, map_location, allow_pickle, devices)
+        values = self.read_values(m, indices, targets, map_location, allow_pickle, devices)
         loaded = unflatten(skeleton, values, f"version {m.version.id}")
         captured = merge(captured, loaded)
         restore_objects(captured, objects, state, module_strict=False)
@@ -191,10 +195,6 @@ class ReadingMixin:
             if callable(getattr(obj, "on_world_change", None)):
                 obj.on_world_change(rank, world)
         return m.version
-
-    def _rank_world(self) -> tuple[int, int]:
-        """(rank, world size) of this process for rank-local state; one process by default."""
-        return 0, 1
 
     def _resolve_ranks(self, node: dict, m: Manifest, objects, resized: list, path: str = ""):
         """Replace each "ranks" node by this rank's subtree. When the version was saved by a
@@ -269,6 +269,36 @@ class ReadingMixin:
             top = (mismatched or missing or unexpected)[0].split(":")[0].split("/")[0]
             lines.append(f"  to restore only some parts, pass paths=[{top!r}, ...]; or strict=False, rename={{...}}")
             raise StateMismatchError("\n".join(lines))
+
+
+class ReadCommands:
+    """The reads of a Repo's public API, over `self.reader` (see repo.core)."""
+
+    reader: Reader
+
+    def readable(self, ref: str) -> Manifest:
+        """The manifest of version `ref` for reading its data (see Reader.readable)."""
+        return self.reader.readable(ref)
+
+    def read_into(self, requests: list, vid: str) -> None:
+        """Fill `requests` with version `vid`'s verified bytes (see Reader.read_into)."""
+        self.reader.read_into(requests, vid)
+
+    def load_block(self, ref: str, path: str, offset, shape):
+        """The box of array leaf `path` of version `ref` at `offset` with `shape`, as a new numpy
+        array; only the chunks (and the 1 MiB blocks of them) that meet the box are read."""
+        return self.reader.load_block(ref, path, offset, shape)
+
+    def load(self, ref: str = "main", paths: list[str] | None = None, map_location=None,
+             allow_pickle: bool = False, mmap: bool = False, all_ranks: bool = False):
+        """Return the state tree of `ref` (see Reader.load: map_location, mmap, all_ranks)."""
+        return self.reader.load(ref, paths, map_location, allow_pickle, mmap, all_ranks)
+
+    def restore(self, state, ref: str = "main", strict: bool = True, paths: list[str] | None = None,
+                rename: dict[str, str] | None = None, map_location=None,
+                allow_pickle: bool = False) -> Version:
+        """Restore `ref` into live objects in place; strict checks list every mismatch at once."""
+        return self.reader.restore(state, ref, strict, paths, rename, map_location, allow_pickle)
 
 
 def _listing(items: list[str], sep: str = ", ", shown: int = 6) -> str:
