@@ -19,7 +19,6 @@ import uuid
 import weakref
 from concurrent import futures
 
-
 from ..engine.chunkmemory import ChunkMemory
 from ..engine.delta import DeltaPlan, ValueEstimate, parent_chunks
 from ..engine.gcpause import gc_paused
@@ -40,7 +39,7 @@ from ..state.device import DeviceCapture
 from ..storage import Store, open_store
 from ..tiers import Tier, open_tiers
 from .commit import SaveSession
-from .compaction import CompactionMixin
+from .compaction import CompactCommands, Compactor
 from .interrupts import finishing_on_first_interrupt
 from .compare import CompareCommands, Comparison
 from .history import History, HistoryCommands
@@ -75,7 +74,7 @@ def _close_left_open() -> None:
 atexit.register(_close_left_open)
 
 
-class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, MaintenanceMixin, CompactionMixin, PlacementMixin):
+class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, MaintenanceMixin, CompactCommands, PlacementMixin):
     """A forkpoint repository at `url`: a local path, file://, mem://name, or an fsspec URL
     such as s3://bucket/prefix (`storage_options` go to the fsspec file system), or a
     hierarchy of `tiers` (see fp.tier). How saves lay out, encode and stage data is given once,
@@ -126,9 +125,8 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
         self._flushing: set[str] = set()
         self._flush_errors: list[dict] = []
         self._flush_pins: dict[str, set[str]] = {}
-        self._encoding: dict[str, Task] = {}
-        self._encoding_now: collections.Counter = collections.Counter()
         self._evict_lock = threading.Lock()
+        self.compactor = Compactor(self.stores, self._sched, self._evict_lock)
         self._tier_locks = [threading.Lock() for _ in self.stores]
         self._stubs_seen: dict[str, dict] = {}
         self._layouts = ChunkMemory(Layouts)
@@ -139,13 +137,7 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
         self._committing: set[str] = set()
         self._recent_commits: collections.deque = collections.deque(maxlen=RECENT_COMMITS)
         self._pending_commits: collections.deque[Task] = collections.deque()
-        self.refs = Refs(self.stores, self.url, self.writer_id)
-        self.history = History(self.stores, self.url, self.refs)
-        self.leases = Leases(self.stores, self.writer_id)
-        self.reader = Reader(self.stores, self.url, self.history, self._submit_read, self._sched.batch,
-                             self._rank_world, self._forget_next_use)
-        self.comparison = Comparison(self.reader.readable,
-                                     lambda m, indices: self.reader.read_values(m, indices, {}, None, False), self.log)
+        self._compose()
         self._closed = False
         if self.closes_at_exit:
             _OPEN_AT_EXIT.add(self)
@@ -159,6 +151,16 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
         self._sched = Scheduler(budget, threads=self.options.workers + encoders + 4)
         self._staging = StagingPool(self.options.staging_bytes + self.options.window_bytes)
         self._device = DeviceCapture(self.options.staging_bytes)
+
+    def _compose(self) -> None:
+        """The collaborators that own refs, history, leases, reads and comparisons."""
+        self.refs = Refs(self.stores, self.url, self.writer_id)
+        self.history = History(self.stores, self.url, self.refs)
+        self.leases = Leases(self.stores, self.writer_id)
+        self.reader = Reader(self.stores, self.url, self.history, self._submit_read, self._sched.batch,
+                             self._rank_world, self._forget_next_use)
+        self.comparison = Comparison(self.reader.readable,
+                                     lambda m, indices: self.reader.read_values(m, indices, {}, None, False), self.log)
 
     def _open_or_create(self, create: bool) -> None:
         """Check every tier's marker; create missing ones when the repository exists on any tier."""
@@ -318,10 +320,6 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
             out["flush_errors"] = list(self._flush_errors)
         return out
 
-    def _rank_world(self) -> tuple[int, int]:
-        """(rank, world size) of this process for rank-local state; one process by default."""
-        return 0, 1
-
     def _submit_read(self, fn, nbytes: int) -> Task:
         return self._sched.submit("restore", fn, priority=Priority.RESTORE,
                                   needs={f"io:{self._tier}": 1}, nbytes=nbytes, tier=self._tier)
@@ -390,7 +388,7 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
         with gc_paused():
             stored = plan.assemble()
         session.make_durable(stored.written_keys)
-        self._encode_later(plan.writer.later, plan.commit)
+        self.compactor.encode_later(plan.writer.later, plan.commit, self._tier)
         record.logical_bytes = sum(leaf.nbytes for leaf in stored.leaves if leaf.alias_of is None)
         record.stored_bytes = stored.stored_bytes
         has_pickle = any(leaf.kind == "pickle" for leaf in stored.leaves)

@@ -50,7 +50,7 @@ class PlacementMixin:
         with self._evict_lock:
             self._flushing.add(vid)
             self._flush_pins[vid] = {key.rsplit("/", 1)[-1] for key in keys}
-            encoding = {key: self._encoding[key] for key in keys if key in self._encoding} if k == 0 else {}
+            encoding = self.compactor.queued(keys) if k == 0 else {}
         self._sched.promote(encoding.values())
         way = self._flush_encodes(m, dst, keys)
         copies = [self._sched.submit("flush", lambda key=key: self._copy_down(k, dst, key, way),
@@ -198,7 +198,7 @@ class PlacementMixin:
         """True for objects a save or flush in flight relies on (call with the evict lock held)."""
         return (any(w.holds(digest) for w in self._writers)
                 or any(digest in pins for pins in self._flush_pins.values())
-                or object_key(digest) in self._encoding_now)
+                or self.compactor.running(object_key(digest)))
 
     def _reachable(self, heads: set[str], strict: bool = False) -> set[str]:
         """Versions reachable from `heads` through first parents. A manifest that no ref reaches
