@@ -26,8 +26,8 @@ demo: $(DEMO_STAMP)
 
 # tests whose ranks wait on each other run alone, after the others (see the `ranks` marker)
 test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS) -m "not ranks" tests
-	$(PY) -m pytest -q -m ranks tests
+	$(PY) -m pytest -q --durations=12 $(PYTEST_ARGS) -m "not ranks" tests
+	$(PY) -m pytest -q --durations=8 -m ranks tests
 
 # the documentation site (site/), as CI builds it
 docs: $(STAMP)

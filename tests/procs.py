@@ -5,7 +5,9 @@ process of its session prints the stack of each of its threads; the error's firs
 the innermost frames of each main thread (CI shows only the summary line of a failure).
 Children get one OpenMP thread unless the caller says otherwise: the suite's workers already
 fill the cores, and an oversubscribed OpenMP barrier can stall a CPU backward for minutes
-(pytorch/pytorch#91547).
+(pytorch/pytorch#91547). The error also says how much CPU the child got and how much the
+machine's hypervisor stole meanwhile, which tells a child that waited on something from one
+that was starved of CPU.
 """
 
 import os
@@ -26,11 +28,13 @@ def run(cmd, timeout: float, env: dict | None = None, **kwargs) -> subprocess.Co
     ChildHung, naming where the child's threads were, when the timeout passes."""
     env = dict(os.environ if env is None else env, PYTHONFAULTHANDLER="1")
     env.setdefault("OMP_NUM_THREADS", "1")
+    before = _machine_ticks()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, **kwargs)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        load = _load(proc.pid, before, timeout)
         _signal_group(proc.pid, signal.SIGABRT)
         try:
             out, err = proc.communicate(timeout=DUMP_WAIT)
@@ -38,7 +42,7 @@ def run(cmd, timeout: float, env: dict | None = None, **kwargs) -> subprocess.Co
             _signal_group(proc.pid, signal.SIGKILL)
             out, err = proc.communicate()
         _signal_group(proc.pid, signal.SIGKILL)
-        raise ChildHung(f"{cmd_text(cmd)} ran past {timeout} s; {where(err)}\n--- stderr ---\n{err[-20000:]}"
+        raise ChildHung(f"{cmd_text(cmd)} ran past {timeout} s ({load}); {where(err)}\n--- stderr ---\n{err[-20000:]}"
                         f"\n--- stdout ---\n{out[-5000:]}") from None
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
@@ -52,6 +56,38 @@ def where(stderr: str) -> str:
         frames = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', block)[:3]
         found.append(" <- ".join(f"{os.path.basename(f)}:{n} {fn}" for f, n, fn in frames))
     return "main threads at: " + " | ".join(found) if found else "no stacks were printed"
+
+
+def _machine_ticks() -> list[int] | None:
+    """The machine's CPU time counters (user, nice, system, idle, iowait, irq, softirq, steal)."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+
+
+def _load(pid: int, before: list[int] | None, wall: float) -> str:
+    """What the child and the machine did during its `wall` seconds, in words."""
+    parts = []
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        ticks = os.sysconf("SC_CLK_TCK")
+        parts.append(f"the child used {(int(fields[11]) + int(fields[12])) / ticks:.1f} CPU-s")
+    except (OSError, ValueError, IndexError):
+        pass
+    after = _machine_ticks()
+    if before is not None and after is not None:
+        spent = [b - a for a, b in zip(before, after)]
+        total = sum(spent) or 1
+        parts.append(f"the machine was {100 * (total - spent[3] - spent[4]) / total:.0f}% busy, "
+                     f"{100 * spent[4] / total:.0f}% waiting on I/O, {100 * spent[7] / total:.0f}% stolen")
+    try:
+        parts.append("load average " + open("/proc/loadavg").read().split()[0])
+    except OSError:
+        pass
+    return "; ".join(parts) or "no load figures"
 
 
 def cmd_text(cmd) -> str:

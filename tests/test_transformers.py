@@ -14,13 +14,13 @@ pytest.importorskip("accelerate")
 import forkpoint as fp  # noqa: E402
 import procs  # noqa: E402
 
-pytestmark = pytest.mark.timeout(1200)
+pytestmark = pytest.mark.timeout(1900)
 
 RUN = os.path.join(os.path.dirname(__file__), "frameworks", "hf_run.py")
 
 
 def run(*args):
-    out = procs.run([sys.executable, RUN, *args], timeout=400)
+    out = procs.run([sys.executable, RUN, *args], timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
 
 
