@@ -195,7 +195,7 @@ def test_checkpointer_retention_takes_a_bounded_share_of_the_time(repo, monkeypa
     from forkpoint.checkpointer import RETENTION_SHARE
 
     passes = []
-    real_sweep = repo._gc_store
+    real_sweep = repo.maintenance._gc_store
 
     def slow_sweep(*args):
         passes.append(time.monotonic())
@@ -204,7 +204,7 @@ def test_checkpointer_retention_takes_a_bounded_share_of_the_time(repo, monkeypa
             pass
         return real_sweep(*args)
 
-    monkeypatch.setattr(repo, "_gc_store", slow_sweep)
+    monkeypatch.setattr(repo.maintenance, "_gc_store", slow_sweep)
     ck = fp.Checkpointer(repo, {"w": torch.zeros(1000)}, every=1, keep=fp.Keep(last=2), gc_grace=0)
     start = time.monotonic()
     for step in range(40):

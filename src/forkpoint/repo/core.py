@@ -43,7 +43,8 @@ from .compaction import CompactCommands, Compactor
 from .interrupts import finishing_on_first_interrupt
 from .compare import CompareCommands, Comparison
 from .history import History, HistoryCommands
-from .maintenance import MaintenanceMixin
+from .ledger import CommitLedger
+from .maintenance import Maintenance, MaintenanceCommands
 from .writers import Leases
 from .placement import PlacementMixin
 from .reading import ReadCommands, Reader
@@ -51,7 +52,6 @@ from .records import PendingSave, environment
 from .refs import RefCommands, Refs
 
 REPO_MARKER = "forkpoint.json"
-RECENT_COMMITS = 256
 REPO_KIND = "forkpoint.repository"
 MAX_ENCODERS = 8
 """Chunks one process encodes at once: one per core, at most this many (each also gets an I/O
@@ -74,7 +74,7 @@ def _close_left_open() -> None:
 atexit.register(_close_left_open)
 
 
-class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, MaintenanceMixin, CompactCommands, PlacementMixin):
+class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, MaintenanceCommands, CompactCommands, PlacementMixin):
     """A forkpoint repository at `url`: a local path, file://, mem://name, or an fsspec URL
     such as s3://bucket/prefix (`storage_options` go to the fsspec file system), or a
     hierarchy of `tiers` (see fp.tier). How saves lay out, encode and stage data is given once,
@@ -128,14 +128,11 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
         self._evict_lock = threading.Lock()
         self.compactor = Compactor(self.stores, self._sched, self._evict_lock)
         self._tier_locks = [threading.Lock() for _ in self.stores]
-        self._stubs_seen: dict[str, dict] = {}
         self._layouts = ChunkMemory(Layouts)
         self._pacing = PaceMemory()
         self._value_estimates = ChunkMemory(ValueEstimate)
         self._lock = threading.Lock()
-        self._commit_seq = 0
-        self._committing: set[str] = set()
-        self._recent_commits: collections.deque = collections.deque(maxlen=RECENT_COMMITS)
+        self.ledger = CommitLedger()
         self._pending_commits: collections.deque[Task] = collections.deque()
         self._compose()
         self._closed = False
@@ -153,12 +150,14 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
         self._device = DeviceCapture(self.options.staging_bytes)
 
     def _compose(self) -> None:
-        """The collaborators that own refs, history, leases, reads and comparisons."""
+        """The collaborators that own refs, history, leases, reads, comparisons and upkeep."""
         self.refs = Refs(self.stores, self.url, self.writer_id)
         self.history = History(self.stores, self.url, self.refs)
         self.leases = Leases(self.stores, self.writer_id)
         self.reader = Reader(self.stores, self.url, self.history, self._submit_read, self._sched.batch,
                              self._rank_world, self._forget_next_use)
+        self.maintenance = Maintenance(self.stores, self.refs, self.history, self.leases, self.ledger,
+                                       self._submit_read, self._pinned, self._evict_lock)
         self.comparison = Comparison(self.reader.readable,
                                      lambda m, indices: self.reader.read_values(m, indices, {}, None, False), self.log)
 
@@ -408,20 +407,13 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
                 data = manifest.seal()
             vid = record.id
             key = f"versions/{vid}.json"
-            with self._lock:
-                self._committing.add(vid)
-            try:
+            with self.ledger.committing(vid):
                 self.store.write(key, [data])
                 self.store.barrier([key])
                 published = self.refs.publish("heads", record.branch, seq + 1, vid)
                 if published:
-                    with self._lock:
-                        self.history.cache.put(vid, manifest)
-                        self._commit_seq += 1
-                        self._recent_commits.append((self._commit_seq, vid, manifest.objects()))
-            finally:
-                with self._lock:
-                    self._committing.discard(vid)
+                    self.history.cache.put(vid, manifest)
+                    self.ledger.committed(vid, manifest.objects())
             if published:
                 self._after_commit(vid, 0)
                 return record

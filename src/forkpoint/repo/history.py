@@ -81,6 +81,7 @@ class History:
     def __init__(self, stores: list[Store], url: str, refs, cache: ManifestCache | None = None):
         self.stores, self.url, self.refs = stores, url, refs
         self.cache = cache or ManifestCache()
+        self._stubs_seen: dict[str, dict] = {}  # {store url: {vid: (signature, stub manifest)}}
 
     def manifest_by_id(self, vid: str) -> Manifest:
         """The full manifest of version `vid` (cached)."""
@@ -190,6 +191,50 @@ class History:
                     "until it is restored or the branch is reset past it") from None
             yield v
             child, vid = vid, (v.parents[0] if v.parents else None)
+
+
+    def reachable(self, heads: set[str], strict: bool = False) -> set[str]:
+        """Versions reachable from `heads` through first parents. A manifest that no ref reaches
+        yet belongs to a commit in flight (or to an abandoned one, which gc removes): never
+        evict it. With `strict` (gc), a head or ancestor that is missing, unreadable or part of
+        a loop raises instead of ending the walk: what lies behind it cannot be proven unreachable."""
+        seen: set[str] = set()
+        for vid in heads:
+            if strict:
+                for v in self.first_parents(vid):
+                    if v.id in seen:
+                        break
+                    seen.add(v.id)
+                continue
+            while vid and vid not in seen:
+                seen.add(vid)
+                try:
+                    parents = self.version_by_id(vid).parents
+                except (RefNotFoundError, FormatError):
+                    break
+                vid = parents[0] if parents else None
+        return seen
+
+    def manifests_in(self, store: Store) -> list[Manifest]:
+        """Every manifest as stored on one tier (stubs included). A stub met before is not read
+        again while its store signature is unchanged (a long history is mostly stubs)."""
+        out = []
+        known = self._stubs_seen.get(store.url, {})
+        stubs = {}
+        for vid in self.version_ids(store):
+            key = f"versions/{vid}.json"
+            try:
+                signature = store.signature(key)
+                seen = known.get(vid)
+                m = seen[1] if seen is not None and seen[0] == signature else \
+                    Manifest.from_bytes(store.read(key), f"{store.url}/{key}")
+            except FileNotFoundError:
+                continue
+            if m.version.pruned and signature is not None:
+                stubs[vid] = (signature, m)
+            out.append(m)
+        self._stubs_seen[store.url] = stubs
+        return out
 
 
 def check_id(version: Version, vid: str, where: str) -> None:

@@ -12,15 +12,24 @@ from ..format.refs import decode_record, record_key, seq_of
 from ..state.leaves import empty_leaf
 from ..storage import Store
 from .records import GcReport, VerifyReport
+from .ledger import CommitLedger
 from .refs import drop_old_records
 
 
-class MaintenanceMixin:
-    """Upkeep of a Repo (see repo.core)."""
+class Maintenance:
+    """Integrity and space of one repository's tiers: verify, retention (prune), gc and usage.
+    A Repo's collaborator, reached as `repo.maintenance`: `submit_read` schedules a read,
+    `pinned(digest)` (called with `evict_lock` held) names objects a save or flush in flight
+    relies on, and `ledger` this process's commits."""
+
+    def __init__(self, stores: list[Store], refs, history, leases, ledger: CommitLedger, submit_read,
+                 pinned, evict_lock):
+        self.stores, self.refs, self.history, self.leases, self.ledger = stores, refs, history, leases, ledger
+        self._submit_read, self._pinned, self._evict_lock = submit_read, pinned, evict_lock
 
     def verify(self, ref: str | None = None, progress=None) -> VerifyReport:
         """Re-read and re-hash every object of `ref` (or of every version) on every tier holding it."""
-        wanted = {self.resolve(ref)} if ref is not None else None
+        wanted = {self.history.resolve(ref)} if ref is not None else None
         report = VerifyReport()
         damaged: dict[str, tuple[str, dict, set]] = {}  # object -> (why, {version: step}, leaves)
         if ref is None:
@@ -110,12 +119,12 @@ class MaintenanceMixin:
 
     # ----------------------------------------------------------------- retention and gc
     def _chains(self) -> dict[str, list[Version]]:
-        return {name: self.log(name) for name in self.branches()}
+        return {name: list(self.history.first_parents(vid)) for name, vid in self.refs.targets("heads").items()}
 
     def prune_plan(self, keep, branches: list[str] | None = None) -> list[str]:
         """Return ids of versions `keep` would prune on `branches` (default: all)."""
         chains = self._chains()
-        tagged = set(self.tags().values())
+        tagged = set(self.refs.targets("tags").values())
         protected = set(tagged) | {c[0].id for c in chains.values() if c}
         chosen = set(chains) if branches is None else set(branches)
         candidates = []
@@ -128,7 +137,7 @@ class MaintenanceMixin:
             candidates.extend(v.id for v in live)
         return sorted({c for c in candidates if c not in protected})
 
-    def _prune(self, vid: str, store: Store | None = None, barrier: bool = True) -> list[Store]:
+    def prune(self, vid: str, store: Store | None = None, barrier: bool = True) -> list[Store]:
         """Replace the version's manifest on `store` (default: every tier holding it) by a stub;
         return the stores written (without `barrier`, the caller makes the stubs durable)."""
         stub = stub_bytes(self.history.version_by_id(vid))
@@ -138,8 +147,7 @@ class MaintenanceMixin:
             st.write(key, [stub])
             if barrier:
                 st.barrier([key])
-        with self._lock:
-            self.history.cache.pop(vid, None)
+        self.history.cache.pop(vid, None)
         return targets
 
     def gc(self, keep=None, branches: list[str] | None = None, dry_run: bool = False,
@@ -153,8 +161,7 @@ class MaintenanceMixin:
         """
         started = time.thread_time()
         report = GcReport(dry_run=dry_run)
-        with self._lock:
-            since = self._commit_seq
+        since = self.ledger.seq
         self._live_versions()
         if keep is not None:
             report.pruned_versions = self.prune_plan(keep, branches)
@@ -163,7 +170,7 @@ class MaintenanceMixin:
         if not dry_run:
             written: dict[int, tuple[Store, list[str]]] = {}
             for vid in report.pruned_versions:
-                for st in self._prune(vid, barrier=False):
+                for st in self.prune(vid, barrier=False):
                     written.setdefault(id(st), (st, []))[1].append(f"versions/{vid}.json")
             for st, keys in written.values():
                 st.barrier(keys)
@@ -185,7 +192,7 @@ class MaintenanceMixin:
             for kind in ("heads", "tags"):
                 for name, vid in self.refs.targets(kind).items():
                     targets.add(vid if self.history.has_manifest(vid) else self.history.ref_target(kind, name))
-            return self._reachable(targets, strict=True)
+            return self.history.reachable(targets, strict=True)
         except ForkpointError as e:
             raise type(e)(f"gc refused to run and deleted nothing: {e}") from None
 
@@ -213,7 +220,7 @@ class MaintenanceMixin:
         """Delete the manifests no ref reaches that are older than `deadline` (none committed
         by this process after `since`, none in commit); return the objects the rest refer to."""
         live_objects = set()
-        for m in self._manifests_in(store):
+        for m in self.history.manifests_in(store):
             vid = m.version.id
             key = f"versions/{vid}.json"
             orphan = False
@@ -222,7 +229,7 @@ class MaintenanceMixin:
                     orphan = store.mtime(key) < deadline
                 except FileNotFoundError:
                     continue
-            if orphan and not self._committed_since(since, vid) and not self._in_commit(vid):
+            if orphan and not self.ledger.committed_since(since, vid) and not self.ledger.in_commit(vid):
                 report.deleted_manifests += 1
                 if not dry_run:
                     store.delete(key)
@@ -249,7 +256,7 @@ class MaintenanceMixin:
             except FileNotFoundError:
                 continue
             with self._evict_lock:
-                if self._pinned(name) or self._committed_since(since, name):
+                if self._pinned(name) or self.ledger.committed_since(since, name):
                     continue
                 try:  # a save of another process may have reused (touched) it since the listing
                     if store.fresh_mtime(key) >= deadline:
@@ -277,22 +284,6 @@ class MaintenanceMixin:
                     report.kept_young += 1
             except FileNotFoundError:
                 pass
-
-    def _in_commit(self, vid: str) -> bool:
-        """True while this process is committing version `vid` (manifest written, ref not yet)."""
-        with self._lock:
-            return vid in self._committing
-
-    def _committed_since(self, seq: int, name: str) -> bool:
-        """True when a version this process committed after commit number `seq` is `name` or
-        uses object `name` (gc's view of the repository predates it), or when too many
-        commits passed to tell."""
-        with self._lock:
-            recent = list(self._recent_commits)
-            latest = self._commit_seq
-        if latest > seq and (not recent or recent[0][0] > seq + 1):
-            return True
-        return any(name == vid or name in objects for n, vid, objects in recent if n > seq)
 
     def _compact_refs(self, store, now: float, grace: float) -> None:
         """Drop old ref records; a ref deleted more than `grace` seconds ago loses all of them
@@ -325,7 +316,7 @@ class MaintenanceMixin:
         commit). A branch's `held_bytes` is what the distinct objects its unpruned versions need
         (delta bases included) take on the store now; `exclusive_bytes` the part of it no other
         branch or tag needs: what deleting the branch and a gc would free."""
-        versions = {v.id: v for v in self.versions()}
+        versions = {vid: self.history.version_by_id(vid) for vid in self.history.version_ids()}
         objects: dict[str, tuple[str, int]] = {}
         needs: dict[str, set[str]] = {}
         for vid, v in versions.items():
@@ -343,12 +334,12 @@ class MaintenanceMixin:
         sizes: dict[str, int | None] = {}
         for digest in objects:
             try:
-                sizes[digest] = self.store.size(object_key(digest))
+                sizes[digest] = self.stores[0].size(object_key(digest))
             except FileNotFoundError:
                 sizes[digest] = None
         chains = self._chains()
         held = {name: set().union(*(needs.get(v.id, set()) for v in chain)) for name, chain in chains.items()}
-        tagged = set().union(*(needs.get(vid, set()) for vid in self.tags().values()))
+        tagged = set().union(*(needs.get(vid, set()) for vid in self.refs.targets("tags").values()))
         branches = {}
         for name, chain in chains.items():
             others = tagged.union(*(objs for other, objs in held.items() if other != name))
@@ -357,14 +348,14 @@ class MaintenanceMixin:
                               "stored_bytes": sum(v.stored_bytes for v in chain if not v.pruned),
                               "held_bytes": sum(sizes[o] or 0 for o in held[name]),
                               "exclusive_bytes": sum(sizes[o] or 0 for o in held[name] - others)}
-        total = sum(self.store.size(k) for k in self.store.list("objects"))
+        total = sum(self.stores[0].size(k) for k in self.stores[0].list("objects"))
         codecs: dict[str, dict] = {}
         for digest, (label, decoded) in objects.items():
             stored = sizes[digest]
             if stored is None:
                 continue
             try:
-                codec = label + stored_codec(self.store, object_key(digest))
+                codec = label + stored_codec(self.stores[0], object_key(digest))
             except FileNotFoundError:
                 continue
             except (CorruptObjectError, FormatError):
@@ -377,6 +368,30 @@ class MaintenanceMixin:
                               "logical_bytes": v.logical_bytes, "stored_bytes": v.stored_bytes}
                              for v in versions.values()],
                 "branches": branches, "objects_bytes": total, "codecs": codecs}
+
+
+class MaintenanceCommands:
+    """The upkeep commands of a Repo's public API, over `self.maintenance` (see repo.core)."""
+
+    maintenance: Maintenance
+
+    def verify(self, ref: str | None = None, progress=None) -> VerifyReport:
+        """Re-read and re-hash every object of `ref` (or of every version) on every tier holding it."""
+        return self.maintenance.verify(ref, progress)
+
+    def prune_plan(self, keep, branches: list[str] | None = None) -> list[str]:
+        """Return ids of versions `keep` would prune on `branches` (default: all)."""
+        return self.maintenance.prune_plan(keep, branches)
+
+    def gc(self, keep=None, branches: list[str] | None = None, dry_run: bool = False,
+           grace: float = 600.0) -> GcReport:
+        """Prune versions by `keep`, then delete objects no version needs and stale temp files
+        (see Maintenance.gc: what is younger than `grace` seconds stays)."""
+        return self.maintenance.gc(keep, branches, dry_run, grace)
+
+    def du(self) -> dict:
+        """Logical and stored bytes per version, branch and codec (see Maintenance.du)."""
+        return self.maintenance.du()
 
 
 _DAMAGED_OBJECT = re.compile(r"object (?P<object>\S+?/objects/[^\s:]+)(?::| )\s*(?P<why>.*)", re.S)

@@ -7,7 +7,7 @@ from ..engine.autocodec import BusyMeter, choice_for
 from ..engine.reencode import copy_encoded
 from ..engine.encoding import codec_rules
 from ..engine.scheduler import Priority, Task
-from ..errors import FormatError, RefNotFoundError
+from ..errors import RefNotFoundError
 from ..format.manifest import Manifest, version_from_bytes
 from ..format.objects import object_key
 from ..storage import Store
@@ -119,10 +119,10 @@ class PlacementMixin:
 
     def _committed_on(self, store: Store) -> tuple[list, set]:
         """(The committed versions `store` holds in full, newest first; its branch heads.)"""
-        present = sorted((m.version for m in self._manifests_in(store) if not m.version.pruned),
+        present = sorted((m.version for m in self.history.manifests_in(store) if not m.version.pruned),
                          key=lambda v: v.time, reverse=True)
         heads = {self.refs.state_in(store, "heads", b)[1] for b in {v.branch for v in present}} - {None}
-        committed = self._reachable(heads | set(self.tags().values()))
+        committed = self.history.reachable(heads | set(self.tags().values()))
         return [v for v in present if v.id in committed], heads
 
     def _flush_encodes(self, m: Manifest, dst: Store, keys: list[str]):
@@ -183,7 +183,7 @@ class PlacementMixin:
                 parent = self.history.version_by_id(parents[0])
             except RefNotFoundError:
                 return
-            self._prune(parent.id, dst)
+            self.maintenance.prune(parent.id, dst)
             parents = parent.parents
 
     def _descends(self, vid: str, ancestor: str) -> bool:
@@ -199,28 +199,6 @@ class PlacementMixin:
         return (any(w.holds(digest) for w in self._writers)
                 or any(digest in pins for pins in self._flush_pins.values())
                 or self.compactor.running(object_key(digest)))
-
-    def _reachable(self, heads: set[str], strict: bool = False) -> set[str]:
-        """Versions reachable from `heads` through first parents. A manifest that no ref reaches
-        yet belongs to a commit in flight (or to an abandoned one, which gc removes): never
-        evict it. With `strict` (gc), a head or ancestor that is missing, unreadable or part of
-        a loop raises instead of ending the walk: what lies behind it cannot be proven unreachable."""
-        seen: set[str] = set()
-        for vid in heads:
-            if strict:
-                for v in self.history.first_parents(vid):
-                    if v.id in seen:
-                        break
-                    seen.add(v.id)
-                continue
-            while vid and vid not in seen:
-                seen.add(vid)
-                try:
-                    parents = self.history.version_by_id(vid).parents
-                except (RefNotFoundError, FormatError):
-                    break
-                vid = parents[0] if parents else None
-        return seen
 
     def _evict(self, k: int, spare: str | None = None) -> None:
         """Apply tier k's `keep`: drop versions beyond it (only once safe on the next tier)."""
@@ -257,7 +235,7 @@ class PlacementMixin:
             return
         for vid in victims:
             if last:
-                self._prune(vid, store)
+                self.maintenance.prune(vid, store)
                 continue
             nxt = self.stores[k + 1]
             if not nxt.exists(f"versions/{vid}.json"):
@@ -265,36 +243,15 @@ class PlacementMixin:
                     # the process that flushes it may be copying it now (a node-local tier
                     # shared with rank 0): it goes once it is below, flushed or a stub
                     continue
-                self._prune(vid, nxt)
+                self.maintenance.prune(vid, nxt)
             store.delete(f"versions/{vid}.json")
             store.delete(replica_record_key(vid))
             self.history.cache.pop(vid)
         with self._evict_lock:
             live = set()
-            for m in self._manifests_in(store):
+            for m in self.history.manifests_in(store):
                 live |= object_keys(m)
             sweep(store, live, self._pinned, self._sweep_min_age(k))
-
-    def _manifests_in(self, store: Store) -> list[Manifest]:
-        """Every manifest as stored on one tier (stubs included). A stub met before is not read
-        again while its store signature is unchanged (a long history is mostly stubs)."""
-        out = []
-        known = self._stubs_seen.get(store.url, {})
-        stubs = {}
-        for vid in self.history.version_ids(store):
-            key = f"versions/{vid}.json"
-            try:
-                signature = store.signature(key)
-                seen = known.get(vid)
-                m = seen[1] if seen is not None and seen[0] == signature else \
-                    Manifest.from_bytes(store.read(key), f"{store.url}/{key}")
-            except FileNotFoundError:
-                continue
-            if m.version.pruned and signature is not None:
-                stubs[vid] = (signature, m)
-            out.append(m)
-        self._stubs_seen[store.url] = stubs
-        return out
 
     def where(self, ref: str) -> list[str]:
         """Return the URLs of the tiers that hold the version in full (its manifest, not the
