@@ -82,7 +82,9 @@ def main() -> None:
     first, rows = slab(args.n, comm)
     u, v = np.empty((rows, args.n)), np.empty((rows, args.n))
     live = state(u, v, first, args.n, 0, args.F, args.k)
-    if args.fork_from is not None and args.branch not in repo.branches():
+    # rank 0 decides whether to fork: a rank that looked after the fork would skip the barrier
+    fork = args.fork_from is not None and args.branch not in repo.branches() if comm.rank == 0 else None
+    if comm.bcast(fork):
         if comm.rank == 0:
             repo.fork(args.fork_from, args.branch)
         repo.barrier()

@@ -14,9 +14,12 @@ import os
 import re
 import signal
 import subprocess
+import time
 
 DUMP_WAIT = 10
 """Seconds the children get to print their stacks after SIGABRT."""
+RELAY_WAIT = 2
+"""Seconds a launcher gets to relay its children's dumps before it is signalled itself."""
 
 
 class ChildHung(AssertionError):
@@ -95,7 +98,37 @@ def cmd_text(cmd) -> str:
 
 
 def _signal_group(pid: int, sig: int) -> None:
+    """Signal the child's session and every descendant of the child (a launcher such as
+    mpiexec may start its ranks in sessions of their own)."""
+    below = _descendants(pid)
+    for target in reversed(below):  # the deepest first, so a launcher still relays their output
+        try:
+            os.kill(target, sig)
+        except ProcessLookupError:
+            pass
+    if below and sig != signal.SIGKILL:
+        time.sleep(RELAY_WAIT)
     try:
         os.killpg(pid, sig)
     except ProcessLookupError:
         pass
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below `pid` (from /proc; none where it cannot be read)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found

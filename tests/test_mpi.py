@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import forkpoint as fp
+import procs
 from forkpoint.format.objects import BLOCK_BYTES
 
 HERE = Path(__file__).parent
@@ -28,7 +29,7 @@ def mpiexec(n: int, *args, timeout: float = 180, check: bool = True) -> subproce
     assert MPIEXEC, "mpiexec not found: pip install mpich (the test extra has it)"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     cmd = [MPIEXEC, "-n", str(n), sys.executable, *map(str, args)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    proc = procs.run(cmd, timeout=timeout, env=env)
     if check:
         assert proc.returncode == 0, f"{cmd} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return proc
