@@ -20,6 +20,9 @@ DUMP_WAIT = 10
 """Seconds the children get to print their stacks after SIGABRT."""
 RELAY_WAIT = 2
 """Seconds a launcher gets to relay its children's dumps before it is signalled itself."""
+CHILD_SECONDS = 600
+"""How long a test's child process may run before it counts as hung. Far above what any
+child needs on an idle machine: a shared CI machine has run the suite five times slower."""
 
 
 class ChildHung(AssertionError):

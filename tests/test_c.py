@@ -15,6 +15,7 @@ import pytest
 
 import forkpoint as fp
 from helpers.cbuild import make as cbuild_make
+import procs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # ASan/UBSan findings exit with 99, apart from every status the library returns (0 to 9)
@@ -31,7 +32,7 @@ def cbuild():
 
 def fpc(cbuild, *args, asan=True, check=True):
     exe = os.path.join(cbuild, "fpc-asan" if asan else "fpc")
-    done = subprocess.run([exe, *map(str, args)], capture_output=True, text=True, env=SAN_ENV, timeout=120)
+    done = procs.run([exe, *map(str, args)], env=SAN_ENV, timeout=procs.CHILD_SECONDS)
     assert done.returncode != 99, f"sanitizer finding in fpc {args}:\n{done.stderr}"
     if check:
         assert done.returncode == 0, f"fpc {args} failed ({done.returncode}): {done.stderr}"
@@ -286,8 +287,7 @@ def test_the_documented_program_compiles_and_its_version_loads_in_python(cbuild,
 def test_fortran_module_round_trips_arrays_python_sees_the_same_bytes(tmp_path):
     build = cbuild_make("fortran", "gfortran, a C compiler and libzstd-dev")
     repo = tmp_path / "repo"
-    done = subprocess.run([os.path.join(build, "fortran_roundtrip"), str(repo)], capture_output=True, text=True,
-                          timeout=60)
+    done = procs.run([os.path.join(build, "fortran_roundtrip"), str(repo)], timeout=procs.CHILD_SECONDS)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "bit-exact" in done.stdout
     # a wrong shape is refused, naming what the leaf holds

@@ -13,6 +13,7 @@ import pytest
 
 import forkpoint as fp
 from helpers.cbuild import MPICC, make as cbuild_make
+import procs
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.ranks]
 MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
@@ -25,7 +26,7 @@ def mpibuild():
 
 def mpiexec(n, *args):
     assert MPIEXEC, "mpiexec not found: pip install mpich (the test extra has it)"
-    done = subprocess.run([MPIEXEC, "-n", str(n), *map(str, args)], capture_output=True, text=True, timeout=180)
+    done = procs.run([MPIEXEC, "-n", str(n), *map(str, args)], timeout=procs.CHILD_SECONDS)
     assert done.returncode == 0, f"mpiexec -n {n} {args} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
     return done.stdout
 

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 import forkpoint as fp
 from forkpoint.cli.main import cli
+import procs
 
 
 @pytest.fixture
@@ -136,8 +137,8 @@ def test_bad_refs_are_clear(filled):
 
 
 def test_demo_end_to_end(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "forkpoint.cli.main", "demo", "--dir", str(tmp_path / "d"),
-                        "--steps", "30"], capture_output=True, text=True, timeout=300)
+    r = procs.run([sys.executable, "-m", "forkpoint.cli.main", "demo", "--dir", str(tmp_path / "d"),
+                   "--steps", "30"], timeout=procs.CHILD_SECONDS)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "SIGKILL" in r.stdout and "bit-identical" in r.stdout and "lr-sweep" in r.stdout
 
@@ -201,7 +202,7 @@ def test_long_operations_show_progress_on_a_terminal_only(filled, tmp_path):
         proc = subprocess.Popen([sys.executable, "-m", "forkpoint.cli.main", *args], stdout=subprocess.PIPE,
                                 stderr=slave)
         os.close(slave)
-        proc.wait(timeout=120)
+        proc.wait(timeout=procs.CHILD_SECONDS)
         seen = b""
         while True:
             try:

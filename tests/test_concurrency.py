@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import forkpoint as fp
+import procs as procs_
 from conftest import race_before_publish
 from forkpoint.errors import ConflictError
 
@@ -18,7 +19,7 @@ N = 25
 def _run_two(url, branches):
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "helpers", "concurrent_saver.py"),
                                url, b, f"w{i}", str(N)]) for i, b in enumerate(branches)]
-    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    assert [p.wait(timeout=procs_.CHILD_SECONDS) for p in procs] == [0, 0]
 
 
 def test_two_processes_different_branches(tmp_path):

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import forkpoint as fp
+import procs
 
 HERE = os.path.dirname(__file__)
 sys.path.insert(0, os.path.join(HERE, "helpers"))
@@ -35,7 +36,7 @@ def _check_all(url):
     return steps
 
 
-def _wait_until_ready(proc, timeout=120.0):
+def _wait_until_ready(proc, timeout=procs.CHILD_SECONDS):
     """Block until the saver prints "ready" (imports done, repository open), so the random kill
     lands in its saves however slow the machine is to start Python and torch."""
     ready, _, _ = select.select([proc.stdout], [], [], timeout)

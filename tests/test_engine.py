@@ -13,6 +13,26 @@ from forkpoint.engine.save import SaveOptions
 from helpers.unpaced import encode_every_chunk
 from forkpoint.engine.staging import StagingPool
 from forkpoint.state.hooks import CaptureGuard
+import procs
+
+
+def test_idle_workers_sleep_until_a_task_comes():
+    """With nothing queued the workers wait to be woken instead of polling: every open
+    repository has a dozen of them, and a process with many open (a notebook, a test
+    session) was slowed several times over by their wake-ups. A task queued later still runs,
+    and one queued behind a used-up resource runs once the resource is given back."""
+    sched = Scheduler(Budget(cpu_workers=1), threads=4, background_threads=1)
+    picks = []
+    pick = sched._pick
+    sched._pick = lambda lane: (picks.append(1), pick(lane))[1]
+    time.sleep(1.2)
+    assert picks == []
+    gate = threading.Event()
+    first = sched.submit("x", gate.wait, priority=0, needs={"cpu": 1})
+    second = sched.submit("x", lambda: "ran", priority=0, needs={"cpu": 1})
+    gate.set()
+    assert first.result(timeout=60) and second.result(timeout=60) == "ran"
+    sched.shutdown()
 
 
 def test_priorities_order_ready_tasks():
@@ -620,18 +640,29 @@ def test_where_encoding_makes_saves_slower_a_repository_writes_them_raw(tmp_path
     """Object writes take 20 ms (the store bounds the save, so a paced save encodes) and each
     encode 60 ms more (so encoding makes it slower than a raw save). The first two saves are
     paced, the third is written raw and measures faster: the fourth is written raw too. Every
-    version restores exactly, and a raw way's chunks record codec raw."""
-    from forkpoint.engine import scheduler
+    version restores exactly, and a raw way's chunks record codec raw. The pacer's clock counts
+    only those simulated costs (the writes as if the store's slots overlapped them), so the
+    rates it measures do not depend on how busy the machine is."""
+    from forkpoint.engine import pacing, scheduler
     from forkpoint.engine.objectwriter import ObjectWriter
 
     monkeypatch.setattr(scheduler, "usable_cores", lambda: 1 << 10)
     repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless")
+    slots = repo._sched.limit("io:tier0")
+    simulated, lock = [0.0], threading.Lock()
+
+    def spend(seconds: float, counted: float) -> None:
+        time.sleep(seconds)
+        with lock:
+            simulated[0] += counted
+
+    monkeypatch.setattr(pacing, "process_clocks", lambda: (simulated[0], 0.0))
     write = repo.store.write
     monkeypatch.setattr(repo.store, "write", lambda key, parts, durable=True: (
-        time.sleep(0.02) if key.startswith("objects/") else None, write(key, parts, durable))[1])
+        spend(0.02, 0.02 / slots) if key.startswith("objects/") else None, write(key, parts, durable))[1])
     encode = ObjectWriter.encode_ahead
-    monkeypatch.setattr(ObjectWriter, "encode_ahead", lambda *a, **k: (time.sleep(0.06), encode(*a, **k))[1])
-    state = {f"w{i}": torch.randn(1 << 18) for i in range(4 * repo._sched.limit("io:tier0"))}
+    monkeypatch.setattr(ObjectWriter, "encode_ahead", lambda *a, **k: (spend(0.06, 0.06), encode(*a, **k))[1])
+    state = {f"w{i}": torch.randn(1 << 18) for i in range(4 * slots)}
     saves = []
     for _ in range(4):
         saves.append((repo.save(state), {k: v.clone() for k, v in state.items()}))
@@ -718,7 +749,7 @@ def test_a_save_in_flight_when_the_program_ends_commits_before_exit(tmp_path):
         "repo.save(state, step=7, sync=False)\n"
     )
     path = str(tmp_path / "r")
-    done = subprocess.run([sys.executable, "-c", script, path], capture_output=True, text=True, timeout=300)
+    done = procs.run([sys.executable, "-c", script, path], timeout=procs.CHILD_SECONDS)
     assert done.returncode == 0, done.stderr[-2000:]
     repo = fp.Repo(path)
     assert repo.version(repo.head("main")).step == 7

@@ -12,6 +12,7 @@ import torch
 
 import forkpoint as fp
 from forkpoint.format.objects import object_key
+import procs
 
 
 def _fill(repo, n, branch="main"):
@@ -146,7 +147,7 @@ def test_gc_frees_what_pruning_freed_at_once_unless_another_process_may_be_savin
     repo.close()
     assert repo.store.list("writers") == [], "close removes this process's lease"
     script = FOREIGN_WRITER.replace("os._exit(0)", "fp.Repo(sys.argv[1]).gc()  # exits without close")
-    subprocess.run([sys.executable, "-c", script, repo.url], check=True, timeout=120, input="", capture_output=True)
+    subprocess.run([sys.executable, "-c", script, repo.url], check=True, timeout=procs.CHILD_SECONDS, input="", capture_output=True)
     assert repo.store.list("writers") == [], "a process that exits normally leaves no lease; gc alone writes none"
 
 

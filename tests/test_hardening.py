@@ -19,6 +19,7 @@ from forkpoint.errors import (CorruptObjectError, ForkpointError, FormatError, M
 from forkpoint.format.manifest import _record_id
 from forkpoint.format.objects import object_key, pack_header
 from forkpoint.format.refs import encode_record, record_key, seq_of
+import procs
 
 
 def manifest_path(repo, vid):
@@ -252,8 +253,8 @@ def test_cyclic_parents_are_an_error_not_a_hang(repo):
         fresh.log("main")
     with pytest.raises(FormatError, match="gc refused.*loops"):
         fresh.gc(grace=0)
-    out = subprocess.run([sys.executable, "-m", "forkpoint.cli.main", "log", "--repo", repo.url],
-                         capture_output=True, text=True, timeout=60)
+    out = procs.run([sys.executable, "-m", "forkpoint.cli.main", "log", "--repo", repo.url],
+                    timeout=procs.CHILD_SECONDS)
     assert out.returncode == 2 and "loops" in out.stderr
 
 

@@ -17,6 +17,7 @@ from safetensors.torch import load_file  # noqa: E402
 import forkpoint as fp  # noqa: E402
 from forkpoint.cli.hf_export import parse_size, shard, Weight  # noqa: E402
 from forkpoint.cli.main import cli  # noqa: E402
+import procs
 
 RUN = os.path.join(os.path.dirname(__file__), "frameworks", "hf_run.py")
 
@@ -26,9 +27,9 @@ def trained(tmp_path_factory):
     """A tiny GPT-2 trained 4 steps by the Trainer, checkpointed by the plug-in."""
     tmp = tmp_path_factory.mktemp("hf")
     url = str(tmp / "repo")
-    out = subprocess.run([sys.executable, RUN, "--repo", url, "--dir", str(tmp / "out"), "--steps", "4",
-                          "--save-steps", "4", "--out", str(tmp / "final.pt")],
-                         capture_output=True, text=True, timeout=300)
+    out = procs.run([sys.executable, RUN, "--repo", url, "--dir", str(tmp / "out"), "--steps", "4",
+                     "--save-steps", "4", "--out", str(tmp / "final.pt")],
+                    timeout=procs.CHILD_SECONDS)
     assert out.returncode == 0, out.stderr[-3000:]
     return url
 

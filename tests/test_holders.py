@@ -16,6 +16,7 @@ import torch
 import forkpoint as fp
 from forkpoint.errors import BranchHeldError
 from forkpoint.repo.holders import HOLD_EXPIRY, boot_id, start_ticks
+import procs
 
 HERE = os.path.dirname(__file__)
 
@@ -85,7 +86,7 @@ def test_two_copies_of_one_script_do_not_interleave(tmp_path):
     try:
         assert first.stdout.readline() == "holding\n"
         second = subprocess.run([sys.executable, os.path.join(HERE, "helpers", "branch_holder.py"), url, "main"],
-                                input="", capture_output=True, text=True, timeout=120)
+                                input="", capture_output=True, text=True, timeout=procs.CHILD_SECONDS)
         assert second.returncode != 0 and "BranchHeldError" in second.stderr and f"pid {first.pid}" in second.stderr
     finally:
         first.communicate("", timeout=60)

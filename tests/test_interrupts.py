@@ -5,13 +5,14 @@ import subprocess
 import sys
 
 import forkpoint as fp
+import procs
 
 HERE = os.path.dirname(__file__)
 
 
 def _interrupted(url: str, interrupts: int | str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, os.path.join(HERE, "helpers", "interrupted_save.py"), url, str(interrupts)],
-                          capture_output=True, text=True, timeout=300)
+    return procs.run([sys.executable, os.path.join(HERE, "helpers", "interrupted_save.py"), url, str(interrupts)],
+                     timeout=procs.CHILD_SECONDS)
 
 
 def _files(url: str, under: str) -> set[str]:

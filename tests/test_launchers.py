@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("torch")
 
 import forkpoint as fp  # noqa: E402
+import procs
 
 pytestmark = pytest.mark.ranks
 
@@ -33,7 +34,7 @@ def torchrun(nproc: int, *args) -> str:
     for attempt in range(2):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
                "--master_port", str(free_port()), EXAMPLE, *args]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
+        out = procs.run(cmd, timeout=procs.CHILD_SECONDS, cwd=ROOT)
         if out.returncode == 0 or "EADDRINUSE" not in out.stderr:
             break
     teardown_abort = "done at step" in out.stdout and "terminate called without an active exception" in out.stderr
@@ -54,15 +55,15 @@ def test_torchrun_then_resume_on_three_ranks(tmp_path):
 
 def test_slurm_environment(tmp_path):
     repo, port = str(tmp_path / "run"), free_port()
-    procs = []
+    children = []
     for rank in range(2):
         env = {**os.environ, "SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(rank),
                "SLURM_JOB_ID": "77", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
             env.pop(var, None)
-        procs.append(subprocess.Popen([sys.executable, EXAMPLE, "--repo", repo, "--steps", "4", "--every", "2"],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT))
-    outs = [p.communicate(timeout=240) for p in procs]
-    assert all(p.returncode == 0 for p in procs), outs
+        children.append(subprocess.Popen([sys.executable, EXAMPLE, "--repo", repo, "--steps", "4", "--every", "2"],
+                                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT))
+    outs = [p.communicate(timeout=procs.CHILD_SECONDS) for p in children]
+    assert all(p.returncode == 0 for p in children), outs
     assert "rank 0 of 2 (slurm)" in outs[0][0]
     assert [(v.step, v.env["world_size"]) for v in fp.Repo(repo).log("main")] == [(2, 2), (0, 2)]

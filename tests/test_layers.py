@@ -10,14 +10,14 @@ import pytest
 
 import forkpoint as fp
 from forkpoint.engine.parallel import HelperThreads, parallel_map
+import procs
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_no_module_imports_a_layer_above_its_own():
     lint = shutil.which("lint-imports") or str(Path(sys.executable).with_name("lint-imports"))
-    out = subprocess.run([lint, "--config", str(ROOT / "pyproject.toml")], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300)
+    out = procs.run([lint, "--config", str(ROOT / "pyproject.toml")], cwd=ROOT, timeout=procs.CHILD_SECONDS)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     assert "KEPT" in out.stdout
 
@@ -69,14 +69,12 @@ def test_no_part_of_a_repository_hides_a_method_of_another():
 
 
 def test_benchmarks_run_by_name_from_one_entry_point():
-    listing = subprocess.run([sys.executable, "-m", "benchmarks"], cwd=ROOT, capture_output=True, text=True,
-                             timeout=120)
+    listing = procs.run([sys.executable, "-m", "benchmarks"], cwd=ROOT, timeout=procs.CHILD_SECONDS)
     assert listing.returncode == 0 and "save_load" in listing.stdout and "compression" in listing.stdout
-    usage = subprocess.run([sys.executable, "-m", "benchmarks", "save_load", "--help"], cwd=ROOT,
-                           capture_output=True, text=True, timeout=120)
+    usage = procs.run([sys.executable, "-m", "benchmarks", "save_load", "--help"], cwd=ROOT,
+                      timeout=procs.CHILD_SECONDS)
     assert usage.returncode == 0 and "--repeats" in usage.stdout
-    unknown = subprocess.run([sys.executable, "-m", "benchmarks", "nope"], cwd=ROOT, capture_output=True,
-                             text=True, timeout=120)
+    unknown = procs.run([sys.executable, "-m", "benchmarks", "nope"], cwd=ROOT, timeout=procs.CHILD_SECONDS)
     assert unknown.returncode == 2 and "no benchmark 'nope'" in unknown.stderr
 
 

@@ -2,11 +2,12 @@
 
 import subprocess
 import sys
+import procs
 
 
 def imported_after(code: str) -> set:
-    out = subprocess.run([sys.executable, "-c", code + "\nimport sys, json\nprint(json.dumps(sorted(sys.modules)))"],
-                         capture_output=True, text=True, timeout=120)
+    out = procs.run([sys.executable, "-c", code + "\nimport sys, json\nprint(json.dumps(sorted(sys.modules)))"],
+                    timeout=procs.CHILD_SECONDS)
     assert out.returncode == 0, out.stderr
     import json
 

@@ -14,6 +14,7 @@ import torch
 
 import forkpoint as fp
 from forkpoint.policy.interval import YoungDaly, young_daly
+import procs
 
 HERE = os.path.dirname(__file__)
 
@@ -59,7 +60,7 @@ def _train(repo, log, steps, extra=(), env=None, wait=True):
     cmd = [sys.executable, "-m", "forkpoint.cli.demo", "train", "--repo", repo, "--log", log,
            "--steps", str(steps), *extra]
     if wait:
-        return subprocess.run(cmd, timeout=300, env=env)
+        return subprocess.run(cmd, timeout=procs.CHILD_SECONDS, env=env)
     return subprocess.Popen(cmd, env=env)
 
 
@@ -76,7 +77,7 @@ def test_sigterm_at_random_step_then_bit_identical_resume(tmp_path):
     time.sleep(random.Random(7).uniform(0.0, 1.0))
     sent = time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == fp.PREEMPTED_EXIT_CODE
+    assert proc.wait(timeout=procs.CHILD_SECONDS) == fp.PREEMPTED_EXIT_CODE
     assert time.monotonic() - sent < 60
     repo = fp.Repo(cut)
     head = repo.version("main")
@@ -112,7 +113,7 @@ def test_walltime_saves_once_before_the_end(tmp_path):
         "    ck.step(step)\n"
         "ck.close()\n"
         "print(ck.policy.explain())\n")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    out = procs.run([sys.executable, "-c", script], timeout=procs.CHILD_SECONDS)
     assert out.returncode == 0, out.stderr
     log = fp.Repo(url).log()
     assert len(log) == 1 and log[0].meta["reason"] == "walltime"
@@ -139,7 +140,7 @@ def test_requeue_under_slurm(tmp_path):
         "    ck.step(step)\n")
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="4242",
                SLURM_ARRAY_JOB_ID="4200", SLURM_ARRAY_TASK_ID="7")
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    out = procs.run([sys.executable, "-c", script], env=env, timeout=procs.CHILD_SECONDS)
     assert out.returncode == fp.PREEMPTED_EXIT_CODE, out.stderr
     assert record.read_text().split() == ["requeue", "4200_7"]
     assert fp.Repo(url).version("main").step == 5
@@ -150,24 +151,24 @@ def preempted_ranks(directory, timeout: float = 120.0) -> tuple[list[int] | None
     (their exit codes, "") or, if a rank is still running after `timeout` seconds (killed
     then), (None, every rank's standard error: the helper prints its stacks at 90 s)."""
     directory.mkdir(parents=True, exist_ok=True)
-    procs, errs = [], []
+    children, errs = [], []
     try:
         for rank in range(2):
             env = dict(os.environ, FP_TEST_RENDEZVOUS=str(directory / "rendezvous"), RANK=str(rank),
                        WORLD_SIZE="2", LOCAL_RANK=str(rank))
             errs.append(open(directory / f"rank{rank}.err", "w+"))
-            procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "helpers", "dist_preempt.py"),
-                                           str(directory / "r")], env=env, stderr=errs[-1]))
+            children.append(subprocess.Popen([sys.executable, os.path.join(HERE, "helpers", "dist_preempt.py"),
+                                              str(directory / "r")], env=env, stderr=errs[-1]))
         deadline = time.monotonic() + timeout
-        codes = [p.wait(timeout=max(0.0, deadline - time.monotonic())) for p in procs]
+        codes = [p.wait(timeout=max(0.0, deadline - time.monotonic())) for p in children]
         return codes, ""
     except subprocess.TimeoutExpired:
-        for p in procs:
+        for p in children:
             p.kill()
             p.wait()
         return None, "\n".join(f"--- rank {r} ---\n" + (directory / f"rank{r}.err").read_text() for r in range(2))
     finally:
-        for p in procs:
+        for p in children:
             if p.poll() is None:
                 p.kill()
                 p.wait()
@@ -200,8 +201,8 @@ def test_example_training_script_runs_and_resumes(tmp_path):
     url = str(tmp_path / "r")
     script = os.path.join(HERE, "..", "examples", "train.py")
     for steps in (20, 30):
-        out = subprocess.run([sys.executable, script, "--repo", url, "--steps", str(steps)],
-                             capture_output=True, text=True, timeout=120)
+        out = procs.run([sys.executable, script, "--repo", url, "--steps", str(steps)],
+                        timeout=procs.CHILD_SECONDS)
         assert out.returncode == 0, out.stderr
         assert "auto interval" in out.stdout
     log = fp.Repo(url).log()

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 import forkpoint as fp
+import procs
 
 
 def _train(repo, log, steps, every=5, extra=()):
     subprocess.run([sys.executable, "-m", "forkpoint.cli.demo", "train", "--repo", repo, "--log", log,
-                    "--steps", str(steps), "--every", str(every), *extra], check=True, timeout=300)
+                    "--steps", str(steps), "--every", str(every), *extra], check=True, timeout=procs.CHILD_SECONDS)
 
 
 def _losses(path):
@@ -137,13 +138,13 @@ def test_close_saves_the_final_step_and_a_rerun_of_a_finished_run_says_so(tmp_pa
     url = str(tmp_path / "repo")
     script = tmp_path / "train.py"
     script.write_text(FINISHING_SCRIPT)
-    first = subprocess.run([sys.executable, str(script), url], capture_output=True, text=True, timeout=120)
+    first = procs.run([sys.executable, str(script), url], timeout=procs.CHILD_SECONDS)
     assert first.returncode == 0, first.stderr
     assert first.stdout.count("trained") == 25
     repo = fp.Repo(url)
     assert [v.step for v in repo.log()] == [24, 20, 10, 0]
     assert repo.version("main").meta["final"] is True
-    again = subprocess.run([sys.executable, str(script), url], capture_output=True, text=True, timeout=120)
+    again = procs.run([sys.executable, str(script), url], timeout=procs.CHILD_SECONDS)
     assert again.returncode == 0, again.stderr
     assert "trained" not in again.stdout
     assert "branch 'main' finished at step 24" in again.stderr

@@ -342,7 +342,9 @@ class Scheduler:
                         return
                     task = self._pick(lane)
                     if task is None:
-                        lane.wakeup.wait(0.5)
+                        # with nothing queued, sleep until a task is: a timed wait would wake
+                        # every idle worker of every open repository twice a second
+                        lane.wakeup.wait(0.5 if lane.count else None)
                 self.queued -= 1
                 self.active += 1
                 failed = task.failed
