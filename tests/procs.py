@@ -16,6 +16,8 @@ import signal
 import subprocess
 import time
 
+import psutil
+
 DUMP_WAIT = 10
 """Seconds the children get to print their stacks after SIGABRT."""
 RELAY_WAIT = 2
@@ -118,20 +120,8 @@ def _signal_group(pid: int, sig: int) -> None:
 
 
 def _descendants(pid: int) -> list[int]:
-    """The processes below `pid` (from /proc; none where it cannot be read)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(parent, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
+    """The processes below `pid`, parents before their children (none once it is gone)."""
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
