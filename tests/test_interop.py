@@ -97,7 +97,7 @@ def test_gc_during_a_dcp_save_spares_its_objects(tmp_path):
     writer.finish = finish_after_a_gc
     dcp.save({"model": model.state_dict()}, storage_writer=writer, no_dist=True)
     assert repo.verify().ok and same(repo.load("main")["model"], model.state_dict())
-    assert not repo._writers, "the commit releases the save's pins"
+    assert not repo.placement.writers, "the commit releases the save's pins"
 
 
 def test_native_version_read_by_dcp_load(tmp_path):

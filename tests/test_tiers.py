@@ -300,7 +300,7 @@ def test_eviction_never_drops_a_version_whose_commit_is_in_flight(tmp_path):
     repo = fp.Repo(tiers=[fp.tier(fast, keep=1), disk], create=True)
     repo.save(state(0), step=0)
     repo.drain()
-    race_before_publish(repo, lambda: repo._evict(0))
+    race_before_publish(repo, lambda: repo.placement.evict(0))
     v1 = repo.save(state(1), step=1)
     repo.drain()
     assert repo.where(v1.id)[0] == fp.Repo(fast).url, "the new head stays on the fast tier"

@@ -18,7 +18,7 @@ from .errors import BranchHeldError, CorruptObjectError, MissingObjectError, Res
 from .policy import EverySteps, Keep, YoungDaly, install_preemption
 from .repo import PendingSave, Repo
 from .repo.holders import run_name
-from .repo.core import step_number
+from .repo.records import step_number
 from .state import capture
 from .state.hooks import CaptureGuard
 

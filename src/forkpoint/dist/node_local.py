@@ -15,6 +15,7 @@ from ..errors import CorruptObjectError, ForkpointError, MissingObjectError, Ref
 from ..format.manifest import Manifest, Version
 from ..format.objects import object_key
 from ..repo.history import check_id
+from ..repo.placement import FlushRules
 
 log = logging.getLogger("forkpoint")
 
@@ -61,7 +62,7 @@ class NodeLocalMixin:
             if not self.store.exists(key):
                 self.store.write(key, [data])
                 self.store.barrier([key])
-                with self._tier_locks[0]:
+                with self.placement.tier_locks[0]:
                     self.refs.move(self.store, "heads", manifest.version.branch, vid)
             self.coordinator.set(sid, f"recorded/{self.rank}", "1")
         else:
@@ -70,38 +71,6 @@ class NodeLocalMixin:
             manifest = Manifest.from_bytes(self.store.read(key), f"{self.store.url}/{key}")
         self.history.cache.put(vid, manifest)
         return flush
-
-    @contextlib.contextmanager
-    def _flush_share(self, digests: list[str] | None):
-        """Within it, a flush from node-local tier 0 that this rank schedules copies the objects
-        `digests` (its share, see assign_flush)."""
-        self._next_assign = digests
-        try:
-            yield
-        finally:
-            self._next_assign = None
-
-    def _flush_keys(self, vid: str, k: int, m: Manifest) -> list[str]:
-        """(Node-local tier 0) this rank's share of the flush: `_next_assign`, which the commit
-        of `vid` sets (`_flush_share`) around its `_after_commit` call (the flush is scheduled
-        within it)."""
-        if k == 0 and self.node_local:
-            return [object_key(o) for o in self._next_assign or []]
-        return super()._flush_keys(vid, k, m)
-
-    def _flush_gate(self, vid: str, k: int, failed: BaseException | None) -> bool:
-        """(Node-local tier 0) report this rank's copies; rank 0 waits for every rank's report
-        and then commits the version below; a failed or missing report fails the flush."""
-        if not (k == 0 and self.node_local):
-            return super()._flush_gate(vid, k, failed)
-        sid = f"flush-{vid}"
-        self.coordinator.publish(sid, {"error": f"{type(failed).__name__}: {failed}"} if failed else {})
-        if failed is not None:
-            raise failed
-        if self.rank != 0:
-            return False
-        self.coordinator.gather(sid)
-        return True
 
     def finish_flushes(self) -> list:
         """Collective (every rank calls it, as Checkpointer.resume does): finish the flushes a
@@ -114,13 +83,13 @@ class NodeLocalMixin:
         ours = frozenset(self._from_every_rank("reading the writer leases", self.leases.key))
         node = self._node_flushes(ours) if self.node_local else []
         below = [(k, vid) for k in range(1 if self.node_local else 0, len(self.stores) - 1)
-                 for vid in self._undone_flushes(k, ours)] if self.rank == 0 else []
+                 for vid in self.placement.undone(k, ours)] if self.rank == 0 else []
         tasks = []
         for m, share in node:
             self.history.cache.put(m.version.id, m)
-            with self._flush_share(share):
-                tasks.append(self._schedule_flush(m.version.id, 0))
-        return tasks + [self._schedule_flush(vid, k) for k, vid in below]
+            with self.placement.rules.sharing(share):
+                tasks.append(self.placement.flush(m.version.id, 0))
+        return tasks + [self.placement.flush(vid, k) for k, vid in below]
 
     def _node_flushes(self, ours: frozenset) -> list[tuple[Manifest, list[str]]]:
         """(Node-local tier 0, collective) rank 0 offers the versions its node's tier 0 holds
@@ -128,7 +97,7 @@ class NodeLocalMixin:
         (and whether another running process writes to its tier 0); rank 0 says which can be
         flushed. Returns (manifest, the objects this rank copies) for each of those."""
         offer = self._from_rank_0("listing the versions its tier 0 has not flushed", lambda: [
-            (vid, self.history.manifest_by_id(vid).to_bytes()) for vid in self._undone_flushes(0, ours)])
+            (vid, self.history.manifest_by_id(vid).to_bytes()) for vid in self.placement.undone(0, ours)])
         manifests = []
 
         def report():
@@ -185,13 +154,6 @@ class NodeLocalMixin:
                         "(nor below), e.g. %s", m.version.id, self.stores[1].url, len(lacking), lacking[0])
         return not lacking
 
-    def _writes_below(self, k: int) -> bool:
-        return not (k == 0 and self.node_local and self.rank != 0)
-
-    def _sweep_min_age(self, k: int) -> float:
-        private = process_private(self.stores[k].url)
-        return 0.0 if private or (k == 0 and self.node_ranks == [self.rank]) else self.sweep_grace
-
     def restore(self, state, ref: str = "main", *args, **kwargs) -> Version:
         """Collective restore. With a node-local tier 0 the ranks agree on the version: `ref`
         as every rank sees it; if they see it differently (a node lost its tier 0), or some
@@ -247,6 +209,54 @@ class NodeLocalMixin:
             return ref
         return None
 
+
+
+class NodeLocalFlushRules(FlushRules):
+    """How a rank of fp.dist.Repo takes part in flushes. From a node-local tier 0 it copies
+    its share of each version (see assign_flush) and reports it; rank 0 commits the version
+    below once every rank's report is in. Eviction from a tier other processes write to
+    spares unreferenced objects younger than `sweep_grace` seconds (their saves in flight)."""
+
+    def __init__(self, rank: int, stores: list, node_ranks: list[int] | None, coordinator, sweep_grace: float):
+        self.rank, self.stores, self.node_ranks = rank, stores, node_ranks
+        self.coordinator, self.sweep_grace = coordinator, sweep_grace
+        self._share: list[str] | None = None
+
+    @contextlib.contextmanager
+    def sharing(self, digests: list[str] | None):
+        """Within it, a flush from node-local tier 0 that this rank schedules copies the objects
+        `digests` (its share, see assign_flush): a version's commit schedules its flush within it."""
+        self._share = digests
+        try:
+            yield
+        finally:
+            self._share = None
+
+    def keys(self, vid: str, k: int, m: Manifest) -> list[str]:
+        if k == 0 and self.node_ranks is not None:
+            return [object_key(o) for o in self._share or []]
+        return super().keys(vid, k, m)
+
+    def gate(self, vid: str, k: int, failed: BaseException | None) -> bool:
+        """(Node-local tier 0) report this rank's copies; rank 0 waits for every rank's report
+        and then commits the version below; a failed or missing report fails the flush."""
+        if not (k == 0 and self.node_ranks is not None):
+            return super().gate(vid, k, failed)
+        sid = f"flush-{vid}"
+        self.coordinator.publish(sid, {"error": f"{type(failed).__name__}: {failed}"} if failed else {})
+        if failed is not None:
+            raise failed
+        if self.rank != 0:
+            return False
+        self.coordinator.gather(sid)
+        return True
+
+    def writes_below(self, k: int) -> bool:
+        return not (k == 0 and self.node_ranks is not None and self.rank != 0)
+
+    def sweep_min_age(self, k: int) -> float:
+        private = process_private(self.stores[k].url)
+        return 0.0 if private or (k == 0 and self.node_ranks == [self.rank]) else self.sweep_grace
 
 
 def check_node_local(url, tiers, api_name: str = "fp.dist.Repo") -> None:

@@ -25,13 +25,14 @@ from ..format.manifest import Chunk, Leaf, Manifest, Version
 from ..format.objects import object_key
 from ..repo import Repo as BaseRepo
 from ..repo.commit import SaveSession
-from ..repo.core import pending_save, save_fields
+from ..repo.core import pending_save
+from ..repo.records import save_fields
 from ..repo.records import environment
 from ..state import RankSlot, capture, flatten
 from ..state.stateful import get_at
 from .coordinator import Coordinator, DistSaveError
 from .group import Group, TorchGroup, hosts_of
-from .node_local import NodeLocalMixin, assign_flush, check_node_local
+from .node_local import NodeLocalFlushRules, NodeLocalMixin, assign_flush, check_node_local
 from .replication import Replicator
 
 
@@ -96,7 +97,8 @@ class Repo(NodeLocalMixin, BaseRepo):
         self._saves = 0
         self.sweep_grace = sweep_grace
         self.node_ranks = self._node_group(hosts[self.rank])
-        self._next_assign: list[str] | None = None
+        self.placement.rules = NodeLocalFlushRules(self.rank, self.stores, self.node_ranks, self.coordinator,
+                                                   sweep_grace)
         self.replicator = self._replicator(timeout)
 
     def _rank_world(self) -> tuple[int, int]:
@@ -281,7 +283,7 @@ class Repo(NodeLocalMixin, BaseRepo):
             own = part.result()
             manifest = assemble_manifest(record, skeleton, own.leaves[:n_shared], parts, allow_pickle)
             assignment = assign_flush(manifest, parts) if self.node_local else None
-            with self._flush_share(assignment[0] if assignment else None):
+            with self.placement.rules.sharing(assignment[0] if assignment else None):
                 version = session.commit(manifest)
             if self.replicator is not None:
                 self.replicator.schedule(version.id)
@@ -310,8 +312,8 @@ class Repo(NodeLocalMixin, BaseRepo):
         if self.replicator is not None:
             self.replicator.schedule(outcome["id"])
         if flush:
-            with self._flush_share(flush[0]):
-                self._after_commit(outcome["id"], 0)
+            with self.placement.rules.sharing(flush[0]):
+                self.placement.committed(outcome["id"], 0)
         session.adopt_deltas()
         return self.history.manifest_by_id(outcome["id"]).version
 

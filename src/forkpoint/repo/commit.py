@@ -41,8 +41,8 @@ class SaveSession:
         """An ObjectWriter to this repository's store under `codec` (default: the repository's
         codec rules), tracked until the session ends."""
         repo = self.repo
-        writer = ObjectWriter(repo.store, repo.options.codec if codec is None else codec, guard=repo._evict_lock)
-        with repo._evict_lock:
+        writer = ObjectWriter(repo.store, repo.options.codec if codec is None else codec, guard=repo.placement.evict_lock)
+        with repo.placement.evict_lock:
             self._track(writer)
         return writer
 
@@ -53,9 +53,10 @@ class SaveSession:
         repo = self.repo
         known = self.known_chunks()  # touches the head's packs: I/O kept outside the evict lock
         self.deltas = repo._delta_plan(self.head)
-        with repo._evict_lock:
+        guard = repo.placement.evict_lock
+        with guard:
             plan = schedule_save(repo._sched, repo.store, repo._tier, flat, known, repo.options,
-                                 repo._staging, "window" if sync else "staging", guard=repo._evict_lock,
+                                 repo._staging, "window" if sync else "staging", guard=guard,
                                  deltas=self.deltas, layouts=repo._layouts, pacing=repo._pacing, **options)
             self._track(plan.writer)
         return plan
@@ -90,16 +91,16 @@ class SaveSession:
             return
         self.closed = True
         repo = self.repo
-        with repo._evict_lock:
+        with repo.placement.evict_lock:
             for writer in self._writers:
-                repo._writers.discard(writer)
+                repo.placement.forget(writer)
         if self.deltas is not None:
             with repo._lock:
                 repo._delta_plans.discard(self.deltas)
 
     def _track(self, writer: ObjectWriter) -> None:
         """Register `writer` (with the evict lock held) so that eviction spares its objects."""
-        self.repo._writers.add(writer)
+        self.repo.placement.track(writer)
         self._writers.append(writer)
 
     def __enter__(self):

@@ -6,10 +6,7 @@ A version is visible once its manifest is durable and a ref record points at it.
 
 import atexit
 import collections
-import collections.abc
 import json
-import math
-import operator
 import os
 import socket
 import sys
@@ -46,9 +43,9 @@ from .history import History, HistoryCommands
 from .ledger import CommitLedger
 from .maintenance import Maintenance, MaintenanceCommands
 from .writers import Leases
-from .placement import PlacementMixin
+from .placement import Placement
 from .reading import ReadCommands, Reader
-from .records import PendingSave, environment
+from .records import PendingSave, environment, save_fields
 from .refs import RefCommands, Refs
 
 REPO_MARKER = "forkpoint.json"
@@ -74,7 +71,7 @@ def _close_left_open() -> None:
 atexit.register(_close_left_open)
 
 
-class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, MaintenanceCommands, CompactCommands, PlacementMixin):
+class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, MaintenanceCommands, CompactCommands):
     """A forkpoint repository at `url`: a local path, file://, mem://name, or an fsspec URL
     such as s3://bucket/prefix (`storage_options` go to the fsspec file system), or a
     hierarchy of `tiers` (see fp.tier). How saves lay out, encode and stage data is given once,
@@ -119,15 +116,6 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
         self._start_engine()
         self._tier = "tier0"
         self._last_commit: Task | None = None
-        self._flushed = [0] * len(self.stores)
-        self._future_order: list[str] = []
-        self._writers: set = set()
-        self._flushing: set[str] = set()
-        self._flush_errors: list[dict] = []
-        self._flush_pins: dict[str, set[str]] = {}
-        self._evict_lock = threading.Lock()
-        self.compactor = Compactor(self.stores, self._sched, self._evict_lock)
-        self._tier_locks = [threading.Lock() for _ in self.stores]
         self._layouts = ChunkMemory(Layouts)
         self._pacing = PaceMemory()
         self._value_estimates = ChunkMemory(ValueEstimate)
@@ -150,14 +138,19 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
         self._device = DeviceCapture(self.options.staging_bytes)
 
     def _compose(self) -> None:
-        """The collaborators that own refs, history, leases, reads, comparisons and upkeep."""
+        """The collaborators that own refs, history, leases, tiers, reads, comparisons and upkeep."""
         self.refs = Refs(self.stores, self.url, self.writer_id)
         self.history = History(self.stores, self.url, self.refs)
         self.leases = Leases(self.stores, self.writer_id)
+        evict_lock = threading.Lock()
+        self.compactor = Compactor(self.stores, self._sched, evict_lock)
+        self.placement = Placement(self.stores, self.tier_specs, self._sched, self.refs, self.history, self.leases,
+                                   self.compactor, self.options.codec, evict_lock,
+                                   lambda vid, store: self.maintenance.prune(vid, store))
         self.reader = Reader(self.stores, self.url, self.history, self._submit_read, self._sched.batch,
-                             self._rank_world, self._forget_next_use)
+                             self._rank_world, self.placement.forget_next_use)
         self.maintenance = Maintenance(self.stores, self.refs, self.history, self.leases, self.ledger,
-                                       self._submit_read, self._pinned, self._evict_lock)
+                                       self._submit_read, self.placement.pinned, evict_lock)
         self.comparison = Comparison(self.reader.readable,
                                      lambda m, indices: self.reader.read_values(m, indices, {}, None, False), self.log)
 
@@ -315,9 +308,29 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
         """Queue depths, bytes in flight and seconds per stage and per tier, resource use, and
         the flushes that failed ("flush_errors": version, tier index, error)."""
         out = self._sched.stats()
-        with self._lock:
-            out["flush_errors"] = list(self._flush_errors)
+        out["flush_errors"] = self.placement.flush_errors()
         return out
+
+    # ----------------------------------------------------------------- tiers
+    def where(self, ref: str) -> list[str]:
+        """Return the URLs of the tiers that hold the version in full (its manifest, not the
+        stub of a pruned or evicted version), fastest first."""
+        return self.placement.where(self.resolve(ref))
+
+    def prefetch(self, refs, order: list[str] | None = None) -> list[Task]:
+        """Copy versions to the fastest tier in the background; return their tasks. `order`,
+        when given, is the expected future access order (refs); tier 0 then evicts the
+        version whose next use is farthest away."""
+        vids = [self.resolve(r) for r in ([refs] if isinstance(refs, str) else refs)]
+        return self.placement.prefetch(vids, None if order is None else [self.resolve(r) for r in order])
+
+    def finish_flushes(self) -> list[Task]:
+        """Schedule the flushes a stopped process left undone (killed or crashed before its
+        background flushes ended): on each tier above the last, the committed versions the tier
+        below lacks (with flush_every > 1, only branch heads and tagged versions), oldest first.
+        Skipped for a tier another running process writes to (its own flushes are in flight).
+        Returns the flush tasks. (Collective for fp.dist.Repo.)"""
+        return self.placement.finish_flushes()
 
     def _submit_read(self, fn, nbytes: int) -> Task:
         return self._sched.submit("restore", fn, priority=Priority.RESTORE,
@@ -415,7 +428,7 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
                     self.history.cache.put(vid, manifest)
                     self.ledger.committed(vid, manifest.objects())
             if published:
-                self._after_commit(vid, 0)
+                self.placement.committed(vid, 0)
                 return record
             if self.on_conflict == "error":
                 raise ConflictError(
@@ -440,50 +453,3 @@ def pending_save(commit: Task, plan, flat) -> PendingSave:
             by_ptr[d.live_ptr or d.data.__array_interface__["data"][0]] = plan.captures[i]
     return PendingSave(commit, plan.capture_tasks(), by_ptr)
 
-
-def save_fields(branch, step, message, metrics, meta) -> tuple:
-    """The checked (step, message, metrics, meta) of a save to `branch`: TypeError or
-    ValueError naming the field that is not what a version records."""
-    check_name(branch, "branch")
-    if not isinstance(message, str):
-        raise TypeError(f"message must be a str, got {type(message).__name__} {message!r}")
-    return step_number(step), message, _json_safe(metrics or {}, "metrics"), _json_safe(meta or {}, "meta")
-
-
-def step_number(step) -> int | None:
-    """`step` as an int (numpy and torch integer scalars included), or None; anything else
-    (a str, a float, a bool) raises TypeError, since resume and retention count on it."""
-    if step is None:
-        return None
-    if not isinstance(step, bool):
-        try:
-            return operator.index(step)
-        except TypeError:
-            pass
-    raise TypeError(f"step must be an int or None, got {type(step).__name__} {step!r}")
-
-
-def _json_safe(d: dict, what: str) -> dict:
-    """`d` as plain JSON data: tensor and numpy scalars become numbers, and non-finite floats
-    (a diverged loss, Lightning's inf score) the strings "nan", "inf" and "-inf", which JSON can
-    hold and which never rank as a best metric."""
-    if not isinstance(d, collections.abc.Mapping):
-        raise TypeError(f"{what} must be a dict, got {type(d).__name__} {d!r}")
-    try:
-        return json.loads(json.dumps(_finite(d), allow_nan=False))
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"{what} must be JSON data (numbers, str, bool, None, lists, dicts): {e}") from None
-
-
-def _finite(x):
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    if not isinstance(x, (str, int, float, type(None))):
-        if not hasattr(x, "item"):
-            raise TypeError(f"{type(x).__name__} is not JSON data")
-        x = x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return repr(x)
-    return x

@@ -1,6 +1,7 @@
 """Tiers: flush versions down, evict per tier, prefetch up, report where versions live."""
 
 import logging
+import threading
 from dataclasses import dataclass, field
 
 from ..engine.autocodec import BusyMeter, choice_for
@@ -30,24 +31,84 @@ class FlushWay:
     meter: BusyMeter = field(default_factory=BusyMeter)
 
 
-class PlacementMixin:
-    """Tier movement of a Repo (see repo.core)."""
+class FlushRules:
+    """How this process takes part in a flush from tier k to tier k + 1. These defaults: it
+    copies the whole version, commits it below, and knows every save that writes to its tiers."""
 
-    def _after_commit(self, vid: str, k: int) -> None:
+    def keys(self, vid: str, k: int, m: Manifest) -> list[str]:
+        """The object keys this process copies from tier k to tier k + 1 to flush version `vid`."""
+        return sorted(object_keys(m))
+
+    def gate(self, vid: str, k: int, failed: BaseException | None) -> bool:
+        """Called once this process's copies of a flush are durable (or one `failed`): True when
+        this process now commits the version on tier k + 1; raise to fail the flush."""
+        if failed is not None:
+            raise failed
+        return True
+
+    def writes_below(self, k: int) -> bool:
+        """True when this process may write records (stubs, refs) to tier k + 1."""
+        return True
+
+    def sweep_min_age(self, k: int) -> float:
+        """Seconds an unreferenced object of tier k is spared by eviction (0: this process
+        knows every save in flight that writes there)."""
+        return 0.0
+
+
+class Placement:
+    """Where a repository's versions live across its tiers: the flushes down, each tier's
+    eviction (`keep`), prefetches up, and the objects saves and flushes in flight pin. A
+    Repo's collaborator, reached as `repo.placement`. `rules` (FlushRules) say how this process
+    takes part in a flush; `prune(vid, store)` turns a version into a stub on `store`;
+    `evict_lock` guards the pins (saves' writers and flushes) against eviction and gc."""
+
+    def __init__(self, stores: list[Store], tier_specs: list, scheduler, refs, history, leases, compactor,
+                 codec, evict_lock: threading.Lock, prune, rules: FlushRules | None = None):
+        self.stores, self.tier_specs, self.refs, self.history = stores, tier_specs, refs, history
+        self.leases, self.compactor, self.codec, self.evict_lock = leases, compactor, codec, evict_lock
+        self.rules = rules or FlushRules()
+        self.tier_locks = [threading.Lock() for _ in stores]
+        self.writers: set = set()
+        """The ObjectWriters of the saves in flight (their objects are pinned)."""
+        self._sched, self._prune = scheduler, prune
+        self._flushed = [0] * len(stores)
+        self._future_order: list[str] = []
+        self._flushing: set[str] = set()
+        self._flush_errors: list[dict] = []
+        self._flush_pins: dict[str, set[str]] = {}
+        self._lock = threading.Lock()
+
+    def track(self, writer) -> None:
+        """Pin the objects `writer` writes or refers to (call with `evict_lock` held)."""
+        self.writers.add(writer)
+
+    def forget(self, writer) -> None:
+        """Unpin `writer`'s objects (call with `evict_lock` held)."""
+        self.writers.discard(writer)
+
+    def flush_errors(self) -> list[dict]:
+        """The flushes that failed: {"version", "tier" (index), "error"}."""
+        with self._lock:
+            return list(self._flush_errors)
+
+    def committed(self, vid: str, k: int) -> None:
         """A version is durable on tier k: flush it on when due, then apply tier k's retention."""
         self._flushed[k] += 1
         if k + 1 < len(self.stores) and self._flushed[k] % self.tier_specs[k].flush_every == 0:
-            self._schedule_flush(vid, k)
+            self.flush(vid, k)
         else:
-            self._sched.submit("evict", lambda: self._evict(k), priority=Priority.EVICT)
+            self._sched.submit("evict", lambda: self.evict(k), priority=Priority.EVICT)
 
-    def _schedule_flush(self, vid: str, k: int) -> Task:
+    def flush(self, vid: str, k: int) -> Task:
+        """Queue the flush of version `vid` from tier k to tier k + 1 (this process's share of
+        it, as `rules` say); return the task that commits it below."""
         m = self.history.manifest_by_id(vid)
         tier = f"tier{k + 1}"
         src, dst = self.stores[k], self.stores[k + 1]
-        keys = self._flush_keys(vid, k, m)
+        keys = self.rules.keys(vid, k, m)
         self.leases.hold(dst)
-        with self._evict_lock:
+        with self.evict_lock:
             self._flushing.add(vid)
             self._flush_pins[vid] = {key.rsplit("/", 1)[-1] for key in keys}
             encoding = self.compactor.queued(keys) if k == 0 else {}
@@ -63,11 +124,11 @@ class PlacementMixin:
             try:
                 failed = next((c.future.exception() for c in copies if c.future.exception()), None)
                 if way is not None and failed is None:
-                    choice_for(dst).record(way.encoded, way.meter.nbytes, way.meter.busy, keep=self._writes_below(k))
+                    choice_for(dst).record(way.encoded, way.meter.nbytes, way.meter.busy, keep=self.rules.writes_below(k))
                 if failed is None:
                     dst.barrier(keys)
-                if self._flush_gate(vid, k, failed):
-                    with self._tier_locks[k + 1]:
+                if self.rules.gate(vid, k, failed):
+                    with self.tier_locks[k + 1]:
                         copy_manifest(src, dst, vid)
                         self._stub_ancestors(vid, dst)
                         head = self.refs.state_in(dst, "heads", m.version.branch)[1]
@@ -80,12 +141,12 @@ class PlacementMixin:
                 log.warning("flush of version %s to %s failed: %s", vid, dst.url, e)
                 raise
             finally:
-                with self._evict_lock:
+                with self.evict_lock:
                     self._flushing.discard(vid)
                     self._flush_pins.pop(vid, None)
-            self._evict(k)
+            self.evict(k)
             if committed:
-                self._after_commit(vid, k + 1)
+                self.committed(vid, k + 1)
 
         return self._sched.submit("flush", finish, priority=Priority.FLUSH, after=copies,
                                   needs={f"io:{tier}": 1}, tier=tier)
@@ -96,10 +157,10 @@ class PlacementMixin:
         below lacks (with flush_every > 1, only branch heads and tagged versions), oldest first.
         Skipped for a tier another running process writes to (its own flushes are in flight).
         Returns the flush tasks. (Collective for fp.dist.Repo.)"""
-        undone = [(k, vid) for k in range(len(self.stores) - 1) for vid in self._undone_flushes(k)]
-        return [self._schedule_flush(vid, k) for k, vid in undone]
+        undone = [(k, vid) for k in range(len(self.stores) - 1) for vid in self.undone(k)]
+        return [self.flush(vid, k) for k, vid in undone]
 
-    def _undone_flushes(self, k: int, ours: frozenset = frozenset()) -> list[str]:
+    def undone(self, k: int, ours: frozenset = frozenset()) -> list[str]:
         """The versions finish_flushes flushes from tier k to tier k + 1, oldest first; none
         while a running process other than this one (and the writers whose lease keys are in
         `ours`) writes to tier k."""
@@ -107,7 +168,7 @@ class PlacementMixin:
         if self.leases.others_alive(store, ignore=ours):
             return []
         present, heads = self._committed_on(store)
-        kept = heads | set(self.tags().values())
+        kept = heads | set(self.refs.targets("tags").values())
         undone = []
         for v in reversed(present):
             if v.id in self._flushing or (self.tier_specs[k].flush_every > 1 and v.id not in kept):
@@ -122,7 +183,7 @@ class PlacementMixin:
         present = sorted((m.version for m in self.history.manifests_in(store) if not m.version.pruned),
                          key=lambda v: v.time, reverse=True)
         heads = {self.refs.state_in(store, "heads", b)[1] for b in {v.branch for v in present}} - {None}
-        committed = self.history.reachable(heads | set(self.tags().values()))
+        committed = self.history.reachable(heads | set(self.refs.targets("tags").values()))
         return [v for v in present if v.id in committed], heads
 
     def _flush_encodes(self, m: Manifest, dst: Store, keys: list[str]):
@@ -131,7 +192,7 @@ class PlacementMixin:
         flushes to it) says encoded writes are faster there, raw auto objects are encoded as
         they are copied, so saves into a fast tier stay raw while a slower tier below gets
         them encoded."""
-        rules = codec_rules(self.options.codec)
+        rules = codec_rules(self.codec)
         if not any(policy == "auto" for _, policy in rules):
             return None
         wanted = set(keys)
@@ -155,26 +216,6 @@ class PlacementMixin:
         finally:
             way.meter.finish(written)
 
-    def _flush_keys(self, vid: str, k: int, m: Manifest) -> list[str]:
-        """The object keys this process copies from tier k to tier k + 1 to flush version `vid`."""
-        return sorted(object_keys(m))
-
-    def _flush_gate(self, vid: str, k: int, failed: BaseException | None) -> bool:
-        """Called once this process's copies of a flush are durable (or one `failed`): True when
-        this process now commits the version on tier k + 1; raise to fail the flush."""
-        if failed is not None:
-            raise failed
-        return True
-
-    def _writes_below(self, k: int) -> bool:
-        """True when this process may write records (stubs, refs) to tier k + 1."""
-        return True
-
-    def _sweep_min_age(self, k: int) -> float:
-        """Seconds an unreferenced object of tier k is spared by eviction (0: this process
-        knows every save in flight that writes there)."""
-        return 0.0
-
     def _stub_ancestors(self, vid: str, dst: Store) -> None:
         """Give `dst` records (stubs) of the ancestors it lacks, so its history stays walkable."""
         parents = self.history.version_by_id(vid).parents
@@ -183,28 +224,24 @@ class PlacementMixin:
                 parent = self.history.version_by_id(parents[0])
             except RefNotFoundError:
                 return
-            self.maintenance.prune(parent.id, dst)
+            self._prune(parent.id, dst)
             parents = parent.parents
 
     def _descends(self, vid: str, ancestor: str) -> bool:
         """True when `ancestor` is `vid` or on its first-parent line (walked only as far as it)."""
         return any(v.id == ancestor for v in self.history.first_parents(vid, strict=False))
 
-    def _forget_writer(self, writer) -> None:
-        with self._evict_lock:
-            self._writers.discard(writer)
-
-    def _pinned(self, digest: str) -> bool:
+    def pinned(self, digest: str) -> bool:
         """True for objects a save or flush in flight relies on (call with the evict lock held)."""
-        return (any(w.holds(digest) for w in self._writers)
+        return (any(w.holds(digest) for w in self.writers)
                 or any(digest in pins for pins in self._flush_pins.values())
                 or self.compactor.running(object_key(digest)))
 
-    def _evict(self, k: int, spare: str | None = None) -> None:
+    def evict(self, k: int, spare: str | None = None) -> None:
         """Apply tier k's `keep`: drop versions beyond it (only once safe on the next tier)."""
         if self.tier_specs[k].keep is None:
             return
-        with self._tier_locks[k]:
+        with self.tier_locks[k]:
             self._evict_locked(k, spare)
 
     def _evict_locked(self, k: int, spare: str | None) -> None:
@@ -213,7 +250,7 @@ class PlacementMixin:
         if spec.keep is None:
             return
         present, heads = self._committed_on(store)
-        pinned = set(heads) | set(self.tags().values()) | {spare}
+        pinned = set(heads) | set(self.refs.targets("tags").values()) | {spare}
         busy = set(self._flushing)
         excess = len(present) - spec.keep
         victims = []
@@ -235,28 +272,27 @@ class PlacementMixin:
             return
         for vid in victims:
             if last:
-                self.maintenance.prune(vid, store)
+                self._prune(vid, store)
                 continue
             nxt = self.stores[k + 1]
             if not nxt.exists(f"versions/{vid}.json"):
-                if not self._writes_below(k):
+                if not self.rules.writes_below(k):
                     # the process that flushes it may be copying it now (a node-local tier
                     # shared with rank 0): it goes once it is below, flushed or a stub
                     continue
-                self.maintenance.prune(vid, nxt)
+                self._prune(vid, nxt)
             store.delete(f"versions/{vid}.json")
             store.delete(replica_record_key(vid))
             self.history.cache.pop(vid)
-        with self._evict_lock:
+        with self.evict_lock:
             live = set()
             for m in self.history.manifests_in(store):
                 live |= object_keys(m)
-            sweep(store, live, self._pinned, self._sweep_min_age(k))
+            sweep(store, live, self.pinned, self.rules.sweep_min_age(k))
 
-    def where(self, ref: str) -> list[str]:
-        """Return the URLs of the tiers that hold the version in full (its manifest, not the
-        stub of a pruned or evicted version), fastest first."""
-        vid = self.resolve(ref)
+    def where(self, vid: str) -> list[str]:
+        """The URLs of the tiers that hold version `vid` in full (its manifest, not the stub of
+        a pruned or evicted version), fastest first."""
         return [st.url for st in self.stores if self._holds_in_full(st, vid)]
 
     def _holds_in_full(self, store: Store, vid: str) -> bool:
@@ -267,41 +303,35 @@ class PlacementMixin:
         except FileNotFoundError:
             return False
 
-    def _forget_next_use(self, vid: str) -> None:
+    def forget_next_use(self, vid: str) -> None:
         """Drop version `vid` from the expected access order (see prefetch): it was just read."""
         with self._lock:
             if vid in self._future_order:
                 self._future_order.remove(vid)
 
-    def prefetch(self, refs, order: list[str] | None = None) -> list[Task]:
-        """Copy versions to the fastest tier in the background; return their tasks.
-
-        `order`, when given, is the expected future access order (refs); tier 0 then evicts
-        the version whose next use is farthest away.
-        """
+    def prefetch(self, vids: list[str], order: list[str] | None = None) -> list[Task]:
+        """Copy versions `vids` to the fastest tier in the background; return their tasks.
+        `order`, when given, is the expected future access order (version ids); tier 0 then
+        evicts the version whose next use is farthest away."""
         if order is not None:
-            self._future_order = [self.resolve(r) for r in order]
-        tasks = []
-        for ref in ([refs] if isinstance(refs, str) else refs):
-            vid = self.resolve(ref)
-            tasks.append(self._sched.submit("prefetch", lambda vid=vid: self._promote(vid),
-                                            priority=Priority.PREFETCH, needs={f"io:{self._tier}": 1},
-                                            tier=self._tier))
-        return tasks
+            self._future_order = list(order)
+        return [self._sched.submit("prefetch", lambda vid=vid: self._promote(vid), priority=Priority.PREFETCH,
+                                   needs={"io:tier0": 1}, tier="tier0") for vid in vids]
 
     def _promote(self, vid: str) -> None:
-        if self.store.exists(f"versions/{vid}.json"):
+        top = self.stores[0]
+        if top.exists(f"versions/{vid}.json"):
             return
         source = next((st for st in self.stores[1:] if st.exists(f"versions/{vid}.json")), None)
         if source is None:
-            raise RefNotFoundError(f"version {vid} is on no tier of {self.url}")
+            raise RefNotFoundError(f"version {vid} is on no tier of {top.url}")
         m = self.history.manifest_by_id(vid)
         if m.version.pruned:
             return
         keys = sorted(object_keys(m))
-        self.leases.hold(self.store)
+        self.leases.hold(top)
         for key in keys:
-            copy_object(self.stores[1:], self.store, key, parallel_map)
-        self.store.barrier(keys)
-        copy_manifest(source, self.store, vid)
-        self._evict(0, spare=vid)
+            copy_object(self.stores[1:], top, key, parallel_map)
+        top.barrier(keys)
+        copy_manifest(source, top, vid)
+        self.evict(0, spare=vid)

@@ -1,5 +1,9 @@
 """Records the repository returns: diffs, divergences, reports, pending saves."""
 
+import collections.abc
+import json
+import math
+import operator
 import os
 import socket
 import sys
@@ -10,6 +14,7 @@ import numpy as np
 from .._version import __version__
 from ..engine.scheduler import Task
 from ..format.manifest import Version
+from ..format.refs import check_name
 
 
 @dataclass
@@ -118,3 +123,51 @@ def environment() -> dict:
         if dist is not None and dist.is_available() and dist.is_initialized():
             env["world_size"] = dist.get_world_size()
     return env
+
+
+def save_fields(branch, step, message, metrics, meta) -> tuple:
+    """The checked (step, message, metrics, meta) of a save to `branch`: TypeError or
+    ValueError naming the field that is not what a version records."""
+    check_name(branch, "branch")
+    if not isinstance(message, str):
+        raise TypeError(f"message must be a str, got {type(message).__name__} {message!r}")
+    return step_number(step), message, _json_safe(metrics or {}, "metrics"), _json_safe(meta or {}, "meta")
+
+
+def step_number(step) -> int | None:
+    """`step` as an int (numpy and torch integer scalars included), or None; anything else
+    (a str, a float, a bool) raises TypeError, since resume and retention count on it."""
+    if step is None:
+        return None
+    if not isinstance(step, bool):
+        try:
+            return operator.index(step)
+        except TypeError:
+            pass
+    raise TypeError(f"step must be an int or None, got {type(step).__name__} {step!r}")
+
+
+def _json_safe(d: dict, what: str) -> dict:
+    """`d` as plain JSON data: tensor and numpy scalars become numbers, and non-finite floats
+    (a diverged loss, Lightning's inf score) the strings "nan", "inf" and "-inf", which JSON can
+    hold and which never rank as a best metric."""
+    if not isinstance(d, collections.abc.Mapping):
+        raise TypeError(f"{what} must be a dict, got {type(d).__name__} {d!r}")
+    try:
+        return json.loads(json.dumps(_finite(d), allow_nan=False))
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{what} must be JSON data (numbers, str, bool, None, lists, dicts): {e}") from None
+
+
+def _finite(x):
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    if not isinstance(x, (str, int, float, type(None))):
+        if not hasattr(x, "item"):
+            raise TypeError(f"{type(x).__name__} is not JSON data")
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return repr(x)
+    return x
