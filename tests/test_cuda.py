@@ -40,7 +40,7 @@ def test_async_capture_copies_on_a_side_stream_and_orders_the_optimizer_after_it
     model = torch.nn.Linear(2048, 2048).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     ck = fp.Checkpointer(repo, {"model": model, "optim": opt}, every=1000)
-    assert repo._device.pool.held >= 2048 * 2048 * 4
+    assert repo.device.pool.held >= 2048 * 2048 * 4
     model.weight.grad = torch.zeros_like(model.weight)
     model.bias.grad = torch.zeros_like(model.bias)
     opt.step()  # loads the step's kernels now: a lazy module load would synchronize the device
@@ -66,11 +66,11 @@ def test_pinned_buffers_are_reused_across_saves(tmp_path):
     repo = fp.Repo(str(tmp_path / "r"), create=True)
     state = {"a": torch.randn(1 << 20, device="cuda"), "b": torch.randn(300, 700, device="cuda")}
     repo.save(state, sync=False).wait()
-    held = repo._device.pool.held
+    held = repo.device.pool.held
     for i in range(3):
         state["a"].add_(1)
         repo.save(state, sync=False).wait()
-    assert repo._device.pool.held == held
+    assert repo.device.pool.held == held
     assert torch.equal(repo.load()["a"], state["a"].cpu())
     repo.close()
 
@@ -91,7 +91,7 @@ def test_device_capture_beyond_pinned_budget_copies_synchronously(tmp_path):
     pending.wait()
     out = repo.load()
     assert torch.equal(out["big"], expected.cpu()) and out["small"].abs().sum() > 0
-    assert repo._device.pool.held <= 1 << 20
+    assert repo.device.pool.held <= 1 << 20
     repo.close()
 
 

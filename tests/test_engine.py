@@ -364,7 +364,7 @@ def test_chunks_are_encoded_while_every_write_to_the_store_waits(tmp_path, monke
     the store already holds is not encoded again. (The store does not pace: every chunk is encoded.)"""
     repo = encode_every_chunk(fp.Repo(str(tmp_path / "r"), create=True, codec="lossless"))
     seen = _count_encodes(monkeypatch)
-    slots, ahead = repo._sched.limit("io:tier0"), repo._sched.limit("encoded")
+    slots, ahead = repo.scheduler.limit("io:tier0"), repo.scheduler.limit("encoded")
     chunks = 2 * ahead
     state = {f"w{i}": torch.randn(1 << 19) for i in range(chunks)}
     first, encoded_while_held = _save_with_object_writes_held(repo, monkeypatch, state, sync, seen, ahead)
@@ -592,7 +592,7 @@ def test_a_paced_save_writes_raw_what_its_turn_finds_the_store_idle_for(tmp_path
     decisions = []
     decide = EncodePacer.encodes
     monkeypatch.setattr(EncodePacer, "encodes", lambda pacer: decisions.append(decide(pacer)) or decisions[-1])
-    slots, ahead, encoders = (repo._sched.limit(r) for r in ("io:tier0", "encoded", "encode"))
+    slots, ahead, encoders = (repo.scheduler.limit(r) for r in ("io:tier0", "encoded", "encode"))
     state = {f"w{i}": torch.randn(1 << 19) for i in range(2 * ahead)}
     version, encoded_while_held = _save_with_object_writes_held(repo, monkeypatch, state, sync, seen,
                                                                ahead - slots - encoders + 1)
@@ -614,7 +614,7 @@ def test_a_save_after_one_a_slow_store_bound_encodes_its_first_chunks(tmp_path, 
 
     monkeypatch.setattr(scheduler, "usable_cores", lambda: 1 << 10)
     repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless")
-    slots = repo._sched.limit("io:tier0")
+    slots = repo.scheduler.limit("io:tier0")
     write = repo.store.write
     monkeypatch.setattr(repo.store, "write", lambda key, parts, durable=True: (
         time.sleep(0.02) if key.startswith("objects/") else None, write(key, parts, durable))[1])
@@ -648,7 +648,7 @@ def test_where_encoding_makes_saves_slower_a_repository_writes_them_raw(tmp_path
 
     monkeypatch.setattr(scheduler, "usable_cores", lambda: 1 << 10)
     repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless")
-    slots = repo._sched.limit("io:tier0")
+    slots = repo.scheduler.limit("io:tier0")
     simulated, lock = [0.0], threading.Lock()
 
     def spend(seconds: float, counted: float) -> None:
@@ -680,7 +680,7 @@ def test_saves_to_memory_encode_every_chunk_unpaced():
     """Writes to memory never wait, so a paced save there would write nearly every chunk raw:
     the memory store is not paced, and its lossless saves encode every chunk."""
     repo = fp.Repo("mem://unpaced-lossless", create=True, codec="lossless")
-    state = {f"w{i}": torch.randn(1 << 18) for i in range(4 * repo._sched.limit("io:tier0"))}
+    state = {f"w{i}": torch.randn(1 << 18) for i in range(4 * repo.scheduler.limit("io:tier0"))}
     version = repo.save(state)
     assert {c.codec for leaf in repo.manifest(version.id).leaves for c in leaf.chunks} == {"float-planes"}
     assert torch.equal(repo.load(version.id)["w5"], state["w5"])
@@ -730,7 +730,7 @@ def test_a_failed_encode_fails_the_save_and_gives_every_buffer_back(tmp_path, mo
     assert repo.head("main") == kept.id and torch.equal(repo.load(kept.id)["w3"], state["w3"] / 2)
     resources = repo.stats()["resources"]
     assert all(resources[r]["used"] == 0 for r in ("staging", "window", "encode", "io:tier0")), resources
-    assert repo._staging.outstanding == 0
+    assert repo.staging.outstanding == 0
     monkeypatch.setattr(ObjectWriter, "_encode", real)
     assert repo.save(state, step=3).step == 3
     repo.close()
@@ -871,12 +871,12 @@ def test_warm_staging_prepares_exactly_the_buffers_a_save_uses(tmp_path):
     repo = fp.Repo(str(tmp_path / "r"), create=True, options=SaveOptions(chunk_bytes=1 << 20))
     state = {"big": torch.randn(3 << 18), "small": torch.randn(100), "n": 3}
     warmed = repo.warm_staging(state)
-    assert warmed == repo._staging.kept == 3 * (1 << 20) + 400
-    kept_before = {size: list(bufs) for size, bufs in repo._staging.free.items()}
+    assert warmed == repo.staging.kept == 3 * (1 << 20) + 400
+    kept_before = {size: list(bufs) for size, bufs in repo.staging.free.items()}
     pending = repo.save(state, sync=False)
     pending.wait()
     reused = sum(1 for size, bufs in kept_before.items() for b in bufs
-                 if any(b is x for x in repo._staging.free.get(size, [])))
+                 if any(b is x for x in repo.staging.free.get(size, [])))
     assert reused == 4, "every staging buffer of the save came from the warmed pool"
     assert torch.equal(repo.load()["big"], state["big"])
     repo.close()

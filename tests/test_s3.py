@@ -182,7 +182,7 @@ def test_lossless_saves_to_s3_encode_every_chunk_unpaced(s3):
     the first ones, which a paced save to local disk writes raw while nothing waits."""
     url, opts = s3
     repo = fp.Repo(url, create=True, storage_options=opts, codec="lossless")
-    assert repo._sched.limit("io:tier0") * 2 <= 16
+    assert repo.scheduler.limit("io:tier0") * 2 <= 16
     state = {f"w{i}": torch.randn(1 << 18) for i in range(16)}
     version = repo.save(state)
     assert {c.codec for leaf in repo.manifest(version.id).leaves for c in leaf.chunks} == {"float-planes"}

@@ -388,7 +388,7 @@ def test_checkpointer_reserves_the_memory_tier_buffers_up_front(tmp_path, monkey
     large = [p for p in list(model.parameters()) + [s for st in opt.state.values() for s in st.values()]
              if p.nbytes >= 1 << 20]
     assert store._spare_bytes >= 3 * sum(p.nbytes for p in large), "keep + 1 versions reserved"
-    assert repo._staging.kept < sum(p.nbytes for p in large), "adopted chunks take no staging"
+    assert repo.staging.kept < sum(p.nbytes for p in large), "adopted chunks take no staging"
     fresh = []
     real = memory._aligned
     monkeypatch.setattr(memory, "_aligned", lambda n: (fresh.append(n), real(n))[1])

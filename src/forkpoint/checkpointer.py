@@ -117,7 +117,7 @@ class Checkpointer:
     def __init__(self, repo: Repo, state, every=None, keep=None, branch: str = "main",
                  sync: bool = False, allow_pickle: bool = False, gc_grace: float = 600.0,
                  preemption=True, warm: bool = True, on_conflict: str = "error", take_over: bool = False):
-        if not isinstance(repo, Repo):
+        if not isinstance(repo, Repo) and not isinstance(getattr(repo, "repo", None), Repo):  # fp.dist.Repo wraps one
             raise TypeError(f"Checkpointer needs an fp.Repo, got {type(repo).__name__} {repo!r}: "
                             "pass fp.Repo(path, create=True)")
         if REPOSITORY_OVERRIDE is not None:

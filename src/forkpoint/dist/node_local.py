@@ -160,7 +160,7 @@ class NodeLocalMixin:
         rank misses objects of it (another node wrote them and they were not flushed, e.g.
         after a change of world size), the version the shared tier below has for `ref`."""
         if not self.node_local:
-            return super().restore(state, ref, *args, **kwargs)
+            return self.repo.restore(state, ref, *args, **kwargs)
         recovered = self.recover(ref)
         if recovered is not None:
             ref = recovered.vid
@@ -180,7 +180,7 @@ class NodeLocalMixin:
         failure, failed = None, []
         if len(set(seen)) == 1 and mine is not None:
             try:
-                version = super().restore(state, mine, *args, **kwargs)
+                version = self.repo.restore(state, mine, *args, **kwargs)
             except (MissingObjectError, CorruptObjectError) as e:
                 failure = e
             flags = self.group.all_gather(failure is not None)
@@ -195,7 +195,7 @@ class NodeLocalMixin:
                    f"ranks resolve {ref!r} differently ({sorted(set(map(str, seen)))})")
             raise MissingObjectError(f"{why}, and no shared tier of {self.url} has another version for "
                                      f"{ref!r}: a node lost its tier 0 before the version was flushed")
-        return super().restore(state, shared, *args, **kwargs)
+        return self.repo.restore(state, shared, *args, **kwargs)
 
     def _shared_version(self, ref: str) -> str | None:
         """`ref` as the shared tiers (below the node-local one) resolve it, or None."""

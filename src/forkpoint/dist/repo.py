@@ -24,7 +24,6 @@ from ..errors import ForkpointError
 from ..format.manifest import Chunk, Leaf, Manifest, Version
 from ..format.objects import object_key
 from ..repo import Repo as BaseRepo
-from ..repo.commit import SaveSession
 from ..repo.core import pending_save
 from ..repo.records import save_fields
 from ..repo.records import environment
@@ -36,15 +35,34 @@ from .node_local import NodeLocalFlushRules, NodeLocalMixin, assign_flush, check
 from .replication import Replicator
 
 
-class Repo(NodeLocalMixin, BaseRepo):
+class RankRepo(BaseRepo):
+    """One rank's own fp.Repo within an fp.dist.Repo, which makes saves, restores and flushes
+    collective over it: it may keep replicas of tier 0 (the collective repository makes them),
+    and a rank's exit does not wait for saves in flight (they wait for every rank, and the
+    others may be gone)."""
+
+    collective = True
+    closes_at_exit = False
+
+    def __init__(self, url, rank: int, world: int, **kwargs):
+        self.rank, self.world = rank, world
+        super().__init__(url, **kwargs)
+
+
+class Repo(NodeLocalMixin):
     """`fp.Repo` for a process group: call `save` and `restore` on every rank, in the same
     order (they are collective). `timeout` bounds how long a save waits for slow or dead
     ranks before failing with DistSaveError. Tier 0 is either storage every rank reaches or
     node-local (see dist/node_local.py; it needs `keep` and a shared tier below it). Eviction
     from a tier other processes write to spares unreferenced objects younger than
-    `sweep_grace` seconds (their saves in flight)."""
+    `sweep_grace` seconds (their saves in flight).
+
+    It wraps this rank's RankRepo (`repo`) and a Coordinator (`coordinator`): the collective
+    calls are its own, and the rest of fp.Repo's API (reads, refs, history, upkeep) is the
+    rank's repository's."""
 
     collective = True
+    repo: RankRepo | None = None
 
     def __init__(self, url=None, *, group=None, timeout: float = 300.0, kv_store=None,
                  create: bool = False, sweep_grace: float = 300.0, **kwargs):
@@ -68,7 +86,7 @@ class Repo(NodeLocalMixin, BaseRepo):
         status, error = None, None
         if self.rank == 0:
             try:
-                super().__init__(url, create=create, **kwargs)
+                self.repo = RankRepo(url, self.rank, self.world, create=create, **kwargs)
                 status = uuid.uuid4().hex[:12]
             except Exception as e:  # tell the other ranks, then raise here
                 error, status = e, f"error: {type(e).__name__}: {e}"
@@ -80,29 +98,42 @@ class Repo(NodeLocalMixin, BaseRepo):
             raise ForkpointError(f"rank 0 could not open the repository: {status[7:]}")
         if self.rank != 0:
             try:
-                super().__init__(url, create=False, **kwargs)
+                self.repo = RankRepo(url, self.rank, self.world, create=False, **kwargs)
             except Exception as e:  # the others must not wait for this rank in a collective
                 error = e
         failed = [r for r, bad in enumerate(group.all_gather(error is not None)) if bad]
         if error is not None:
             raise error
         if failed:
-            BaseRepo.close(self)
+            self.repo.close()
             raise ForkpointError(f"rank(s) {failed} could not open the repository {self.url} (see their errors)")
         self.coordinator = Coordinator(group.key_value(status), self.rank, self.world, timeout)
         self.local_world = hosts.count(socket.gethostname())
+        capacity = self.repo.scheduler.capacity
         for shared_by_ranks in ("cpu", "encode"):
-            self._sched.capacity[shared_by_ranks] = max(1, min(self._sched.capacity[shared_by_ranks],
-                                                               (os.cpu_count() or 1) // self.local_world))
+            capacity[shared_by_ranks] = max(1, min(capacity[shared_by_ranks], (os.cpu_count() or 1) // self.local_world))
         self._saves = 0
         self.sweep_grace = sweep_grace
         self.node_ranks = self._node_group(hosts[self.rank])
-        self.placement.rules = NodeLocalFlushRules(self.rank, self.stores, self.node_ranks, self.coordinator,
+        self.repo.placement.rules = NodeLocalFlushRules(self.rank, self.stores, self.node_ranks, self.coordinator,
                                                    sweep_grace)
         self.replicator = self._replicator(timeout)
 
-    def _rank_world(self) -> tuple[int, int]:
-        return self.rank, self.world
+    def __getattr__(self, name: str):
+        """The rest of fp.Repo's API is this rank's repository's."""
+        repo = self.__dict__.get("repo")
+        if repo is None or name.startswith("__"):
+            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+        return getattr(repo, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{self.api_name} {self.repo.url if self.repo else '(not open)'} rank {self.rank} of {self.world}>"
 
     def _replicator(self, timeout: float) -> Replicator | None:
         """(Collective) the replicas of tier 0 when it asks for them, else None."""
@@ -111,7 +142,7 @@ class Repo(NodeLocalMixin, BaseRepo):
         if not hasattr(self.group, "peers"):
             raise ValueError(f"{self.api_name} cannot keep replicas of tier 0 (its processes have no "
                              "point-to-point transfers): use fp.dist.Repo (torch.distributed)")
-        return Replicator(self, self.node_leaders, lambda name, fn, after: self._sched.submit(
+        return Replicator(self, self.node_leaders, lambda name, fn, after: self.repo.scheduler.submit(
             name, fn, priority=Priority.FLUSH, after=[after] if after is not None else []), timeout)
 
     def recover(self, branch: str = "main"):
@@ -137,13 +168,9 @@ class Repo(NodeLocalMixin, BaseRepo):
         mine = self.replicator.replicated(vid) if self.replicator.member is not None else None
         return self.group.all_gather(mine)[self.node_ranks[0]]
 
-    closes_at_exit = False
-    """A rank's exit does not wait for saves in flight: they wait for every rank, and the others
-    may be gone."""
-
     def close(self) -> None:
         """Wait for saves in flight, then release threads and the process group's store."""
-        super().close()
+        self.repo.close()
         self.coordinator.close()
         self.group.close()
 
@@ -152,23 +179,24 @@ class Repo(NodeLocalMixin, BaseRepo):
              allow_pickle: bool = False):
         """Collective save: every rank calls it with its part of the same state. Returns the
         Version on every rank (sync) or a PendingSave; DistSaveError if any rank failed."""
-        if self._closed:
+        repo = self.repo
+        if repo.closed:
             raise RuntimeError(f"repository {self.url} is closed")
         sid = f"save-{self._saves}"
         self._saves += 1
         try:
             step, message, metrics, meta = save_fields(branch, step, message, metrics, meta)
             if not sync:
-                self._await_pending_room()
+                repo.commits.wait_for_room(repo.options.max_pending)
             with gc_paused():
                 skeleton, shared, local_skeleton, local, select = self._flat_parts(state, allow_pickle)
             n_shared = len(shared)
             # rank 0 publishes the ref and checks the branch's holder; the others are the same run
-            session = SaveSession(self, branch, check_holder=self.rank == 0)
+            session = repo.begin_save(branch, check_holder=self.rank == 0)
         except Exception as e:
             self._refuse_save(sid, e)
             raise
-        with self._sched.batch():
+        with repo.scheduler.batch():
             try:  # reading the head's packs or the delta bases can fail: tell the others now
                 plan = session.schedule(shared + local, sync, select=select, pack_key=writer_class(shared))
             except Exception as e:
@@ -177,24 +205,21 @@ class Repo(NodeLocalMixin, BaseRepo):
                 raise
             plan.writer.keeps_advice = self.rank == 0  # one writer of codec="auto"'s advice
             fingerprint = layout_fingerprint(shared)
-            part = self._sched.submit(
+            part = repo.scheduler.submit(
                 "part", lambda: self._publish_part(session, sid, plan, n_shared, local_skeleton, fingerprint,
                                                    {"branch": branch, "step": step}),
                 priority=Priority.COMMIT, after=plan.writes)
             if self.rank == 0:
                 record = Version("", [], branch, step, 0.0, message, metrics, meta,
                                  env={**environment(), "world_size": self.world})
-                finish = self._sched.submit(
-                    "commit", lambda: self._coordinate(session, sid, part, skeleton, record, n_shared, allow_pickle),
-                    priority=Priority.COMMIT, needs={f"io:{self._tier}": 1}, after=[part, self._last_commit])
+                finish = session.queue_commit(
+                    lambda: self._coordinate(session, sid, part, skeleton, record, n_shared, allow_pickle),
+                    sync, after=[part])
             else:
-                finish = self._sched.submit("commit", lambda: self._await_outcome(session, sid, part),
-                                            priority=Priority.COMMIT, after=[part, self._last_commit])
-            self._sched.submit("cleanup", session.close, priority=Priority.COMMIT, after=[finish])
-        self._last_commit = finish
+                finish = session.queue_commit(lambda: self._await_outcome(session, sid, part), sync,
+                                              after=[part], io=False)
         if sync:
             return finish.result()
-        self._pending_commits.append(finish)
         return pending_save(finish, plan, shared + local)
 
     def _refuse_save(self, sid: str, error: Exception) -> None:
@@ -215,7 +240,7 @@ class Repo(NodeLocalMixin, BaseRepo):
         `select(leaf index, box)` is True for the pieces this rank writes."""
         tree, objects = capture(state)
         tree, local_trees = split_rank_local(tree, objects)
-        deferred = self._device.deferring()
+        deferred = self.repo.device.deferring()
         skeleton, shared = flatten(tree, allow_pickle=allow_pickle, copy=False, device_capture=deferred)
         local_skeleton, local = flatten(local_trees, allow_pickle=allow_pickle, copy=False,
                                         device_capture=deferred)
@@ -243,9 +268,9 @@ class Repo(NodeLocalMixin, BaseRepo):
     def warm_staging(self, state, allow_pickle: bool = False) -> int:
         """Fault in the staging buffers this rank's asynchronous saves of `state` will use."""
         _, shared, _, local, select = self._flat_parts(state, allow_pickle)
-        return self._warm(shared + local, select, writer_class(shared))
+        return self.repo.warm_leaves(shared + local, select, writer_class(shared))
 
-    def _publish_part(self, session: SaveSession, sid: str, plan, n_shared: int, local_skeleton: dict,
+    def _publish_part(self, session, sid: str, plan, n_shared: int, local_skeleton: dict,
                       fingerprint: str, call: dict):
         """Make this rank's written chunks durable and hand them to the coordinator."""
         try:
@@ -275,7 +300,7 @@ class Repo(NodeLocalMixin, BaseRepo):
             self.coordinator.publish(sid, {"error": f"{type(e).__name__}: {e}"})
             raise
 
-    def _coordinate(self, session: SaveSession, sid, part, skeleton, record: Version, n_shared: int,
+    def _coordinate(self, session, sid, part, skeleton, record: Version, n_shared: int,
                     allow_pickle: bool) -> Version:
         """(Rank 0) gather every part, assemble one manifest, commit it and announce the outcome."""
         try:
@@ -283,7 +308,7 @@ class Repo(NodeLocalMixin, BaseRepo):
             own = part.result()
             manifest = assemble_manifest(record, skeleton, own.leaves[:n_shared], parts, allow_pickle)
             assignment = assign_flush(manifest, parts) if self.node_local else None
-            with self.placement.rules.sharing(assignment[0] if assignment else None):
+            with self.repo.placement.rules.sharing(assignment[0] if assignment else None):
                 version = session.commit(manifest)
             if self.replicator is not None:
                 self.replicator.schedule(version.id)
@@ -300,7 +325,7 @@ class Repo(NodeLocalMixin, BaseRepo):
         self.coordinator.announce(sid, {"id": version.id}, extras, cleanup)
         return version
 
-    def _await_outcome(self, session: SaveSession, sid: str, part) -> Version:
+    def _await_outcome(self, session, sid: str, part) -> Version:
         """(Other ranks) wait for rank 0's outcome; return the committed Version (with a
         node-local tier 0, after recording it there)."""
         flush = []
@@ -312,8 +337,8 @@ class Repo(NodeLocalMixin, BaseRepo):
         if self.replicator is not None:
             self.replicator.schedule(outcome["id"])
         if flush:
-            with self.placement.rules.sharing(flush[0]):
-                self.placement.committed(outcome["id"], 0)
+            with self.repo.placement.rules.sharing(flush[0]):
+                self.repo.placement.committed(outcome["id"], 0)
         session.adopt_deltas()
         return self.history.manifest_by_id(outcome["id"]).version
 

@@ -9,12 +9,45 @@
 
 Leaving the block without `commit` publishes nothing; what was written is unreferenced and
 goes at a later gc. Until the session ends, this process's gc and eviction spare every object
-its writers wrote or refer to. Saves the scheduler runs take their writer from `schedule`.
+its writers wrote or refer to. Saves the scheduler runs take their writer from `schedule`
+and queue their commit with `queue_commit`, which keeps the repository's saves committing in
+the order they were made (`repo.commits`).
 """
+
+import collections
+from concurrent import futures
 
 from ..engine.save import ScheduledSave, schedule_save
 from ..engine.objectwriter import ObjectWriter
+from ..engine.scheduler import Priority, Task
 from ..format.manifest import Chunk, Manifest, Version
+
+
+class CommitQueue:
+    """The commit tasks of one repository's scheduled saves, in the order they were made:
+    `last`, the newest (the next one runs after it), and the asynchronous ones not yet
+    committed, which `wait_for_room` bounds."""
+
+    def __init__(self):
+        self.last: Task | None = None
+        self._pending: collections.deque[Task] = collections.deque()
+
+    def wait_for_room(self, max_pending: int) -> None:
+        """Before an asynchronous save: wait until fewer than `max_pending` earlier ones are
+        uncommitted (their errors reach their own PendingSave, not this caller)."""
+        pending = self._pending
+        while pending and pending[0].done():
+            pending.popleft()
+        while len(pending) >= max_pending:
+            futures.wait([pending.popleft().future])
+            while pending and pending[0].done():
+                pending.popleft()
+
+    def add(self, commit: Task, sync: bool) -> None:
+        """`commit` is the newest save's commit task (outstanding until it ends, unless `sync`)."""
+        self.last = commit
+        if not sync:
+            self._pending.append(commit)
 
 
 class SaveSession:
@@ -55,11 +88,24 @@ class SaveSession:
         self.deltas = repo._delta_plan(self.head)
         guard = repo.placement.evict_lock
         with guard:
-            plan = schedule_save(repo._sched, repo.store, repo._tier, flat, known, repo.options,
-                                 repo._staging, "window" if sync else "staging", guard=guard,
+            plan = schedule_save(repo.scheduler, repo.store, repo._tier, flat, known, repo.options,
+                                 repo.staging, "window" if sync else "staging", guard=guard,
                                  deltas=self.deltas, layouts=repo._layouts, pacing=repo._pacing, **options)
             self._track(plan.writer)
         return plan
+
+    def queue_commit(self, fn, sync: bool, deps=(), after=(), io: bool = True) -> Task:
+        """Queue `fn` (which commits this version, or learns how its commit ended) on the
+        scheduler, to run once `deps` succeeded, `after` ended and the repository's previous
+        save's commit ended; the session closes once it ends. `io`: it holds a tier-0 I/O slot.
+        Returns the task (see CommitQueue for `sync`)."""
+        repo = self.repo
+        task = repo.scheduler.submit("commit", fn, priority=Priority.COMMIT, deps=deps,
+                                     after=[*after, repo.commits.last],
+                                     needs={f"io:{repo._tier}": 1} if io else {})
+        repo.scheduler.submit("cleanup", self.close, priority=Priority.COMMIT, after=[task])
+        repo.commits.add(task, sync)
+        return task
 
     def make_durable(self, keys) -> None:
         """Make the objects at `keys` durable (before a manifest that refers to them)."""

@@ -5,7 +5,6 @@ A version is visible once its manifest is durable and a ref record points at it.
 """
 
 import atexit
-import collections
 import json
 import os
 import socket
@@ -35,7 +34,7 @@ from ..state import capture, flatten
 from ..state.device import DeviceCapture
 from ..storage import Store, open_store
 from ..tiers import Tier, open_tiers
-from .commit import SaveSession
+from .commit import CommitQueue, SaveSession
 from .compaction import CompactCommands, Compactor
 from .interrupts import finishing_on_first_interrupt
 from .compare import CompareCommands, Comparison
@@ -81,6 +80,10 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
     closes_at_exit = True
     """Whether a repository the program leaves open is closed at interpreter exit (its saves
     in flight then commit first)."""
+    collective = False
+    """Whether this process saves together with others (the rank of an fp.dist.Repo)."""
+    rank, world = 0, 1
+    """This process's rank among the processes that save together, and their number."""
 
     def __init__(self, url: str | Store | None = None, create: bool = False, *, tiers: list | None = None,
                  storage_options: dict | None = None, on_conflict: str = "retry",
@@ -105,7 +108,7 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
         self.store = self.stores[0]
         self.url = self.store.url
         try:
-            if self.tier_specs[0].replicas and not getattr(self, "collective", False):
+            if self.tier_specs[0].replicas and not self.collective:
                 raise ValueError(f"tier 0 ({self.tier_specs[0].url}) asks for replicas on peer nodes: that "
                                  "needs fp.dist.Repo (the nodes of a torch.distributed job)")
             self._open_or_create(create)
@@ -115,15 +118,14 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
             raise
         self._start_engine()
         self._tier = "tier0"
-        self._last_commit: Task | None = None
         self._layouts = ChunkMemory(Layouts)
         self._pacing = PaceMemory()
         self._value_estimates = ChunkMemory(ValueEstimate)
         self._lock = threading.Lock()
         self.ledger = CommitLedger()
-        self._pending_commits: collections.deque[Task] = collections.deque()
+        self.commits = CommitQueue()
         self._compose()
-        self._closed = False
+        self.closed = False
         if self.closes_at_exit:
             _OPEN_AT_EXIT.add(self)
 
@@ -133,9 +135,9 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
         encoders = min(MAX_ENCODERS, usable_cores())
         budget = Budget(staging_bytes=self.options.staging_bytes, window_bytes=self.options.window_bytes,
                         cpu_workers=2, encoders=encoders, default_io_slots=self.options.workers + encoders)
-        self._sched = Scheduler(budget, threads=self.options.workers + encoders + 4)
-        self._staging = StagingPool(self.options.staging_bytes + self.options.window_bytes)
-        self._device = DeviceCapture(self.options.staging_bytes)
+        self.scheduler = Scheduler(budget, threads=self.options.workers + encoders + 4)
+        self.staging = StagingPool(self.options.staging_bytes + self.options.window_bytes)
+        self.device = DeviceCapture(self.options.staging_bytes)
 
     def _compose(self) -> None:
         """The collaborators that own refs, history, leases, tiers, reads, comparisons and upkeep."""
@@ -143,12 +145,12 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
         self.history = History(self.stores, self.url, self.refs)
         self.leases = Leases(self.stores, self.writer_id)
         evict_lock = threading.Lock()
-        self.compactor = Compactor(self.stores, self._sched, evict_lock)
-        self.placement = Placement(self.stores, self.tier_specs, self._sched, self.refs, self.history, self.leases,
+        self.compactor = Compactor(self.stores, self.scheduler, evict_lock)
+        self.placement = Placement(self.stores, self.tier_specs, self.scheduler, self.refs, self.history, self.leases,
                                    self.compactor, self.options.codec, evict_lock,
                                    lambda vid, store: self.maintenance.prune(vid, store))
-        self.reader = Reader(self.stores, self.url, self.history, self._submit_read, self._sched.batch,
-                             self._rank_world, self.placement.forget_next_use)
+        self.reader = Reader(self.stores, self.url, self.history, self._submit_read, self.scheduler.batch,
+                             lambda: (self.rank, self.world), self.placement.forget_next_use)
         self.maintenance = Maintenance(self.stores, self.refs, self.history, self.leases, self.ledger,
                                        self._submit_read, self.placement.pinned, evict_lock)
         self.comparison = Comparison(self.reader.readable,
@@ -177,16 +179,16 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
 
     def close(self) -> None:
         """Wait for background saves, then release threads. Idempotent."""
-        if self._closed:
+        if self.closed:
             return
-        self._sched.shutdown(wait=True)
-        self._staging.clear()
-        self._device.clear()
+        self.scheduler.shutdown(wait=True)
+        self.staging.clear()
+        self.device.clear()
         self.leases.release()
         self.refs.holds.release_all()
         for store in self.stores:
             store.close()
-        self._closed = True
+        self.closed = True
 
     def _repr_html_(self) -> str:
         """Branches and tags with their head versions, for Jupyter (every value escaped)."""
@@ -216,14 +218,13 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
         must not modify them before `PendingSave.wait_capture()` (the Checkpointer hooks
         optimizers and modules to wait exactly where needed).
         """
-        if self._closed:
+        if self.closed:
             raise RuntimeError(f"repository {self.url} is closed")
         step, message, metrics, meta = save_fields(branch, step, message, metrics, meta)
         if not sync:
-            self._await_pending_room()
+            self.commits.wait_for_room(self.options.max_pending)
         with gc_paused():  # through the whole save when the caller waits for it anyway
             plan, commit = self._schedule_save(state, branch, step, message, metrics, meta, sync, allow_pickle)
-            self._last_commit = commit
             if sync:
                 what = f"the save of step {step} on branch {branch!r}" if step is not None else \
                     f"the save on branch {branch!r}"
@@ -231,24 +232,12 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
                     version = commit.result()
                     outcome.append(f"committed as version {version.id}")
                 return version
-        self._pending_commits.append(commit)
         return pending_save(commit, plan, plan.flat)
-
-    def _await_pending_room(self) -> None:
-        """Before an asynchronous save: wait until fewer than `max_pending` earlier ones are
-        uncommitted (their errors reach their own PendingSave, not this caller)."""
-        pending = self._pending_commits
-        while pending and pending[0].done():
-            pending.popleft()
-        while len(pending) >= self.options.max_pending:
-            futures.wait([pending.popleft().future])
-            while pending and pending[0].done():
-                pending.popleft()
 
     def _schedule_save(self, state, branch, step, message, metrics, meta, sync, allow_pickle):
         """Flatten `state` and queue its save's tasks; (plan, commit task)."""
         tree, _ = capture(state)
-        skeleton, flat = flatten(tree, allow_pickle=allow_pickle, copy=False, device_capture=self._device)
+        skeleton, flat = flatten(tree, allow_pickle=allow_pickle, copy=False, device_capture=self.device)
         sharded = next((fl.path for fl in flat if fl.data is not None and fl.data.box is not None), None)
         if sharded is not None:
             raise UnsupportedTypeError(
@@ -256,14 +245,11 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
                 "save it from every rank with fp.dist.Repo or fp.mpi.Repo")
         record = Version("", [], branch, step, 0.0, message, metrics, meta, env=environment())
         session = SaveSession(self, branch)
-        with self._sched.batch():
+        with self.scheduler.batch():
             plan = session.schedule(flat, sync, encode_later=self.options.encode_later)
-            commit = self._sched.submit(
-                "commit", lambda: self._finish_save(session, plan, skeleton, record, allow_pickle),
-                priority=Priority.COMMIT, needs={f"io:{self._tier}": 1}, deps=plan.writes,
-                after=[self._last_commit])
+            commit = session.queue_commit(lambda: self._finish_save(session, plan, skeleton, record, allow_pickle),
+                                          sync, deps=plan.writes)
             plan.commit = commit
-            self._sched.submit("cleanup", session.close, priority=Priority.COMMIT, after=[commit])
         return plan, commit
 
     def begin_save(self, branch: str = "main", check_holder: bool = True) -> SaveSession:
@@ -271,7 +257,7 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
         repo/commit.py, which the DCP Writer and fp.dist.Repo use); end it with `close()` or a
         `with` block. BranchHeldError when another live run holds the branch, unless
         `check_holder` is False (a rank of that run that writes objects but does not commit)."""
-        if self._closed:
+        if self.closed:
             raise RuntimeError(f"repository {self.url} is closed")
         check_name(branch, "branch")
         return SaveSession(self, branch, check_holder)
@@ -283,31 +269,33 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
         written), so that the first checkpoints do not pay for fresh memory; return the bytes
         warmed."""
         tree, _ = capture(state)
-        _, flat = flatten(tree, allow_pickle=allow_pickle, copy=False, device_capture=self._device)
-        return self._warm(flat)
+        _, flat = flatten(tree, allow_pickle=allow_pickle, copy=False, device_capture=self.device)
+        return self.warm_leaves(flat)
 
-    def _warm(self, flat, select=None, pack_key=None) -> int:
+    def warm_leaves(self, flat, select=None, pack_key=None) -> int:
+        """warm_staging for flattened leaves (state.flatten's), of which a save writes the
+        pieces `select(leaf index, box)` picks, packed by `pack_key(leaf index)`."""
         for fl in flat:
             if fl.data is not None and fl.data.pending is not None:
                 fl.data.pending.release()
         staging, objects = staging_sizes(flat, self.options, select, self.store.adopts_buffers, pack_key)
-        warmed = self._staging.warm(staging if sum(staging) <= self.options.staging_bytes else [])
+        warmed = self.staging.warm(staging if sum(staging) <= self.options.staging_bytes else [])
         versions = (self.tier_specs[0].keep or 1) + 1
         return warmed + self.store.reserve(objects * versions)
 
     def background(self, fn, *args, **kwargs) -> Task:
         """Run `fn` as a low-priority task after every save already submitted; return the task."""
-        return self._sched.submit("background", lambda: fn(*args, **kwargs), priority=Priority.GC,
-                                  after=[self._last_commit])
+        return self.scheduler.submit("background", lambda: fn(*args, **kwargs), priority=Priority.GC,
+                                  after=[self.commits.last])
 
     def drain(self) -> None:
         """Block until every background task (saves, flushes, evictions, prefetches) is done."""
-        self._sched.drain()
+        self.scheduler.drain()
 
     def stats(self) -> dict:
         """Queue depths, bytes in flight and seconds per stage and per tier, resource use, and
         the flushes that failed ("flush_errors": version, tier index, error)."""
-        out = self._sched.stats()
+        out = self.scheduler.stats()
         out["flush_errors"] = self.placement.flush_errors()
         return out
 
@@ -333,7 +321,7 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
         return self.placement.finish_flushes()
 
     def _submit_read(self, fn, nbytes: int) -> Task:
-        return self._sched.submit("restore", fn, priority=Priority.RESTORE,
+        return self.scheduler.submit("restore", fn, priority=Priority.RESTORE,
                                   needs={f"io:{self._tier}": 1}, nbytes=nbytes, tier=self._tier)
 
     def _head_manifest(self, branch: str) -> Manifest | None:

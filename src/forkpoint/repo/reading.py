@@ -276,10 +276,6 @@ class ReadCommands:
 
     reader: Reader
 
-    def _rank_world(self) -> tuple[int, int]:
-        """(rank, world size) of this process for rank-local state; one process by default."""
-        return 0, 1
-
     def readable(self, ref: str) -> Manifest:
         """The manifest of version `ref` for reading its data (see Reader.readable)."""
         return self.reader.readable(ref)
