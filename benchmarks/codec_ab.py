@@ -21,6 +21,7 @@ benchmarks/codecs.py (24 Linear(1024, 1024) layers + AdamW, 20 steps): every wei
 """
 
 import argparse
+import concurrent.futures
 import glob
 import importlib
 import inspect
@@ -162,12 +163,30 @@ def mlp_rows(codecs: dict, repeats: int) -> None:
 def _pieces(codec, single: bool):
     """`codec`'s encode as encode_units calls it; a single unit (the whole buffer) is coded
     on 2 threads, as one large chunk is. The row is passed where the codec takes one."""
-    takes_row = "row" in inspect.signature(codec.encode_pieces).parameters
+    params = inspect.signature(codec.encode_pieces).parameters
+    takes_row, takes_pmap = "row" in params, "pmap" in params  # a tree with a pmap, not a thread count
 
     def pieces(data, itemsize, threads, out, layouts, row):
         extra = {"row": row} if takes_row and row else {}
-        return codec.encode_pieces(data, itemsize, 2 if single else threads, out=out, layouts=layouts, **extra)
+        # the callers pass a thread count or a map over threads (compression.pmap_of); each
+        # tree takes one of the two
+        n = 2 if single or callable(threads) else threads
+        if takes_pmap:
+            spread = threads if callable(threads) and not single else (_pool_map(n) if n > 1 else None)
+        else:
+            spread = n
+        return codec.encode_pieces(data, itemsize, spread, out=out, layouts=layouts, **extra)
     return pieces
+
+
+_POOLS: dict = {}
+
+
+def _pool_map(threads: int):
+    """A map over `threads` threads (one pool per count, kept for the run), as a save's parallel_map spreads one encode."""
+    if threads not in _POOLS:
+        _POOLS[threads] = concurrent.futures.ThreadPoolExecutor(threads)
+    return _POOLS[threads].map
 
 
 def coded_planes(codec, buf: np.ndarray, itemsize: int) -> dict:
