@@ -25,8 +25,7 @@ from ..format.manifest import Chunk, Leaf, Manifest, Version
 from ..format.objects import object_key
 from ..repo import Repo as BaseRepo
 from ..repo.core import pending_save
-from ..repo.records import save_fields
-from ..repo.records import environment
+from ..repo.records import environment, save_fields
 from ..state import RankSlot, capture, flatten
 from ..state.stateful import get_at
 from .coordinator import Coordinator, DistSaveError
@@ -111,12 +110,12 @@ class Repo(NodeLocalMixin):
         self.local_world = hosts.count(socket.gethostname())
         capacity = self.repo.scheduler.capacity
         for shared_by_ranks in ("cpu", "encode"):
-            capacity[shared_by_ranks] = max(1, min(capacity[shared_by_ranks], (os.cpu_count() or 1) // self.local_world))
+            capacity[shared_by_ranks] = max(1, min(capacity[shared_by_ranks],
+                                                   (os.cpu_count() or 1) // self.local_world))
         self._saves = 0
-        self.sweep_grace = sweep_grace
         self.node_ranks = self._node_group(hosts[self.rank])
-        self.repo.placement.rules = NodeLocalFlushRules(self.rank, self.stores, self.node_ranks, self.coordinator,
-                                                   sweep_grace)
+        self.repo.placement.rules = NodeLocalFlushRules(self.rank, self.stores, self.node_ranks,
+                                                        self.coordinator, sweep_grace)
         self.replicator = self._replicator(timeout)
 
     def __getattr__(self, name: str):
