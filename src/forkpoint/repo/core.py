@@ -147,7 +147,7 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
         evict_lock = threading.Lock()
         self.compactor = Compactor(self.stores, self.scheduler, evict_lock)
         self.placement = Placement(self.stores, self.tier_specs, self.scheduler, self.refs, self.history, self.leases,
-                                   self.compactor, self.options.codec, evict_lock,
+                                   self.compactor, self.options, evict_lock,
                                    lambda vid, store: self.maintenance.prune(vid, store))
         self.reader = Reader(self.stores, self.url, self.history, self._submit_read, self.scheduler.batch,
                              lambda: (self.rank, self.world), self.placement.forget_next_use)
@@ -286,7 +286,7 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
     def background(self, fn, *args, **kwargs) -> Task:
         """Run `fn` as a low-priority task after every save already submitted; return the task."""
         return self.scheduler.submit("background", lambda: fn(*args, **kwargs), priority=Priority.GC,
-                                  after=[self.commits.last])
+                                     after=[self.commits.last])
 
     def drain(self) -> None:
         """Block until every background task (saves, flushes, evictions, prefetches) is done."""

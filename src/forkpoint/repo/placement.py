@@ -60,13 +60,14 @@ class Placement:
     """Where a repository's versions live across its tiers: the flushes down, each tier's
     eviction (`keep`), prefetches up, and the objects saves and flushes in flight pin. A
     Repo's collaborator, reached as `repo.placement`. `rules` (FlushRules) say how this process
-    takes part in a flush; `prune(vid, store)` turns a version into a stub on `store`;
+    takes part in a flush; `options` (the Repo's SaveOptions, read when a flush starts) give the
+    codec rules; `prune(vid, store)` turns a version into a stub on `store`;
     `evict_lock` guards the pins (saves' writers and flushes) against eviction and gc."""
 
     def __init__(self, stores: list[Store], tier_specs: list, scheduler, refs, history, leases, compactor,
-                 codec, evict_lock: threading.Lock, prune, rules: FlushRules | None = None):
+                 options, evict_lock: threading.Lock, prune, rules: FlushRules | None = None):
         self.stores, self.tier_specs, self.refs, self.history = stores, tier_specs, refs, history
-        self.leases, self.compactor, self.codec, self.evict_lock = leases, compactor, codec, evict_lock
+        self.leases, self.compactor, self.options, self.evict_lock = leases, compactor, options, evict_lock
         self.rules = rules or FlushRules()
         self.tier_locks = [threading.Lock() for _ in stores]
         self.writers: set = set()
@@ -192,7 +193,7 @@ class Placement:
         flushes to it) says encoded writes are faster there, raw auto objects are encoded as
         they are copied, so saves into a fast tier stay raw while a slower tier below gets
         them encoded."""
-        rules = codec_rules(self.codec)
+        rules = codec_rules(self.options.codec)
         if not any(policy == "auto" for _, policy in rules):
             return None
         wanted = set(keys)
