@@ -605,34 +605,68 @@ def test_a_paced_save_writes_raw_what_its_turn_finds_the_store_idle_for(tmp_path
     repo.close()
 
 
-def test_a_save_after_one_a_slow_store_bound_encodes_its_first_chunks(tmp_path, monkeypatch):
-    """Every object write takes 20 ms: the store bounds the whole save. The first save writes
-    its first slots' worth of chunks raw (nothing waits yet) and encodes the rest; the next
-    save remembers that the store bound it and encodes from its first chunk. Both restore."""
+def _store_bound_pacer(memory, slots: int, chunks: int, clock: list) -> list[bool]:
+    """Run one save's worth of pacer events against a store that bounds it throughout: every
+    chunk is counted at scheduling, and a write ends only when more than `slots` captured
+    chunks wait. The cores are idle (the test's counters) and the clocks are the test's, which
+    advance 10 ms a chunk. The pacer's decisions, in order."""
+    from forkpoint.engine.cpuload import CoreLoad
+    from forkpoint.engine.pacing import EncodePacer
+
+    load = CoreLoad(idle=lambda: (2 * clock[0], 2), clock=lambda: clock[0], cpu=lambda: 0.0)
+    pacer = EncodePacer(slots=slots, cores=2, load=load, memory=memory, clock=lambda: (clock[0], 0.0))
+    for _ in range(chunks):
+        pacer.add(1 << 20)
+    decisions = []
+    for _ in range(chunks):
+        decisions.append(pacer.encodes())
+        pacer.ready()
+        if pacer.waiting > slots:
+            pacer.written()
+        clock[0] += 0.01
+    while pacer.waiting:
+        pacer.written()
+    pacer.finish()
+    return decisions
+
+
+def test_a_save_after_one_a_slow_store_bound_encodes_its_first_chunks():
+    """A store that bounds the whole save: the first save writes its first slots' worth of
+    chunks raw (nothing waits yet) and encodes the rest; it remembers that the store bound it,
+    so the next save encodes from its first chunk, before any write waits."""
+    from forkpoint.engine.pacing import PaceMemory
+
+    slots, memory, clock = 4, PaceMemory(), [100.0]
+    before = _store_bound_pacer(memory, slots, 8 * slots, clock)
+    assert before == [False] * slots + [True] * 7 * slots
+    assert memory.store_bound and memory.warm
+    after = _store_bound_pacer(memory, slots, 8 * slots, clock)
+    assert after == [True] * 8 * slots
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_a_save_that_remembers_a_store_bound_encodes_its_first_chunks_with_the_writes_held(tmp_path, monkeypatch,
+                                                                                           sync):
+    """The repository's pace memory says the store bound its last save: with every object write
+    held back (nothing waits for a slot yet), the save's first slots' worth of chunks are
+    encoded all the same, and the version restores exactly. (The process is given so many
+    cores that its CPU is never short.)"""
     from forkpoint.engine import scheduler
     from forkpoint.engine.pacing import EncodePacer
 
     monkeypatch.setattr(scheduler, "usable_cores", lambda: 1 << 10)
     repo = fp.Repo(str(tmp_path / "r"), create=True, codec="lossless")
-    slots = repo.scheduler.limit("io:tier0")
-    write = repo.store.write
-    monkeypatch.setattr(repo.store, "write", lambda key, parts, durable=True: (
-        time.sleep(0.02) if key.startswith("objects/") else None, write(key, parts, durable))[1])
+    repo._pacing.store_bound = repo._pacing.warm = True
+    seen = _count_encodes(monkeypatch)
     decisions = []
     decide = EncodePacer.encodes
     monkeypatch.setattr(EncodePacer, "encodes", lambda pacer: decisions.append(decide(pacer)) or decisions[-1])
+    slots = repo.scheduler.limit("io:tier0")
     state = {f"w{i}": torch.randn(1 << 18) for i in range(8 * slots)}
-    saves = []
-    for _ in range(2):
-        decisions.clear()
-        saves.append((repo.save(state), {k: v.clone() for k, v in state.items()}, list(decisions)))
-        state = {k: v * 2 for k, v in state.items()}
-    (first, _, before), (second, _, after) = saves
-    assert before[:slots] == [False] * slots and all(before[2 * slots:])
-    assert after[:slots] == [True] * slots
-    for version, values, _ in saves:
-        loaded = repo.load(version.id)
-        assert all(torch.equal(loaded[k], v) for k, v in values.items())
+    version, encoded_while_held = _save_with_object_writes_held(repo, monkeypatch, state, sync, seen, slots)
+    assert decisions[:slots] == [True] * slots and encoded_while_held >= slots
+    loaded = repo.load(version.id)
+    assert all(torch.equal(loaded[k], v) for k, v in state.items())
     repo.close()
 
 
