@@ -75,10 +75,8 @@ def test_sigterm_at_random_step_then_bit_identical_resume(tmp_path):
     while not os.path.exists(str(tmp_path / "cut.jsonl")) or len(open(tmp_path / "cut.jsonl").readlines()) < 3:
         time.sleep(0.05)
     time.sleep(random.Random(7).uniform(0.0, 1.0))
-    sent = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=procs.CHILD_SECONDS) == fp.PREEMPTED_EXIT_CODE
-    assert time.monotonic() - sent < 60
     repo = fp.Repo(cut)
     head = repo.version("main")
     last_logged = max(_losses(str(tmp_path / "cut.jsonl")))
