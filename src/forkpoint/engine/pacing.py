@@ -29,8 +29,8 @@ CPU_WINDOW = 0.01
 """Seconds over which the pacer measures the process's CPU use."""
 STORE_BOUND_SHARE = 0.9
 """The share of chunks past its start-up a save must encode for the next to count the store as
-its bound. (A lower share, such as half, had saves on a fast local disk that encoded most of
-their chunks prime the next, which then took longer than saves without the memory.)"""
+its bound: high, since a save on a fast disk that encodes most of its chunks is not bound by it,
+and priming the next would slow that one."""
 PACED_MARGIN = 0.15
 """How much faster (as a share of the paced way's rate) saves written raw must measure before a
 repository writes its lossless saves raw: within it, the smaller checkpoint wins."""
@@ -72,11 +72,10 @@ class EncodePacer:
     nothing), and up to twice that many, chunks still in their capture count as waiting (they
     soon will: else the encodes of the first chunks left the next ones finding too few; later
     on, counting them made saves on a fast disk encode ever more chunks, each save teaching the
-    next that the store bound it); `finish` records this save in it. (A rule that encoded
-    wherever the waiting bytes kept the store busy through the encode, at the rates the save
-    measured, encoded nearly every chunk and was as slow as encoding them all: the store did
-    not idle, the CPU was short.) Where the memory's `ways` pick raw for this save (`paced` False),
-    every such chunk is written raw."""
+    next that the store bound it); `finish` records this save in it. The rule counts waiting
+    chunks, not waiting bytes against measured rates: by bytes the store never looks idle, so
+    nearly every chunk would be encoded while the CPU is the bound. Where the memory's `ways`
+    pick raw for this save (`paced` False), every such chunk is written raw."""
 
     slots: int
     enabled: bool = True
