@@ -12,6 +12,20 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
+FAMILIES = {
+    "save and load against the peers": ["save_load", "many_leaves", "mmap_load", "persist_throughput", "save_floor"],
+    "the training loop's stall": ["train_overhead", "frameworks", "long_run", "open_repos", "scheduler",
+                                  "every_step_bound"],
+    "encoding": ["codecs", "compression", "codec_ab", "coder_time", "flush_encode"],
+    "tiers and replication": ["tiers_restore", "replication"],
+    "distributed and MPI": ["dist_save", "mpi_io"],
+    "history and storage used": ["finetune_frozen", "retention_disk", "ui_lineage", "hf_export"],
+    "resilience, adjoints, activations": ["failure_sim", "adjoint", "activation_memory"],
+    "the C library": ["c_io"],
+}
+"""What each benchmark measures, by family: the listing's headings (a script named in none is
+listed under "other")."""
+
 
 def benchmarks() -> dict[str, str]:
     """{name: the first line of its docstring} of every benchmark script here."""
@@ -28,9 +42,13 @@ def main(argv: list[str]) -> int:
     known = benchmarks()
     if not argv or argv[0] in ("-h", "--help", "list"):
         width = max(map(len, known))
-        print("usage: python -m benchmarks <name> [options]   (each takes --help)\n")
-        for name, line in known.items():
-            print(f"  {name:<{width}}  {line}")
+        print("usage: python -m benchmarks <name> [options]   (each takes --help)")
+        for family, names in [*FAMILIES.items(), ("other", sorted(set(known) - {n for v in FAMILIES.values() for n in v}))]:
+            names = [n for n in names if n in known]
+            if names:
+                print(f"\n{family}:")
+            for name in names:
+                print(f"  {name:<{width}}  {known[name]}")
         return 0
     name = argv[0].replace("-", "_")
     if name not in known:

@@ -21,6 +21,9 @@ import torch
 
 import forkpoint as fp
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
 sys.path.insert(0, os.path.dirname(__file__))
 
 
@@ -96,7 +99,7 @@ def one(method: str, args) -> None:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.arguments(__doc__.splitlines()[0], repeats=None, directory=False)
     parser.add_argument("--blocks", type=int, default=8)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--seq", type=int, default=256)

@@ -25,6 +25,9 @@ import torch
 
 import forkpoint as fp
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
 sys.path.insert(0, os.path.dirname(__file__))
 
 
@@ -300,11 +303,10 @@ def two_level_section():
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.arguments(__doc__, repeats=3, directory=False)
     ap.add_argument("--layers", type=int, default=64)
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--batch", type=int, default=8192)
-    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--heat-steps", type=int, default=2000)
     ap.add_argument("--heat-points", type=int, default=200_000)
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)

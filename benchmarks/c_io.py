@@ -5,17 +5,20 @@ arrays, each save into a fresh repository; then fp.Repo saves and loads arrays o
 Medians of --repeats; reads are from the page cache (the files were just written).
 """
 
-import argparse
 import os
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 
 import numpy as np
 
 import forkpoint as fp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -42,11 +45,9 @@ def python_api(where: str, total_mib: int, arrays: int, repeats: int) -> tuple[f
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.arguments(__doc__.splitlines()[0], repeats=3, dir_help="where to write (default: a temporary directory)")
     parser.add_argument("--mib", type=int, default=1024, help="total size of the arrays (MiB)")
     parser.add_argument("--arrays", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
     args = parser.parse_args()
     subprocess.run(["make", "-C", os.path.join(ROOT, "c"), "-s", "tools"], check=True)
     where = args.dir or tempfile.mkdtemp(prefix="fp-c-io-")

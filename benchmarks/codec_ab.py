@@ -20,7 +20,6 @@ benchmarks/codecs.py (24 Linear(1024, 1024) layers + AdamW, 20 steps): every wei
 --decode only decoding (each checkout's own payload).
 """
 
-import argparse
 import concurrent.futures
 import glob
 import importlib
@@ -37,6 +36,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from compression import (PARTS, buffers, encode_units, load_or_train, save_units, tensor_shapes,  # noqa: E402
                          tensor_split, unit_layouts)
+import harness  # noqa: E402
 
 
 CODEC_MODULES = ("floatcodec.py", "planecoders.py", "planeforms.py", "kernels.py", "zstdframe.py")
@@ -61,10 +61,8 @@ def other_codec(src: Path):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = harness.arguments(__doc__.split("\n")[0], dir_default="/tmp/forkpoint-bench-compression", dir_help="compression.py's cache", repeats=9)
     ap.add_argument("--other", required=True, help="the other checkout's src/ directory, extension built")
-    ap.add_argument("--dir", default="/tmp/forkpoint-bench-compression", help="compression.py's cache")
-    ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--per-tensor", action="store_true", help="code tensor by tensor, as a save does")

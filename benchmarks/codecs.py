@@ -28,7 +28,6 @@ written with O_DIRECT, so they are read from the disk).
     sudo bash benchmarks/throttled.sh 500 python benchmarks/codecs.py --repeated-saves  # slower disk
 """
 
-import argparse
 import atexit
 import copy
 import math
@@ -99,9 +98,7 @@ def trained_state(dtype, device: str = "cpu", steps: int = 20):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--dir", default=None)
+    ap = harness.arguments(__doc__, repeats=3)
     ap.add_argument("--warm-restores", action="store_true",
                     help="instead: restore speed per codec with the objects in the page cache")
     ap.add_argument("--repeated-saves", action="store_true",

@@ -9,7 +9,6 @@ the bytes, its MB/s of plane bytes and its ratio on them (minimum of --repeats r
     .venv/bin/python benchmarks/coder_time.py --dir /work/bench-comp --dtypes bfloat16
 """
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from compression import LAGS, PARTS, load_or_train, save_units, tensor_shapes, tensor_split  # noqa: E402
+import harness  # noqa: E402
 
 CODERS = {1: "zstd", 2: "Huffman", 3: "runs", 4: "seven-bit", 5: "sparse"}
 
@@ -54,10 +54,8 @@ def timed_encodes(fc, units: list, itemsize: int, layouts: list | None) -> tuple
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--dir", default="/tmp/forkpoint-bench-compression", help="compression.py's cache")
+    ap = harness.arguments(__doc__.split("\n")[0], dir_default="/tmp/forkpoint-bench-compression", dir_help="compression.py's cache", repeats=5)
     ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--batch", type=int, default=8)
     args = ap.parse_args()

@@ -21,7 +21,6 @@ disk's direct-write bandwidth measured in the same run.
     .venv/bin/python benchmarks/compression.py --repeats 3 --dir /work/bench-comp
 """
 
-import argparse
 import copy
 import functools
 import json
@@ -296,11 +295,9 @@ def buffers(snaps: dict, itemsize: int, steps: int) -> list:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = harness.arguments(__doc__.split("\n")[0], repeats=3, dir_default="/tmp/forkpoint-bench-compression")
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--dir", default="/tmp/forkpoint-bench-compression")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--methods", help="comma-separated subset of the methods (default: all)")
     ap.add_argument("--no-repo", action="store_true", help="skip the repository rows")

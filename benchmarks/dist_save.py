@@ -19,7 +19,6 @@ node-local tier 0 in /dev/shm against saves to the shared disk, and the coordina
     python benchmarks/dist_save.py --repeats 3 --dir /work/bench-dist
 """
 
-import argparse
 import json
 import multiprocessing as mp
 import os
@@ -29,6 +28,9 @@ import statistics
 import sys
 import time
 import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
@@ -342,10 +344,8 @@ def launch(phase: str, world: int, args) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = harness.arguments(__doc__, repeats=3, dir_default="/tmp/forkpoint-bench-dist")
     parser.add_argument("--commits", type=int, default=10)
-    parser.add_argument("--dir", default="/tmp/forkpoint-bench-dist")
     parser.add_argument("--skip-save", action="store_true", help="only the commit latency table")
     parser.add_argument("--node-local", action="store_true",
                         help="only: sync saves to a node-local tier 0 (--node-dir) against a shared disk")

@@ -17,7 +17,6 @@ step overwrites.
     python benchmarks/every_step_bound.py --rounds 3 --dir /work
 """
 
-import argparse
 import contextlib
 import itertools
 import os
@@ -35,6 +34,9 @@ from train_overhead import build, train_step  # noqa: E402
 
 import forkpoint.engine.chunksave as save_pipeline  # noqa: E402
 from forkpoint.format.objects import BLOCK_BYTES, DIGEST_BYTES  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -83,12 +85,11 @@ def copy_loop(steps, params_m, batch) -> dict:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.arguments(__doc__, repeats=None)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--params-m", type=int, default=125)
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--dir", default=None)
     args = ap.parse_args()
     torch.set_num_threads(2)
     batch = torch.randn(args.batch, WIDTH, generator=torch.Generator().manual_seed(1))

@@ -10,12 +10,16 @@ and the best one is picked in hindsight, on the same random failure times.
     python benchmarks/failure_sim.py --jobs 300
 """
 
-import argparse
 import math
+import os
 import random
 import statistics
+import sys
 
 from forkpoint.policy.interval import YoungDaly
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 
 
 def simulate(work: float, cost: float, restart: float, mtbf: float, interval, rng: random.Random):
@@ -92,7 +96,7 @@ def run_pair(cost, mtbf, restart, work, jobs, seed):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.arguments(__doc__, repeats=None, directory=False)
     ap.add_argument("--jobs", type=int, default=300)
     ap.add_argument("--work-h", type=float, default=200.0)
     ap.add_argument("--restart-min", type=float, default=10.0)

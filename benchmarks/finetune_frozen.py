@@ -8,19 +8,22 @@ should store only the head and its optimizer state.
     python benchmarks/finetune_frozen.py --versions 5 --dir /work
 """
 
-import argparse
+import os
 import shutil
+import sys
 import tempfile
 
 import torch
 
 import forkpoint as fp
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.arguments(__doc__, repeats=None)
     ap.add_argument("--versions", type=int, default=5)
-    ap.add_argument("--dir", default=None)
     args = ap.parse_args()
     torch.manual_seed(0)
     backbone = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(9)])

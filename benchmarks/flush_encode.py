@@ -14,7 +14,6 @@ tier holds per version. Medians over the saves after each repository's first.
     python benchmarks/flush_encode.py --lower /work/flush-bench --saves 8
 """
 
-import argparse
 import os
 import shutil
 import socket
@@ -30,6 +29,9 @@ import torch
 
 import forkpoint as fp
 from forkpoint.format.objects import object_key
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 
 def _codecs_bench():
     """benchmarks/codecs.py as a module (its name is the standard library's too)."""
@@ -73,7 +75,7 @@ def lower_bytes(repo, vid: str) -> int:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.arguments(__doc__, repeats=None, directory=False)
     ap.add_argument("--lower", default="s3", help="'s3' (a moto server) or a directory")
     ap.add_argument("--saves", type=int, default=8)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])

@@ -20,6 +20,9 @@ import sys
 import time
 import warnings
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
 warnings.filterwarnings("ignore")
 WIDTH, LAYERS, BATCH = 1536, 6, 32
 
@@ -156,11 +159,9 @@ def child(framework, mode, steps, every, d):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=int, default=3)
+    p = harness.arguments(__doc__, repeats=3, dir_default="/tmp/forkpoint-bench-fw")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--every", type=int, default=4)
-    p.add_argument("--dir", default="/tmp/forkpoint-bench-fw")
     p.add_argument("--frameworks", default=",".join(MODES), help="comma-separated subset of " + ",".join(MODES))
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     a = p.parse_args()

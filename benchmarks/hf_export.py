@@ -8,7 +8,6 @@ forkpoint only (the baseline), loading the whole state with repo.load, and expor
 a Hugging Face directory in shards of `--shard`. The export holds about one shard at a time.
 """
 
-import argparse
 import json
 import os
 import shutil
@@ -18,6 +17,9 @@ import tempfile
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 
 PEAK = """
 import json, sys, time
@@ -36,7 +38,7 @@ print(json.dumps({"peak_mib": hwm / 1024, "seconds": time.perf_counter() - start
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = harness.arguments(__doc__.splitlines()[0], repeats=None, directory=False)
     p.add_argument("--mib", type=int, default=1024, help="size of the model state")
     p.add_argument("--shard", default="100MB", help="--max-shard-size of the export")
     args = p.parse_args()

@@ -18,12 +18,12 @@ first and the last 500 steps, how many versions retention had not pruned yet whe
 ended, and how long `close()` waits for what is still in flight.
 """
 
-import argparse
 import collections
 import gc
 import os
 import resource
 import shutil
+import sys
 import tempfile
 import time
 
@@ -31,15 +31,16 @@ import numpy as np
 
 import forkpoint as fp
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.arguments(__doc__, repeats=3)
     ap.add_argument("--saves", type=int, default=1000)
     ap.add_argument("--leaves", type=int, default=40)
-    ap.add_argument("--dir", default=None)
     ap.add_argument("--checkpointer", action="store_true")
     ap.add_argument("--history", action="store_true")
-    ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     if args.checkpointer:
         checkpointer_steps(args)

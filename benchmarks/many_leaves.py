@@ -29,8 +29,11 @@ import torch
 import forkpoint as fp
 
 sys.path.insert(0, os.path.dirname(__file__))
-from save_load import fsync_tree  # noqa: E402
+from harness import fsync_tree  # noqa: E402
 from train_overhead import DCPAsync, Forkpoint, NoCheckpoint, TorchSave, timed_loop  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
@@ -119,11 +122,9 @@ def validation_section(repo, repeats: int) -> None:
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = harness.arguments(__doc__, repeats=5)
     ap.add_argument("--blocks", type=int, default=1000)
-    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--saves", type=int, default=0)
-    ap.add_argument("--dir", default=None)
     ap.add_argument("--methods", default="forkpoint,torch.save,dcp")
     ap.add_argument("--loop", type=int, default=0, help="training steps of the loop section (0: skip it)")
     ap.add_argument("--loop-repeats", type=int, default=3)

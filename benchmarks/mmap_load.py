@@ -8,12 +8,10 @@ nothing. Medians of `--repeats` runs, methods interleaved.
     python benchmarks/mmap_load.py --repeats 5 --dir /work
 """
 
-import argparse
 import os
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 import warnings
@@ -22,7 +20,8 @@ import torch
 
 import forkpoint as fp
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 from save_load import make_state  # noqa: E402
 
 warnings.filterwarnings("ignore")
@@ -40,15 +39,13 @@ def touch_all(tree) -> float:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap = harness.arguments(__doc__, repeats=5)
     ap.add_argument("--params-m", type=int, default=123)
-    ap.add_argument("--dir", default=None)
     args = ap.parse_args()
     model, opt, nbytes = make_state(args.params_m)
     state = {"model": model.state_dict(), "optim": opt.state_dict()}
     flat = {f"{k}": v for k, v in model.state_dict().items()}
-    disk = tempfile.mkdtemp(prefix="fp-mmap-", dir=args.dir)
+    disk = harness.scratch(args.dir, prefix="fp-mmap-")
     shm = f"/dev/shm/fp-mmap-{uuid.uuid4().hex[:8]}" if os.path.isdir("/dev/shm") else None
     repo = fp.Repo(os.path.join(disk, "repo"), create=True)
     ref = repo.save(state).id
@@ -71,8 +68,8 @@ def main():
     times = {name: [] for name in methods}
     touched = {name: [] for name in methods}
     names = list(methods)
-    for rep in range(args.repeats):
-        for name in names[rep % len(names):] + names[:rep % len(names)]:
+    for _, order in harness.rounds(names, args.repeats):
+        for name in order:
             t0 = time.perf_counter()
             tree = methods[name]()
             t1 = time.perf_counter()
@@ -82,10 +79,9 @@ def main():
             touched[name].append(t2 - t0)
             del tree
     print(f"state {nbytes / 1e9:.2f} GB (model + AdamW), medians of {args.repeats}\n")
-    print("| method | call (s) | call + first touch of every tensor (s) |")
-    print("|---|---|---|")
-    for name in names:
-        print(f"| {name} | {statistics.median(times[name]):.3f} | {statistics.median(touched[name]):.3f} |")
+    harness.table(["method", "call (s)", "call + first touch of every tensor (s)"],
+                  [[name, f"{statistics.median(times[name]):.3f}", f"{statistics.median(touched[name]):.3f}"]
+                   for name in names])
     for r in repos.values():
         r.close()
     shutil.rmtree(disk, ignore_errors=True)

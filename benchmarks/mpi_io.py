@@ -22,6 +22,9 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
 FIELDS = ("u", "v")
 
 
@@ -167,11 +170,10 @@ def child(args) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = harness.arguments(__doc__.splitlines()[0], repeats=3, directory=False)
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--restart-ranks", type=int, default=2)
     p.add_argument("--mib", type=float, default=1024, help="size of the whole state")
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default="bench-out/mpi_io")
     p.add_argument("--phase", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()

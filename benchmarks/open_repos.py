@@ -11,11 +11,15 @@ into the next).
 """
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
 import time
 import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 
 
 def one_round(idle: int, leaves: int) -> float:
@@ -41,10 +45,9 @@ def one_round(idle: int, leaves: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.arguments(__doc__.splitlines()[0], repeats=3, directory=False)
     ap.add_argument("--open", type=int, nargs="+", default=[0, 150], help="idle repositories kept open")
     ap.add_argument("--leaves", type=int, default=4000)
-    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:

@@ -6,7 +6,6 @@ against direct writes of the same bytes. Runs are interleaved; medians are repor
     python benchmarks/persist_throughput.py --repeats 5
 """
 
-import argparse
 import mmap
 import os
 import resource
@@ -21,6 +20,9 @@ import forkpoint as fp
 
 sys.path.insert(0, os.path.dirname(__file__))
 from save_load import make_state  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 
 
 def cpu_seconds() -> float:
@@ -53,9 +55,7 @@ def raw_write(path: str, buf: mmap.mmap, direct: bool) -> tuple[float, float]:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--dir", default=None, help="directory on the file system to measure")
+    ap = harness.arguments(__doc__, repeats=5, dir_help="directory on the file system to measure")
     args = ap.parse_args()
     scratch = tempfile.mkdtemp(prefix="fp-persist-", dir=args.dir)
     model, opt, nbytes = make_state(125)

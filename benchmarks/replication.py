@@ -22,7 +22,6 @@ background work takes from it where the cores are all busy).
     python -m benchmarks replication --mib 2048 --repeats 3 --s3
 """
 
-import argparse
 import json
 import multiprocessing as mp
 import os
@@ -32,6 +31,9 @@ import sys
 import tempfile
 import time
 import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
@@ -205,12 +207,10 @@ def stall(base: str, width: int, steps: int, every: int, repeats: int) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.arguments(__doc__, repeats=3, dir_help="where the shared tier goes (default: a temporary directory)")
     ap.add_argument("--mib", type=int, default=2048, help="state size in MiB (weights + AdamW moments)")
-    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--every", type=int, default=4)
-    ap.add_argument("--dir", default=None, help="where the shared tier goes (default: a temporary directory)")
     ap.add_argument("--s3", action="store_true", help="also recover from a moto S3 server")
     ap.add_argument("--skip-stall", action="store_true")
     ap.add_argument("--skip-recovery", action="store_true")

@@ -9,15 +9,18 @@ what the 3 kept versions need.
     python benchmarks/retention_disk.py --steps 40 --step-seconds 1 --mb 64 --dir /work
 """
 
-import argparse
 import os
 import shutil
+import sys
 import tempfile
 import time
 
 import torch
 
 import forkpoint as fp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 
 
 def objects_bytes(root: str) -> int:
@@ -32,12 +35,11 @@ def objects_bytes(root: str) -> int:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.arguments(__doc__, repeats=None)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--every", type=int, default=1)
     ap.add_argument("--step-seconds", type=float, default=1.0)
     ap.add_argument("--mb", type=int, default=64)
-    ap.add_argument("--dir", default=None)
     args = ap.parse_args()
     root = tempfile.mkdtemp(dir=args.dir, prefix="fp-retention-")
     try:

@@ -17,11 +17,11 @@ the lossless save's CPU, spread over every core, against the raw save's time.
     python benchmarks/codecs.py --repeated-saves --cores 1,2   # the saves alone, per core count
 """
 
-import argparse
 import importlib.util
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +40,9 @@ codecs_bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(codecs_bench)  # benchmarks/codecs.py: its name is the standard library's
 timed, train_step, trained_state = codecs_bench.timed, codecs_bench.train_step, codecs_bench.trained_state
 from tiers_restore import state_tensors  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 
 WRITERS = 6
 
@@ -124,9 +127,7 @@ def saves(state, dtype, count: int, scratch: str, repeats: int) -> dict[str, tup
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--dir", default=None, help="where the repositories and objects go (a local disk)")
+    ap = harness.arguments(__doc__, repeats=7, dir_help="where the repositories and objects go (a local disk)")
     args = ap.parse_args()
     cores = len(os.sched_getaffinity(0))
     scratch = tempfile.mkdtemp(prefix="fp-floor-", dir=args.dir)

@@ -7,14 +7,11 @@ model and optimizer. Methods run interleaved, `--repeats` times; the table shows
     python benchmarks/save_load.py --repeats 5
 """
 
-import argparse
 import gc
-import json
 import os
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 import warnings
 
@@ -22,32 +19,17 @@ import torch
 
 import forkpoint as fp
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from harness import fsync_tree  # noqa: E402,F401  (other benchmarks import it from here)
+
 warnings.filterwarnings("ignore")
 
 
 def make_state(params_m: int):
-    torch.manual_seed(0)
-    width = 3200
-    layers = max(1, round(params_m * 1e6 / (width * width + width)))
-    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    for p in model.parameters():
-        p.grad = torch.randn_like(p) * 1e-3
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    nbytes = sum(p.numel() * 4 * 3 for p in model.parameters())
-    return model, opt, nbytes
-
-
-def fsync_tree(path: str) -> None:
-    for root, _, files in os.walk(path):
-        for name in files:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            os.fsync(fd)
-            os.close(fd)
-        fd = os.open(root, os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
+    """(model, optimizer, bytes of state): the standard MLP with AdamW, after one step."""
+    model, opt = harness.mlp_adamw(params_m, stepped=True)
+    return model, opt, harness.state_bytes(model)
 
 
 class Forkpoint:
@@ -138,34 +120,21 @@ class TorchSnapshot:
         torchsnapshot.Snapshot(path).restore(app_state={"model": model, "optim": opt})
 
 
-def available(methods):
-    out = []
-    for m in methods:
-        if m is TorchSnapshot:
-            try:
-                import torchsnapshot  # noqa: F401
-            except Exception as e:  # peers are optional; report and skip
-                print(f"skipping torchsnapshot: {e}", file=sys.stderr)
-                continue
-        out.append(m())
-    return out
+METHODS = [Forkpoint, DCP, TorchSave, Safetensors, TorchSnapshot]
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.arguments(__doc__, repeats=5, json_path="bench-out/save_load.json", methods=[m.name for m in METHODS])
     ap.add_argument("--params-m", type=int, default=125, help="model size in millions of parameters")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir on /tmp)")
-    ap.add_argument("--json", default="bench-out/save_load.json")
     args = ap.parse_args()
     torch.set_num_threads(2)
     model, opt, nbytes = make_state(args.params_m)
     reference = [p.detach().clone() for p in model.parameters()][:2]
-    methods = available([Forkpoint, DCP, TorchSave, Safetensors, TorchSnapshot])
-    scratch = tempfile.mkdtemp(prefix="fp-bench-", dir=args.dir)
+    methods = [m() for m in METHODS if m is not TorchSnapshot or harness.optional("torchsnapshot")]
+    methods = harness.only(ap, methods, args.only, always=("torch.distributed.checkpoint",))
+    scratch = harness.scratch(args.dir)
     times = {m.name: {"save": [], "load": []} for m in methods}
-    for rep in range(args.repeats):
-        order = methods[rep % len(methods):] + methods[:rep % len(methods)]
+    for rep, order in harness.rounds(methods, args.repeats):
         for m in order:
             path = os.path.join(scratch, f"{m.name.split()[0]}-{rep}")
             gc.collect()
@@ -188,17 +157,14 @@ def main():
     gb = nbytes / 1e9
     base = times["torch.distributed.checkpoint"]
     print(f"\nstate: {gb:.2f} GB ({args.params_m}M params + AdamW), {args.repeats} runs, medians\n")
-    print("| method | save (s) | save GB/s | load (s) | load GB/s | save vs dcp | load vs dcp |")
-    print("|---|---|---|---|---|---|---|")
-    summary = {}
+    summary, rows = {}, []
+    ds, dl = statistics.median(base["save"]), statistics.median(base["load"])
     for m in methods:
         s, l_ = statistics.median(times[m.name]["save"]), statistics.median(times[m.name]["load"])
-        ds, dl = statistics.median(base["save"]), statistics.median(base["load"])
         summary[m.name] = {"save_s": s, "load_s": l_, "runs": times[m.name]}
-        print(f"| {m.name} | {s:.2f} | {gb / s:.2f} | {l_:.2f} | {gb / l_:.2f} | {ds / s:.2f}x | {dl / l_:.2f}x |")
-    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump({"bytes": nbytes, "repeats": args.repeats, "results": summary}, f, indent=1)
+        rows.append([m.name, f"{s:.2f}", f"{gb / s:.2f}", f"{l_:.2f}", f"{gb / l_:.2f}", f"{ds / s:.2f}x", f"{dl / l_:.2f}x"])
+    harness.table(["method", "save (s)", "save GB/s", "load (s)", "load GB/s", "save vs dcp", "load vs dcp"], rows)
+    harness.write_json(args.json, {"bytes": nbytes, "repeats": args.repeats, "results": summary})
 
 
 if __name__ == "__main__":

@@ -25,6 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 SIZES = (500, 2000, 8000)
 
@@ -119,11 +122,9 @@ def run_child(src: str, what: str, args) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.arguments(__doc__, repeats=3, dir_default=tempfile.gettempdir())
     ap.add_argument("--other", help="another checkout's src directory to compare with")
-    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--saves", type=int, default=3, help="saves per codec in each save process")
-    ap.add_argument("--dir", default=tempfile.gettempdir())
     ap.add_argument("--child", choices=("dag", "save", "many"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:

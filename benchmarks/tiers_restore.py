@@ -13,7 +13,6 @@
     python benchmarks/tiers_restore.py --repeats 3
 """
 
-import argparse
 import os
 import shutil
 import statistics
@@ -34,6 +33,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 from persist_throughput import dd  # noqa: E402
 from save_load import make_state  # noqa: E402
 from train_overhead import build, train_step, WIDTH  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
@@ -341,12 +343,10 @@ def copy_and_hash_seconds(model, opt) -> tuple[float, float, float]:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap = harness.arguments(__doc__, repeats=3)
     ap.add_argument("--budget-mb", type=int, default=512)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--params-m", type=int, default=125)
-    ap.add_argument("--dir", default=None)
     ap.add_argument("--device", default="cpu", help="every-step section: cpu, or cuda to train on the GPU")
     ap.add_argument("--batch", type=int, default=16, help="every-step section: rows per batch")
     ap.add_argument("--sections", default="restore,rss,flush,every-step",

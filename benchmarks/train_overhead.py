@@ -8,14 +8,11 @@ every save in flight. Methods run interleaved, `--repeats` times; medians are re
     python benchmarks/train_overhead.py --repeats 3
 """
 
-import argparse
 import gc
-import json
 import os
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 import warnings
 
@@ -23,24 +20,16 @@ import torch
 
 import forkpoint as fp
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from harness import WIDTH, train_step  # noqa: E402  (other benchmarks import them from here)
+
 warnings.filterwarnings("ignore")
-WIDTH = 3200
 
 
 def build(params_m: int, device: str = "cpu"):
-    torch.manual_seed(0)
-    layers = max(1, round(params_m * 1e6 / (WIDTH * WIDTH + WIDTH)))
-    model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(layers)]).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    return model, opt
-
-
-def train_step(model, opt, batch):
-    loss = model(batch).pow(2).mean()
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
-    return loss.item()
+    """(model, optimizer): the standard MLP with AdamW, not yet stepped."""
+    return harness.mlp_adamw(params_m, lr=1e-5, device=device)
 
 
 class NoCheckpoint:
@@ -179,36 +168,24 @@ def timed_loop(method, model, opt, batch, steps: int, every: int, path: str) -> 
     return wall, n
 
 
+METHODS = ["no checkpoint", "forkpoint (async)", "torch.save", "dcp.save", "dcp.async_save", "torchsnapshot.async_take"]
+
+
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.arguments(__doc__, repeats=3, json_path="bench-out/train_overhead.json", methods=METHODS[1:])
     ap.add_argument("--params-m", type=int, default=125)
     ap.add_argument("--steps", type=int, default=25)
     ap.add_argument("--every", type=int, default=5)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--dir", default=None)
-    ap.add_argument("--json", default="bench-out/train_overhead.json")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda to train on the GPU")
     ap.add_argument("--batch", type=int, default=16, help="rows per training batch")
-    ap.add_argument("--only", default=None,
-                    help="comma-separated method names to run (e.g. 'forkpoint (async),dcp.async_save'); "
-                         "the loop without checkpoints always runs")
     args = ap.parse_args()
     if args.device == "cpu":
         torch.set_num_threads(2)
     methods = [NoCheckpoint(), Forkpoint(), TorchSave(), DCPSave(), DCPAsync()]
-    try:
-        import torchsnapshot  # noqa: F401
-
+    if harness.optional("torchsnapshot"):
         methods.append(TorchSnapshotAsync())
-    except Exception as e:  # optional peer
-        print(f"skipping torchsnapshot: {e}", file=sys.stderr)
-    if args.only:
-        wanted = set(args.only.split(",")) | {"no checkpoint"}
-        unknown = wanted - {m.name for m in methods}
-        if unknown:
-            ap.error(f"unknown methods {sorted(unknown)}; choose from {[m.name for m in methods]}")
-        methods = [m for m in methods if m.name in wanted]
-    scratch = tempfile.mkdtemp(prefix="fp-train-", dir=args.dir)
+    methods = harness.only(ap, methods, args.only, always=("no checkpoint",))
+    scratch = harness.scratch(args.dir, prefix="fp-train-")
     walls = {m.name: [] for m in methods}
     count = {}
     for rep in range(args.repeats):
@@ -222,21 +199,18 @@ def main():
     print(f"\n{args.device}, batch {args.batch}: {args.steps} steps, checkpoint every {args.every}, "
           f"{args.repeats} runs, medians; "
           f"no-checkpoint loop {base:.2f} s ({base / args.steps:.2f} s/step)\n")
-    print("| method | wall (s) | checkpoints | stall per checkpoint (s) |")
-    print("|---|---|---|---|")
-    out = {}
+    out, rows = {}, []
     for m in methods:
         wall = statistics.median(walls[m.name])
         n = count[m.name]
         stall = (wall - base) / n if n else 0.0
         out[m.name] = {"wall_s": wall, "checkpoints": n, "stall_s": stall, "runs": walls[m.name]}
-        print(f"| {m.name} | {wall:.2f} | {n} | {stall:.2f} |")
+        rows.append([m.name, f"{wall:.2f}", n, f"{stall:.2f}"])
+    harness.table(["method", "wall (s)", "checkpoints", "stall per checkpoint (s)"], rows)
     peers = [v["stall_s"] for k, v in out.items() if k not in ("no checkpoint", "forkpoint (async)")]
     if peers and "forkpoint (async)" in out:
         print(f"\nforkpoint stall / best peer stall = {out['forkpoint (async)']['stall_s'] / min(peers):.3f}")
-    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(out, f, indent=1)
+    harness.write_json(args.json, out)
 
 
 if __name__ == "__main__":

@@ -7,9 +7,10 @@ headless Chromium takes to show the first page (with --browser).
     python benchmarks/ui_lineage.py --versions 10000 --repeats 5 --browser
 """
 
-import argparse
+import os
 import shutil
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -19,6 +20,9 @@ import numpy as np
 
 import forkpoint as fp
 from forkpoint.cli.webui import serve
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 
 
 def build(url: str, n: int) -> fp.Repo:
@@ -48,9 +52,8 @@ def timed(url: str, repeats: int) -> float:
 
 
 def main():
-    p = argparse.ArgumentParser()
+    p = harness.arguments(__doc__, repeats=5, directory=False)
     p.add_argument("--versions", type=int, default=10000)
-    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--browser", action="store_true", help="also time the page in headless chromium")
     a = p.parse_args()
     where = tempfile.mkdtemp(prefix="ui-bench-")

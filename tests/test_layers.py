@@ -1,5 +1,7 @@
 """The package's shape: the layer order of DESIGN.md holds, and the public face is the API only."""
 
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -76,6 +78,37 @@ def test_benchmarks_run_by_name_from_one_entry_point():
     assert usage.returncode == 0 and "--repeats" in usage.stdout
     unknown = procs.run([sys.executable, "-m", "benchmarks", "nope"], cwd=ROOT, timeout=procs.CHILD_SECONDS)
     assert unknown.returncode == 2 and "no benchmark 'nope'" in unknown.stderr
+
+
+def test_every_benchmark_is_listed_under_a_family_and_shares_the_harness_options():
+    """The listing groups every script under one family of FAMILIES (none falls to "other"),
+    and each benchmark's --help ends with the options they share."""
+    listing = procs.run([sys.executable, "-m", "benchmarks"], cwd=ROOT, timeout=procs.CHILD_SECONDS)
+    scripts = {f[:-3] for f in os.listdir(os.path.join(ROOT, "benchmarks"))
+               if f.endswith(".py") and f not in ("harness.py", "__main__.py")}
+    assert "\nother:" not in listing.stdout
+    assert all(f"  {name} " in listing.stdout for name in scripts)
+    for name in ("save_load", "mmap_load", "codecs"):
+        usage = procs.run([sys.executable, "-m", "benchmarks", name, "--help"], cwd=ROOT, timeout=procs.CHILD_SECONDS)
+        assert usage.returncode == 0 and "options the benchmarks share" in usage.stdout and "--dir" in usage.stdout
+
+
+def test_a_benchmark_runs_end_to_end_at_a_tiny_size_and_writes_its_figures(tmp_path):
+    """save_load on a 1M-parameter state, one round, forkpoint and its reference peer: the
+    table lists both, and the JSON holds each method's save and load times (no speed is
+    asserted: that is the benchmark's job)."""
+    out = tmp_path / "figures.json"
+    run = procs.run([sys.executable, "-m", "benchmarks", "save_load", "--params-m", "1", "--repeats", "1",
+                     "--only", "forkpoint", "--dir", str(tmp_path), "--json", str(out)], cwd=ROOT,
+                    timeout=procs.CHILD_SECONDS)
+    assert run.returncode == 0, run.stderr
+    assert "| forkpoint |" in run.stdout and "| torch.distributed.checkpoint |" in run.stdout
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"forkpoint", "torch.distributed.checkpoint"}
+    assert all(r["save_s"] > 0 and r["load_s"] > 0 for r in results.values())
+    bad = procs.run([sys.executable, "-m", "benchmarks", "save_load", "--only", "nope"], cwd=ROOT,
+                    timeout=procs.CHILD_SECONDS)
+    assert bad.returncode == 2 and "unknown methods ['nope']" in bad.stderr
 
 
 LONG_FILES: dict[str, str] = {}
