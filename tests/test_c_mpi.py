@@ -5,7 +5,6 @@ uninterrupted run."""
 
 import os
 import shutil
-import subprocess
 import sys
 
 import numpy as np

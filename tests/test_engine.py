@@ -773,7 +773,6 @@ def test_a_failed_encode_fails_the_save_and_gives_every_buffer_back(tmp_path, mo
 def test_a_save_in_flight_when_the_program_ends_commits_before_exit(tmp_path):
     """A program that starts an asynchronous save and ends without waiting for it or closing the
     repository still commits it: repositories left open are closed at interpreter exit."""
-    import subprocess
     import sys
 
     script = (

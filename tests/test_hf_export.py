@@ -4,7 +4,6 @@ Hugging Face model directory (sharded safetensors with an index, config.json) th
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest

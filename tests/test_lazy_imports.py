@@ -1,6 +1,5 @@
 """Importing forkpoint imports no framework (not even torch); each plug-in loads its own on use."""
 
-import subprocess
 import sys
 import procs
 
