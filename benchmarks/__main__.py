@@ -22,6 +22,7 @@ FAMILIES = {
     "history and storage used": ["finetune_frozen", "retention_disk", "ui_lineage", "hf_export"],
     "resilience, adjoints, activations": ["failure_sim", "adjoint", "activation_memory"],
     "the C library": ["c_io"],
+    "the code itself": ["tree_size"],
 }
 """What each benchmark measures, by family: the listing's headings (a script named in none is
 listed under "other")."""
