@@ -770,6 +770,34 @@ def test_a_failed_encode_fails_the_save_and_gives_every_buffer_back(tmp_path, mo
     repo.close()
 
 
+def test_a_repository_dropped_unclosed_stops_its_threads_once_collected(tmp_path):
+    """A repository the program drops without close(), once its async save has committed (the
+    save's tasks hold it till then), is collected, and its scheduler's threads then end. A
+    closed one's threads end at close, as before."""
+    import gc
+    import weakref
+
+    repo = fp.Repo(str(tmp_path / "r"), create=True)
+    repo.save({"w": torch.arange(1000.0)})
+    pending = repo.save({"w": torch.arange(1000.0) * 2}, sync=False)
+    pending.wait()
+    threads, collected = list(repo.scheduler.threads), weakref.ref(repo)
+    assert threads and all(t.is_alive() for t in threads)
+    del repo, pending
+    gc.collect()
+    assert collected() is None
+    deadline = time.monotonic() + 60  # a hang guard: they end as soon as the stop runs
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    assert not any(t.is_alive() for t in threads)
+    reopened = fp.Repo(str(tmp_path / "r"))
+    assert torch.equal(reopened.load("main")["w"], torch.arange(1000.0) * 2)
+    assert len(reopened.log("main")) == 2
+    closed_threads = list(reopened.scheduler.threads)
+    reopened.close()
+    assert not any(t.is_alive() for t in closed_threads)
+
+
 def test_a_save_in_flight_when_the_program_ends_commits_before_exit(tmp_path):
     """A program that starts an asynchronous save and ends without waiting for it or closing the
     repository still commits it: repositories left open are closed at interpreter exit."""

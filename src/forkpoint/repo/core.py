@@ -70,6 +70,13 @@ def _close_left_open() -> None:
 atexit.register(_close_left_open)
 
 
+def _stop_unclosed(scheduler) -> None:
+    """Finish `scheduler`'s queued tasks and stop its threads, from a thread of its own: the
+    finalizer of a repository collected unclosed calls this on whatever thread the collector
+    ran on, one of the scheduler's own included."""
+    threading.Thread(target=scheduler.shutdown, name="forkpoint-stop-unclosed", daemon=True).start()
+
+
 class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, MaintenanceCommands, CompactCommands):
     """A forkpoint repository at `url`: a local path, file://, mem://name, or an fsspec URL
     such as s3://bucket/prefix (`storage_options` go to the fsspec file system), or a
@@ -138,6 +145,9 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
         self.scheduler = Scheduler(budget, threads=self.options.workers + encoders + 4)
         self.staging = StagingPool(self.options.staging_bytes + self.options.window_bytes)
         self.device = DeviceCapture(self.options.staging_bytes)
+        # a repository dropped without close() would leave its idle workers asleep for good
+        self._stop_when_collected = weakref.finalize(self, _stop_unclosed, self.scheduler)
+        self._stop_when_collected.atexit = False  # at exit, _close_left_open closes what is open
 
     def _compose(self) -> None:
         """The collaborators that own refs, history, leases, tiers, reads, comparisons and upkeep."""
@@ -181,6 +191,7 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
         """Wait for background saves, then release threads. Idempotent."""
         if self.closed:
             return
+        self._stop_when_collected.detach()
         self.scheduler.shutdown(wait=True)
         self.staging.clear()
         self.device.clear()
