@@ -37,7 +37,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -144,7 +143,7 @@ def main():
     if args.cores:
         per_core_count(args.cores)
         return
-    scratch = tempfile.mkdtemp(prefix="fp-codecs-", dir=args.dir)
+    scratch = harness.scratch(args.dir, prefix="fp-codecs-")
     modes = {"warm_restores": warm_restores, "repeated_saves": repeated_saves,
              "training_loop": training_loop, "compact": compaction, "encode_later_ab": encode_later_ab,
              "layouts_ab": layouts_ab, "auto_ab": auto_ab, "estimates_ab": estimates_ab,

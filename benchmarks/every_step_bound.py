@@ -23,7 +23,6 @@ import os
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 
 import torch
@@ -93,7 +92,7 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(2)
     batch = torch.randn(args.batch, WIDTH, generator=torch.Generator().manual_seed(1))
-    scratch = tempfile.mkdtemp(prefix="fp-bound-", dir=args.dir)
+    scratch = harness.scratch(args.dir, prefix="fp-bound-")
     modes = ["no checkpoint", "forkpoint", "forkpoint, hash left out", "a plain copy_ of the state each step"]
     runs = {m: [] for m in modes}
     print(f"| round | loop | wall (s) | slowdown | median step (s) | median slowdown | extra CPU per step (core-s) | flushed to disk (GB) |")

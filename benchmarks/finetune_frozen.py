@@ -11,7 +11,6 @@ should store only the head and its optimizer state.
 import os
 import shutil
 import sys
-import tempfile
 
 import torch
 
@@ -34,7 +33,7 @@ def main():
     opt = torch.optim.AdamW(head.parameters(), lr=1e-4)
     trainable = sum(p.numel() * 4 for p in head.parameters())
     total = sum(p.numel() * 4 for p in model.parameters())
-    path = tempfile.mkdtemp(prefix="fp-frozen-", dir=args.dir)
+    path = harness.scratch(args.dir, prefix="fp-frozen-")
     repo = fp.Repo(path, create=True)
     print(f"parameters {total / 2**20:.1f} MiB, trainable {trainable / 2**20:.1f} MiB "
           f"({100 * trainable / total:.0f}%), + AdamW moments of the trainable part {2 * trainable / 2**20:.1f} MiB\n")

@@ -24,7 +24,6 @@ import os
 import resource
 import shutil
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -60,7 +59,7 @@ def main() -> None:
             entry[1] += time.perf_counter() - started[0]
 
     gc.callbacks.append(timed_gc)
-    path = tempfile.mkdtemp(prefix="fp-long-run-", dir=args.dir)
+    path = harness.scratch(args.dir, prefix="fp-long-run-")
     repo = fp.Repo(os.path.join(path, "r"), create=True)
     state = {f"w{i}": np.random.default_rng(i).standard_normal(50_000).astype(np.float32)
              for i in range(args.leaves)}
@@ -101,7 +100,7 @@ def checkpointer_steps(args) -> None:
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    path = tempfile.mkdtemp(prefix="fp-long-ck-", dir=args.dir)
+    path = harness.scratch(args.dir, prefix="fp-long-ck-")
     repo = fp.Repo(os.path.join(path, "r"), create=True)
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -137,7 +136,7 @@ def history_reads(args) -> None:
 
     import torch
 
-    path = tempfile.mkdtemp(prefix="fp-long-history-", dir=args.dir)
+    path = harness.scratch(args.dir, prefix="fp-long-history-")
     url = os.path.join(path, "r")
     repo = fp.Repo(url, create=True)
     state = {f"layer{i}": torch.full((16,), float(i)) for i in range(args.leaves)}

@@ -20,7 +20,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import warnings
 
@@ -140,7 +139,7 @@ def main():
     model, opt = make_state(args.blocks)
     train_step(model, opt)
     state = {"model": model.state_dict(), "optim": opt.state_dict()}
-    root = tempfile.mkdtemp(prefix="fp-many-", dir=args.dir)
+    root = harness.scratch(args.dir, prefix="fp-many-")
     repo = fp.Repo(os.path.join(root, "repo"), create=True)
     leaves = len(repo.manifest(repo.save(state, step=0).id).leaves)
     nbytes = sum(leaf.nbytes for leaf in repo.manifest().leaves)

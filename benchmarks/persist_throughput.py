@@ -13,7 +13,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 import forkpoint as fp
@@ -57,7 +56,7 @@ def raw_write(path: str, buf: mmap.mmap, direct: bool) -> tuple[float, float]:
 def main():
     ap = harness.arguments(__doc__, repeats=5, dir_help="directory on the file system to measure")
     args = ap.parse_args()
-    scratch = tempfile.mkdtemp(prefix="fp-persist-", dir=args.dir)
+    scratch = harness.scratch(args.dir, prefix="fp-persist-")
     model, opt, nbytes = make_state(125)
     buf = mmap.mmap(-1, nbytes - nbytes % (16 << 20))
     buf.write(os.urandom(1 << 20) * (len(buf) >> 20))

@@ -12,7 +12,6 @@ what the 3 kept versions need.
 import os
 import shutil
 import sys
-import tempfile
 import time
 
 import torch
@@ -41,7 +40,7 @@ def main() -> None:
     ap.add_argument("--step-seconds", type=float, default=1.0)
     ap.add_argument("--mb", type=int, default=64)
     args = ap.parse_args()
-    root = tempfile.mkdtemp(dir=args.dir, prefix="fp-retention-")
+    root = harness.scratch(args.dir, prefix="fp-retention-")
     try:
         repo = fp.Repo(os.path.join(root, "repo"), create=True)
         state = {"w": torch.randn(args.mb << 18)}

@@ -22,7 +22,6 @@ import os
 import shutil
 import statistics
 import sys
-import tempfile
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -130,7 +129,7 @@ def main():
     ap = harness.arguments(__doc__, repeats=7, dir_help="where the repositories and objects go (a local disk)")
     args = ap.parse_args()
     cores = len(os.sched_getaffinity(0))
-    scratch = tempfile.mkdtemp(prefix="fp-floor-", dir=args.dir)
+    scratch = harness.scratch(args.dir, prefix="fp-floor-")
     print(f"forkpoint from {os.path.dirname(fp.__file__)}, {cores} cores, {scratch}\n")
     print("| dtype | part | wall (s) | CPU (core-s) | GB/s of the state's bytes |")
     print("|---|---|---|---|---|")

@@ -353,7 +353,7 @@ def main():
                     help="comma-separated subset of: restore, rss, flush, every-step, capture")
     args = ap.parse_args()
     sections = set(args.sections.split(","))
-    scratch = tempfile.mkdtemp(prefix="fp-tiers-", dir=args.dir)
+    scratch = harness.scratch(args.dir, prefix="fp-tiers-")
     try:
         if sections & {"restore", "rss", "flush", "capture"}:
             model, opt, nbytes = make_state(args.params_m)
