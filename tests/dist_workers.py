@@ -5,6 +5,7 @@ import faulthandler
 import json
 import os
 import signal
+import threading
 import traceback
 import time
 
@@ -604,9 +605,23 @@ def _replica_tiers(nodes, shared, rank, budget=None, node_size=1):
     return [fp.tier(node, keep=2, local=True, replicas=1, budget=budget), shared]
 
 
+def _hold_object_writes(store) -> None:
+    """Every later write of an object to `store` waits for good (the process is killed meanwhile)."""
+    never = threading.Event()
+    for name in ("write", "adopt"):
+        real = getattr(store, name)
+
+        def held(key, *args, _real=real, **kwargs):
+            if key.startswith("objects/"):
+                never.wait()
+            return _real(key, *args, **kwargs)
+        setattr(store, name, held)
+
+
 def _replicated_saves(rank, world, out, nodes, shared, saves=3, budget=None, victim=-1, node_size=1):
     """`saves` versions of FSDP + DDP + rank-local state into replicated node-local tiers; rank
-    `victim` is SIGKILLed while it exchanges the last version's replicas (its node then lost)."""
+    `victim` is SIGKILLed while it exchanges the last version's replicas (its node then lost),
+    before its part of that version reaches the shared tier."""
     fsdp, fopt = build_fsdp()
     ddp, dopt = build_ddp()
     repo = fp.dist.Repo(tiers=_replica_tiers(nodes, shared, rank, budget, node_size), create=True, timeout=30)
@@ -624,6 +639,8 @@ def _replicated_saves(rank, world, out, nodes, shared, saves=3, budget=None, vic
         repo.replicator.replicate, repo.replicator.peers.exchange = replicate, exchange
     ids, references, marked = [], [], []
     for step in range(saves):
+        if rank == victim and step == saves - 1:
+            _hold_object_writes(repo.stores[1])  # its part of the last version never reaches the shared tier
         train(fsdp, fopt, "fsdp", 1, rank)
         train(ddp, dopt, "ddp", 1, rank)
         state = _mixed_state(fsdp, fopt, ddp, dopt, rank, step)

@@ -145,9 +145,12 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
         self.scheduler = Scheduler(budget, threads=self.options.workers + encoders + 4)
         self.staging = StagingPool(self.options.staging_bytes + self.options.window_bytes)
         self.device = DeviceCapture(self.options.staging_bytes)
-        # a repository dropped without close() would leave its idle workers asleep for good
+        # a repository dropped without close() would leave its idle workers asleep for good; a
+        # rank's repository is not drained behind its peers' backs (it does not close at exit either)
         self._stop_when_collected = weakref.finalize(self, _stop_unclosed, self.scheduler)
         self._stop_when_collected.atexit = False  # at exit, _close_left_open closes what is open
+        if not self.closes_at_exit:
+            self._stop_when_collected.detach()
 
     def _compose(self) -> None:
         """The collaborators that own refs, history, leases, tiers, reads, comparisons and upkeep."""
