@@ -46,7 +46,13 @@ def main() -> None:
     ap.add_argument("--base", default="dbafe2f", help="the revision to compare against")
     ap.add_argument("--rev", default="HEAD", help="the revision measured")
     args = ap.parse_args()
-    base, now = measure(args.base), measure(args.rev)
+    measured = []
+    for rev in (args.base, args.rev):
+        try:
+            measured.append(measure(rev))
+        except subprocess.CalledProcessError as e:
+            ap.error(f"git could not read revision {rev!r}: {e.stderr.strip()} (give a revision of this checkout)")
+    base, now = measured
     rows = [[f"{d}/", base["per_dir"][d], now["per_dir"][d]] for d in DIRS]
     rows.append(["all five", base["lines"], f"{now['lines']} ({now['lines'] / base['lines'] - 1:+.0%})"])
     rows.append(["longest file", "{} ({})".format(*base["longest_file"]), "{} ({})".format(*now["longest_file"])])

@@ -128,3 +128,15 @@ def test_functions_and_files_stay_small():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
                 long_functions.append(f"{rel}:{node.name} ({node.end_lineno - node.lineno + 1} lines)")
     assert not long_functions and not long_files, (long_functions, long_files)
+
+
+def test_tree_size_measures_two_revisions_and_names_a_bad_one():
+    """tree_size reads the five directories at two revisions from git: HEAD against itself is
+    +0%, with every directory's row; a revision git does not know is a usage error naming it."""
+    same = procs.run([sys.executable, "-m", "benchmarks", "tree_size", "--base", "HEAD", "--rev", "HEAD"], cwd=ROOT,
+                     timeout=procs.CHILD_SECONDS)
+    assert same.returncode == 0, same.stderr
+    assert "(+0%)" in same.stdout and all(f"| {d}/ |" in same.stdout for d in ("repo", "engine", "format", "tiers", "dist"))
+    bad = procs.run([sys.executable, "-m", "benchmarks", "tree_size", "--base", "no-such-rev"], cwd=ROOT,
+                    timeout=procs.CHILD_SECONDS)
+    assert bad.returncode == 2 and "no-such-rev" in bad.stderr and "give a revision" in bad.stderr
