@@ -21,7 +21,7 @@ import forkpoint as fp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
-from harness import fsync_tree  # noqa: E402,F401  (other benchmarks import it from here)
+from harness import fsync_tree  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
