@@ -25,10 +25,8 @@ import torch
 
 import forkpoint as fp
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import harness  # noqa: E402
-
 sys.path.insert(0, os.path.dirname(__file__))
+import harness  # noqa: E402
 
 
 def schedules_section():

@@ -274,8 +274,8 @@ def repeated_saves(scratch: str, repeats: int) -> None:
         state = trained_state(dtype)
         repos = {c: harness.repo(os.path.join(scratch, str(i)), **configs[c]) for i, c in enumerate(names)}
         first, times, later, cpu, ratios, encoded = {}, *({c: [] for c in names} for _ in range(5))
-        for rep in range(repeats + 1):
-            for c in names[rep % len(names):] + names[:rep % len(names)]:
+        for rep, order in harness.rounds(names, repeats + 1):
+            for c in order:
                 train_step(state, dtype)
                 v, elapsed, core_s = timed(lambda: repos[c].save(state))
                 _, after, after_core_s = timed(repos[c].drain)
@@ -676,8 +676,8 @@ def training_loop(scratch: str, repeats: int, steps: int = 40, every: int = 5, b
     for dtype in (torch.float32, torch.bfloat16):
         state = trained_state(dtype, device)
         walls, cpu, ratios = ({c: [] for c in names} for _ in range(3))
-        for rep in range(repeats):
-            for c in names[rep % len(names):] + names[:rep % len(names)]:
+        for _, order in harness.rounds(names, repeats):
+            for c in order:
                 path = os.path.join(scratch, f"loop-{names.index(c)}")
                 repo = harness.repo(path, **configs[c]) if configs[c] else None
 

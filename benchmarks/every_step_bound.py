@@ -28,14 +28,13 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
+import harness  # noqa: E402
 from tiers_restore import WIDTH, every_step_loop, state_tensors  # noqa: E402
 from train_overhead import build, train_step  # noqa: E402
 
 import forkpoint.engine.chunksave as save_pipeline  # noqa: E402
 from forkpoint.format.objects import BLOCK_BYTES, DIGEST_BYTES  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import harness  # noqa: E402
 
 
 @contextlib.contextmanager

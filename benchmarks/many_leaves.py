@@ -28,11 +28,9 @@ import torch
 import forkpoint as fp
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import fsync_tree  # noqa: E402
+import harness  # noqa: E402
 from train_overhead import DCPAsync, Forkpoint, NoCheckpoint, TorchSave, timed_loop  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import harness  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
@@ -170,7 +168,7 @@ def main():
             def dcp_save():
                 shutil.rmtree(where, ignore_errors=True)
                 dcp.save(state, checkpoint_id=where)
-                fsync_tree(where)
+                harness.fsync_tree(where)
 
             times.setdefault("dcp.save", []).append(timed(dcp_save))
             times.setdefault("dcp.load", []).append(timed(lambda: dcp.load(state, checkpoint_id=where)))

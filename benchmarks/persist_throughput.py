@@ -18,10 +18,9 @@ import time
 import forkpoint as fp
 
 sys.path.insert(0, os.path.dirname(__file__))
+import harness  # noqa: E402
 from save_load import make_state  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import harness  # noqa: E402
 
 
 def cpu_seconds() -> float:

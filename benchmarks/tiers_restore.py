@@ -30,12 +30,11 @@ from forkpoint.engine import SaveOptions
 from forkpoint.storage.memory import MemoryStore
 
 sys.path.insert(0, os.path.dirname(__file__))
+import harness  # noqa: E402
 from persist_throughput import dd  # noqa: E402
 from save_load import make_state  # noqa: E402
 from train_overhead import build, train_step, WIDTH  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import harness  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
