@@ -263,3 +263,20 @@ def test_a_shape_mismatch_is_named_before_the_paths_it_explains(repo):
     unexpected = next(line for line in lines if "unexpected in the version" in line)
     assert unexpected.endswith("extra/k3, and 6 more under extra/"), unexpected
     assert "paths=['model', ...]" in lines[-1]
+
+
+def test_restoring_a_model_alone_is_told_the_paths_that_restore_it(repo):
+    """A version holding model and optimizer, restored into a model alone (or with a part the
+    version lacks): the hint names the parts that match, and following it restores them."""
+    model = make_model(0, hidden=8)
+    opt = torch.optim.AdamW(model.parameters())
+    repo.save({"model": model, "optim": opt})
+    fresh = make_model(1, hidden=8)
+    sched = torch.optim.lr_scheduler.StepLR(torch.optim.SGD(fresh.parameters(), lr=0.1), 1)
+    for live in ({"model": fresh}, {"model": fresh, "sched": sched}):
+        with pytest.raises(StateMismatchError) as e:
+            repo.restore(live, "main")
+        assert str(e.value).splitlines()[-1].startswith("  to restore only the parts that match, "
+                                                        "pass paths=['model'];"), str(e.value)
+        repo.restore(live, "main", paths=["model"])
+        assert torch.equal(fresh[0].weight, model[0].weight)

@@ -266,8 +266,7 @@ class Reader:
                 lines.append(f"  missing in the version ({len(missing)}): " + _listing(missing))
             if unexpected:
                 lines.append(f"  unexpected in the version ({len(unexpected)}): " + _listing(unexpected))
-            top = (mismatched or missing or unexpected)[0].split(":")[0].split("/")[0]
-            lines.append(f"  to restore only some parts, pass paths=[{top!r}, ...]; or strict=False, rename={{...}}")
+            lines.append("  " + _parts_hint(live, objects, stored, mismatched, missing, unexpected))
             raise StateMismatchError("\n".join(lines))
 
 
@@ -309,6 +308,23 @@ def _listing(items: list[str], sep: str = ", ", shown: int = 6) -> str:
     common = os.path.commonprefix([p.split(":")[0] for p in rest]).rpartition("/")[0]
     where = f" under {common}/" if common else ""
     return sep.join(items[:shown]) + f"{sep}and {len(rest)} more{where}"
+
+
+def _parts_hint(live: dict, objects, stored: dict, mismatched, missing, unexpected) -> str:
+    """How to restore anyway: without a shape or dtype mismatch, the parts given that the version
+    holds and that match exactly (a model restored alone from a version that also holds its
+    optimizer is the common case). A mismatch is named instead: the optimizer state of a model
+    of another shape would not fit the new one either."""
+    def top(p: str) -> str:
+        return p.split(":")[0].split("/")[0]
+
+    given = {top(p) for p in live} | {top(_keys_path(k)) for k, _ in objects}
+    troubled = {top(p) for p in missing} | {top(p) for p in unexpected if top(p) in given}
+    clean = sorted((given & {top(p) for p in stored}) - troubled)
+    if clean and not mismatched:
+        return f"to restore only the parts that match, pass paths={clean!r}; or strict=False, rename={{...}}"
+    first = top((mismatched or missing or unexpected)[0])
+    return f"to restore only some parts, pass paths=[{first!r}, ...]; or strict=False, rename={{...}}"
 
 
 def _pickle_refused(path: str, vid: str) -> Exception:
