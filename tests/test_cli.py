@@ -85,6 +85,22 @@ def test_fork_tag_verify_gc_du(filled):
     assert "pruned" in run("du", "-r", filled)
 
 
+def test_du_counts_a_packed_object_whole_and_lists_versions_newest_first(tmp_path):
+    """A version that keeps one leaf of an older version's packed object still holds the whole
+    object: its decoded bytes are the header's, so raw objects show their real ratio."""
+    repo = fp.Repo(str(tmp_path / "r"), create=True)
+    a, b = torch.arange(64.0), torch.ones(32)
+    repo.save({"a": a, "b": b}, step=1)
+    repo.save({"a": a, "b": b * 2}, step=2)
+    repo.gc(keep=fp.Keep(last=1), grace=0)
+    usage = repo.du()
+    assert [v["step"] for v in usage["versions"]] == [2, 1]
+    raw = usage["codecs"]["raw"]
+    assert raw["objects"] == 2 and raw["decoded_bytes"] == (64 + 32) * 4 + 32 * 4
+    assert raw["stored_bytes"] == raw["decoded_bytes"] + 2 * 16, "a raw object is its bytes and a header"
+    repo.close()
+
+
 def test_bad_arguments_get_a_one_line_error(filled):
     """Wrong values are refused with a message and exit code 2, not a traceback, and change nothing."""
     before = fp.Repo(filled).log()

@@ -236,9 +236,15 @@ def raw_header(view: memoryview, table: bytes | None) -> tuple[int, bytes]:
 
 def stored_codec(store: Store, key: str) -> str:
     """Return the codec name recorded in an existing object's header."""
+    return stored_header(store, key)[0]
+
+
+def stored_header(store: Store, key: str) -> tuple[str, int]:
+    """(codec name, decoded length) as an existing object's header records them."""
     header = bytearray(OBJECT_HEADER_SIZE)
     store.read_into(key, 0, memoryview(header))
-    return codec_by_id(unpack_header(bytes(header), key)[0], key).name
+    codec_id, length, _ = unpack_header(bytes(header), key)
+    return codec_by_id(codec_id, key).name, length
 
 
 def hash_with_table(data: np.ndarray) -> tuple[str, bytes]:

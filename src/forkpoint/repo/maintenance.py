@@ -4,7 +4,7 @@ import re
 import time
 
 from ..engine.restore import ReadRequest, read_leaves
-from ..engine.objectwriter import stored_codec
+from ..engine.objectwriter import stored_header
 from ..errors import CorruptObjectError, FormatError, ForkpointError
 from ..format.manifest import Manifest, Version, stub_bytes
 from ..format.objects import object_key, runs_of_bytes
@@ -310,14 +310,14 @@ class Maintenance:
                 drop_old_records(store, kind, name, seqs)
 
     def du(self) -> dict:
-        """Logical and stored bytes per version and branch, the objects' total, and per codec
-        (as the object headers say now) the decoded and stored bytes of the distinct objects in
-        use. A version's `stored_bytes` is what its save wrote (before any encoding after the
-        commit). A branch's `held_bytes` is what the distinct objects its unpruned versions need
+        """Logical and stored bytes per version (newest first) and branch, the objects' total,
+        and per codec (as the object headers say now) the decoded and stored bytes of the
+        distinct objects in use. A version's `stored_bytes` is what its save wrote (before any
+        encoding after the commit). A branch's `held_bytes` is what the distinct objects its unpruned versions need
         (delta bases included) take on the store now; `exclusive_bytes` the part of it no other
         branch or tag needs: what deleting the branch and a gc would free."""
         versions = {vid: self.history.version_by_id(vid) for vid in self.history.version_ids()}
-        objects: dict[str, tuple[str, int]] = {}
+        objects: dict[str, str] = {}
         needs: dict[str, set[str]] = {}
         for vid, v in versions.items():
             if v.pruned:
@@ -325,11 +325,10 @@ class Maintenance:
             needed = needs[vid] = set()
             for leaf in self.history.manifest_by_id(vid).leaves:
                 for c in leaf.chunks:
-                    size = objects.get(c.object, ("", 0))[1]
-                    objects[c.object] = ("delta+" if c.delta else "", max(size, c.start + c.size))
+                    objects[c.object] = "delta+" if c.delta else ""
                     needed.add(c.object)
                     for base in (c.delta or {}).get("chain", []):
-                        objects.setdefault(base, ("delta chain (pruned version): ", c.size))
+                        objects.setdefault(base, "delta chain (pruned version): ")
                         needed.add(base)
         sizes: dict[str, int | None] = {}
         for digest in objects:
@@ -350,23 +349,26 @@ class Maintenance:
                               "exclusive_bytes": sum(sizes[o] or 0 for o in held[name] - others)}
         total = sum(self.stores[0].size(k) for k in self.stores[0].list("objects"))
         codecs: dict[str, dict] = {}
-        for digest, (label, decoded) in objects.items():
+        for digest, label in objects.items():
             stored = sizes[digest]
             if stored is None:
                 continue
             try:
-                codec = label + stored_codec(self.stores[0], object_key(digest))
+                # The header's decoded length, not the extent the chunks use: a packed object
+                # holds leaves of other versions too.
+                name, decoded = stored_header(self.stores[0], object_key(digest))
+                codec = label + name
             except FileNotFoundError:
                 continue
             except (CorruptObjectError, FormatError):
-                codec = label + "damaged (unreadable header)"
+                codec, decoded = label + "damaged (unreadable header)", 0
             entry = codecs.setdefault(codec, {"objects": 0, "decoded_bytes": 0, "stored_bytes": 0})
             entry["objects"] += 1
             entry["decoded_bytes"] += decoded
             entry["stored_bytes"] += stored
         return {"versions": [{"id": v.id, "branch": v.branch, "step": v.step, "pruned": v.pruned,
                               "logical_bytes": v.logical_bytes, "stored_bytes": v.stored_bytes}
-                             for v in versions.values()],
+                             for v in sorted(versions.values(), key=lambda v: v.time, reverse=True)],
                 "branches": branches, "objects_bytes": total, "codecs": codecs}
 
 
