@@ -126,3 +126,47 @@ def test_repository_options_are_savefield_names_given_once(tmp_path):
     assert (repo.options.chunk_bytes, repo.options.codec) == (1 << 20, "lossless")
     assert isinstance(repo.options.delta, fp.Delta)
     repo.close()
+
+
+def test_a_repository_url_nothing_can_serve_is_named_with_what_to_do(tmp_path):
+    """An unknown scheme, a backend that is not installed and a path under a file each get a
+    StoreUnavailableError naming the repository and what to give instead."""
+    import importlib.util
+
+    from forkpoint.errors import StoreUnavailableError
+
+    with pytest.raises(StoreUnavailableError, match=r"htps://x/run: no storage backend serves htps://"):
+        fp.Repo("htps://x/run", create=True)
+    if importlib.util.find_spec("dropboxdrivefs") is None:
+        with pytest.raises(StoreUnavailableError, match=r"dropbox:// backend is not installed"):
+            fp.Repo("dropbox://x/run", create=True)
+    afile = tmp_path / "afile"
+    afile.write_text("not a directory")
+    with pytest.raises(StoreUnavailableError, match=rf"cannot open repository {afile}/run: Not a directory"):
+        fp.Repo(str(afile / "run"), create=True)
+    with pytest.raises(StoreUnavailableError, match="cannot create a repository at /proc/forkpoint-run"):
+        fp.Repo("/proc/forkpoint-run", create=True)
+    assert afile.read_text() == "not a directory"
+
+
+def test_a_repository_another_process_creates_first_is_opened(tmp_path):
+    """create=True racing another creator: the marker appears between the look and the
+    exclusive create, and the repository the other process made is opened and used."""
+    from forkpoint.storage import LocalStore
+
+    url = str(tmp_path / "r")
+
+    class CreatedMeanwhile(LocalStore):
+        looked = False
+
+        def read(self, key):
+            if key == "forkpoint.json" and not self.looked:
+                self.looked = True
+                fp.Repo(url, create=True).close()  # the other process, between look and create
+                raise FileNotFoundError(key)
+            return super().read(key)
+
+    repo = fp.Repo(CreatedMeanwhile(url), create=True)
+    repo.save({"x": torch.ones(2)})
+    assert torch.equal(fp.Repo(url).load()["x"], torch.ones(2))
+    repo.close()

@@ -30,8 +30,9 @@ class MissingObjectError(ForkpointError):
 
 
 class StoreUnavailableError(ForkpointError):
-    """A remote store failed an operation after its timeouts and retries (endpoint down,
-    network lost); nothing that was not durable was committed."""
+    """A store cannot do what was asked: a remote one after its timeouts and retries (endpoint
+    down, network lost), a local one whose path is not a directory it can make or write, a URL
+    no installed backend serves; nothing that was not durable was committed."""
 
 
 class StorageFullError(ForkpointError):

@@ -25,7 +25,7 @@ from ..engine.encoding import codec_rules
 from ..engine.scheduler import Budget, Priority, Scheduler, Task, usable_cores
 from ..engine.staging import StagingPool
 from ..errors import (ConflictError, FormatError, RefNotFoundError, RepoNotFoundError, SaveAbortedError,
-                      UnsupportedTypeError)
+                      StoreUnavailableError, UnsupportedTypeError)
 from ..format.floatcodec import Layouts
 from ..format.objects import object_key
 from ..format.manifest import FORMAT_VERSION, Chunk, Manifest, Version, check_format, html_table
@@ -174,12 +174,12 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
         found = []
         for store in self.stores:
             try:
-                record = json.loads(store.read(REPO_MARKER))
+                self._check_marker(store)
             except FileNotFoundError:
                 continue
-            except ValueError:
-                raise FormatError(f"{store.url}/{REPO_MARKER} is not valid JSON") from None
-            check_format(record, REPO_KIND, f"repository {store.url}")
+            except (NotADirectoryError, PermissionError) as e:
+                raise StoreUnavailableError(f"cannot open repository {store.url}: {e.strerror} "
+                                            f"({e.filename}); give a directory you can read") from None
             found.append(store)
         if not found and not create:
             raise RepoNotFoundError(
@@ -188,7 +188,23 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
         record = {"format": REPO_KIND, "format_version": list(FORMAT_VERSION), "created": time.time()}
         for store in self.stores:
             if store not in found:
-                store.create_exclusive(REPO_MARKER, json.dumps(record).encode())
+                try:
+                    if not store.create_exclusive(REPO_MARKER, json.dumps(record).encode()):
+                        self._check_marker(store)  # another process created it first: open theirs
+                except (FileNotFoundError, NotADirectoryError, PermissionError) as e:
+                    raise StoreUnavailableError(
+                        f"cannot create a repository at {store.url}: {e.strerror} ({e.filename}); "
+                        "give a directory you can create and write") from None
+
+    @staticmethod
+    def _check_marker(store: Store) -> None:
+        """Raise FileNotFoundError without a repository marker on `store`, FormatError when it
+        is not one this version of forkpoint reads."""
+        try:
+            record = json.loads(store.read(REPO_MARKER))
+        except ValueError:
+            raise FormatError(f"{store.url}/{REPO_MARKER} is not valid JSON") from None
+        check_format(record, REPO_KIND, f"repository {store.url}")
 
     def close(self) -> None:
         """Wait for background saves, then release threads. Idempotent."""

@@ -33,6 +33,24 @@ def _with_timeouts(url: str, options: dict) -> dict:
     return {**options, "config_kwargs": config}
 
 
+def _file_system(url: str, options: dict):
+    """fsspec's (file system, root path) for `url`; an unknown scheme or a backend that is not
+    installed is a StoreUnavailableError that says what to install or check."""
+    scheme = url.split("://", 1)[0]
+    try:
+        return fsspec.core.url_to_fs(url, **options)
+    except ImportError as e:
+        extra = " (pip install 'forkpoint[s3]')" if scheme in ("s3", "s3a") else ""
+        raise StoreUnavailableError(f"cannot open repository {url}: its {scheme}:// backend is not "
+                                    f"installed: {e}{extra}") from None
+    except ValueError as e:
+        if scheme in fsspec.available_protocols():
+            raise
+        raise StoreUnavailableError(
+            f"cannot open repository {url}: no storage backend serves {scheme}:// ({e}); give a local "
+            "path, mem://name, or a URL such as s3://bucket/path") from None
+
+
 def _reported(method):
     """Run a store operation; a failure other than a missing or existing key (the store's
     contract) becomes StoreUnavailableError naming the store, the operation and the key."""
@@ -57,7 +75,7 @@ class FsspecStore(Store):
 
     def __init__(self, url: str, **storage_options):
         self.url = url.rstrip("/")
-        self.fs, root = fsspec.core.url_to_fs(self.url, **_with_timeouts(self.url, storage_options))
+        self.fs, root = _file_system(self.url, _with_timeouts(self.url, storage_options))
         if self.url.startswith(("s3://", "s3a://")) and isinstance(getattr(self.fs, "retries", None), int):
             self.fs.retries = min(self.fs.retries, S3_RETRIES)
         self.root = root.rstrip("/")
