@@ -54,6 +54,8 @@ def test_checkpointer_auto_learns_stall(repo):
     ck.close()
     with pytest.raises(ValueError, match="unknown save policy"):
         fp.Checkpointer(repo, {"model": model}, every="sometimes")
+    with pytest.raises(TypeError, match=r"every=0.5 is not a step count .* fp.EverySeconds"):
+        fp.Checkpointer(repo, {"model": model}, every=0.5)
 
 
 def _train(repo, log, steps, extra=(), env=None, wait=True):

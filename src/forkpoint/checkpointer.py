@@ -79,7 +79,9 @@ def resolve_policy(every):
                              "policy object such as fp.EverySeconds(600)")
         return POLICY_NAMES[every]()
     if not callable(getattr(every, "should_save", None)):
-        raise TypeError(f"every={every!r} has no should_save(step, last_save_time)")
+        raise TypeError(f"every={every!r} is not a step count (an int), a policy name ('auto') or a "
+                        "policy object with should_save(step, last_save_time); for seconds give "
+                        "fp.EverySeconds(...)")
     return every
 
 
