@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 import forkpoint as fp
+from forkpoint.format.objects import object_key
 
 
 INIT_SECONDS = 60
@@ -618,10 +619,21 @@ def _hold_object_writes(store) -> None:
         setattr(store, name, held)
 
 
-def _replicated_saves(rank, world, out, nodes, shared, saves=3, budget=None, victim=-1, node_size=1):
+def _wait_flushed(repo, vid: str, seconds: float = 60.0) -> None:
+    """Wait until every object of `vid` on this node's tier 0 is on the shared tier too."""
+    mine = [o for o in repo.history.manifest_by_id(vid).objects() if repo.stores[0].exists(object_key(o))]
+    deadline = time.monotonic() + seconds
+    while not all(repo.stores[1].exists(object_key(o)) for o in mine):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"version {vid}'s objects of this node did not reach the shared tier")
+        time.sleep(0.05)
+
+
+def _replicated_saves(rank, world, out, nodes, shared, saves=3, budget=None, victim=-1, node_size=1,
+                      flushed=False):
     """`saves` versions of FSDP + DDP + rank-local state into replicated node-local tiers; rank
-    `victim` is SIGKILLed while it exchanges the last version's replicas (its node then lost),
-    before its part of that version reaches the shared tier."""
+    `victim` is SIGKILLed while it exchanges the last version's replicas (its node then lost):
+    before its part of that version reaches the shared tier, or with `flushed` just after."""
     fsdp, fopt = build_fsdp()
     ddp, dopt = build_ddp()
     repo = fp.dist.Repo(tiers=_replica_tiers(nodes, shared, rank, budget, node_size), create=True, timeout=30)
@@ -634,12 +646,14 @@ def _replicated_saves(rank, world, out, nodes, shared, saves=3, budget=None, vic
 
         def exchange(sends, receives):
             if len(calls) == saves:  # the last version's first exchange
+                if flushed:
+                    _wait_flushed(repo, calls[-1])
                 os.kill(os.getpid(), signal.SIGKILL)
             return real_exchange(sends, receives)
         repo.replicator.replicate, repo.replicator.peers.exchange = replicate, exchange
     ids, references, marked = [], [], []
     for step in range(saves):
-        if rank == victim and step == saves - 1:
+        if rank == victim and step == saves - 1 and not flushed:
             _hold_object_writes(repo.stores[1])  # its part of the last version never reaches the shared tier
         train(fsdp, fopt, "fsdp", 1, rank)
         train(ddp, dopt, "ddp", 1, rank)

@@ -91,6 +91,27 @@ def test_a_node_killed_during_replication_leaves_no_version_marked_that_is_not(t
 
 
 @rerun_once_if_hung
+def test_a_node_killed_after_flushing_its_part_gives_back_the_newest_version_from_the_shared_tier(tmp_path):
+    """The killed node's part of the last version reached the shared tier before the kill, so
+    recovery rebuilds that version, unreplicated, reading only the lost node's part from below."""
+    nodes, shared = str(tmp_path / "nodes"), str(tmp_path / "shared")
+    records = launch("replicated_saves", 4, tmp_path / "save", nodes, shared, 3, None, 2, 1, True)
+    assert records[2] is None, "rank 2 was killed"
+    ids = records[0]["result"]["ids"]
+    assert not glob.glob(f"{nodes}/node*/{record_key(ids[2])}"), "no node marks the interrupted version"
+
+    shutil.rmtree(f"{nodes}/node2")
+    references = str(tmp_path / "save" / "references.pt")
+    records = launch("replicated_restore", 4, tmp_path / "restart", nodes, shared, references, True)
+    for rec in records:
+        result = rec["result"]
+        assert result["version"] == ids[2] and result["matches"] == [2], result
+    assert [rec["result"]["shared_reads"] > 0 for rec in records] == [False, False, True, False]
+    reason = records[0]["result"]["recovery"]["reason"]
+    assert "node(s) [2] lost their tier 0, and the version was never fully replicated" in reason, reason
+
+
+@rerun_once_if_hung
 def test_a_node_over_its_budget_takes_no_replicas_and_a_loss_then_reads_the_shared_tier(tmp_path):
     nodes, shared = str(tmp_path / "nodes"), str(tmp_path / "shared")
     records = launch("replicated_saves", 4, tmp_path / "save", nodes, shared, 2, 4096)
