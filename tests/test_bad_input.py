@@ -170,3 +170,24 @@ def test_a_repository_another_process_creates_first_is_opened(tmp_path):
     repo.save({"x": torch.ones(2)})
     assert torch.equal(fp.Repo(url).load()["x"], torch.ones(2))
     repo.close()
+
+
+def test_a_map_location_load_cannot_honour_is_refused_before_reading(tmp_path):
+    """A dtype or number is not a place, a device string torch does not parse is named, and a
+    device this machine lacks (given directly: before reading; in a dict: at the leaf that goes
+    there) says to load on the CPU; the good forms still load."""
+    repo = fp.Repo(str(tmp_path / "r"), create=True)
+    repo.save({"w": torch.arange(4.0)})
+    with pytest.raises(TypeError, match="map_location=torch.float16 is not a device"):
+        repo.load("main", map_location=torch.float16)
+    with pytest.raises(ValueError, match="map_location='gpu' is not a device torch knows"):
+        repo.load("main", map_location="gpu")
+    with pytest.raises(TypeError, match="map_location=0 is not a device"):
+        repo.restore({"w": torch.zeros(4)}, "main", map_location=0)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="this machine has no cuda device .* map_location='cpu'"):
+            repo.load("main", map_location={"cpu": "cuda:0"})
+    assert torch.equal(repo.load("main", map_location=torch.device("cpu"))["w"], torch.arange(4.0))
+    assert torch.equal(repo.load("main", map_location=lambda t, device: t + 1)["w"], torch.arange(4.0) + 1)
+    assert repo.load("main", map_location="meta")["w"].is_meta
+    repo.close()

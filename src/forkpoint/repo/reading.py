@@ -10,7 +10,8 @@ from ..errors import (CorruptObjectError, MissingObjectError, PrunedVersionError
 from ..format.manifest import Manifest, Version
 from ..format.paths import child_path, has_prefix, join_path
 from ..state import capture, is_module, merge, restore_objects, unflatten, walk_skeleton
-from ..state.leaves import dtype_name, empty_leaf, finish_leaf, is_torch_tensor, leaf_over, live_buffer
+from ..state.leaves import (check_map_location, dtype_name, empty_leaf, finish_leaf, is_torch_tensor, leaf_over,
+                            live_buffer)
 from ..state.block import box_fits
 from ..state.flatten import CONTAINER_NODES
 from ..state.skeleton import rename as rename_skeleton
@@ -141,6 +142,7 @@ class Reader:
         mmap=True, large leaves on a local or /dev/shm tier are memory-mapped (copy-on-write,
         still verified) instead of copied into fresh memory. Rank-local state saved by several
         ranks comes back as this rank's part, or as the list of every rank's with all_ranks."""
+        check_map_location(map_location)
         m = self.readable(ref)
         paths = [paths] if isinstance(paths, str) else paths
         skeleton = select_skeleton(m.tree, paths)
@@ -157,6 +159,7 @@ class Reader:
                 rename: dict[str, str] | None = None, map_location=None,
                 allow_pickle: bool = False) -> Version:
         """Restore `ref` into live objects in place; strict checks list every mismatch at once."""
+        check_map_location(map_location)
         m = self.readable(ref)
         paths = [paths] if isinstance(paths, str) else paths
         skeleton = select_skeleton(m.tree, paths)

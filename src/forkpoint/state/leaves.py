@@ -260,6 +260,35 @@ def leaf_over(kind: str, dtype: str, shape, data: np.ndarray, path: str):
     return None
 
 
+def check_map_location(map_location, present: bool = True) -> None:
+    """Raise, before anything is read, on a map_location torch.load would not take (a dtype,
+    a number), a device string torch does not parse, or (with `present`) a device this machine
+    lacks. A dict's targets are checked for presence only when a leaf goes there."""
+    if map_location is None:
+        return
+    if isinstance(map_location, dict):
+        for target in map_location.values():
+            check_map_location(target, present=False)
+        return
+    if callable(map_location):
+        return
+    if not isinstance(map_location, str) and type(map_location).__name__ != "device":
+        raise TypeError(f"map_location={map_location!r} is not a device (e.g. 'cpu', 'cuda:0', "
+                        "torch.device(...)), a dict from saved device to device, or a function "
+                        "f(tensor, saved_device); to change dtypes, convert after loading")
+    import torch
+
+    try:
+        device = torch.device(map_location)
+    except RuntimeError as e:
+        raise ValueError(f"map_location={map_location!r} is not a device torch knows: {e}") from None
+    backend = getattr(torch, device.type, None)
+    available = getattr(backend, "is_available", None)
+    if present and device.type not in ("cpu", "meta") and callable(available) and not available():
+        raise ValueError(f"map_location={map_location!r}, but this machine has no {device.type} device "
+                         f"(torch.{device.type}.is_available() is False): load with map_location='cpu'")
+
+
 def finish_leaf(kind: str, obj, device: str, map_location, allow_pickle: bool, path: str):
     """Turn a filled buffer into the user-facing value (device move, scalar, bytes, unpickle)."""
     if kind == "torch":
@@ -268,7 +297,10 @@ def finish_leaf(kind: str, obj, device: str, map_location, allow_pickle: bool, p
             target = target.get(device, device)
         if callable(target):
             return target(obj, device)
-        return obj if str(target) == "cpu" else obj.to(target)
+        if str(target) == "cpu":
+            return obj
+        check_map_location(target)
+        return obj.to(target)
     if kind == "numpy_scalar":
         return obj[()]
     if kind == "bytes":
