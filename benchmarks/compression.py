@@ -414,7 +414,6 @@ def pack_layouts_ab(cache: Path, args) -> None:
 
     import torch
 
-    import forkpoint as fp
     from forkpoint.engine import objectwriter as save_module
 
     real_put = save_module.ObjectWriter.put
@@ -445,7 +444,7 @@ def pack_layouts_ab(cache: Path, args) -> None:
             for way in (("kept", "afresh") if i % 2 else ("afresh", "kept")):
                 fresh["on"] = way == "afresh"
                 start = time.perf_counter()
-                v = repos[way].save(state, step=i)
+                repos[way].save(state, step=i)
                 times[way].append(time.perf_counter() - start)
         for way, repo in repos.items():
             stored = repo.log(limit=1)[0].stored_bytes / 1e6

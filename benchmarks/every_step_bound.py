@@ -94,7 +94,7 @@ def main():
     scratch = harness.scratch(args.dir, prefix="fp-bound-")
     modes = ["no checkpoint", "forkpoint", "forkpoint, hash left out", "a plain copy_ of the state each step"]
     runs = {m: [] for m in modes}
-    print(f"| round | loop | wall (s) | slowdown | median step (s) | median slowdown | extra CPU per step (core-s) | flushed to disk (GB) |")
+    print("| round | loop | wall (s) | slowdown | median step (s) | median slowdown | extra CPU per step (core-s) | flushed to disk (GB) |")
     print("|---|---|---|---|---|---|---|---|")
     try:
         for r in range(args.rounds):

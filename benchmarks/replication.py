@@ -185,7 +185,7 @@ def stall(base: str, width: int, steps: int, every: int, repeats: int) -> dict:
     for i in range(repeats):
         order = list(runs)[i % 3:] + list(runs)[:i % 3]
         for name in order:
-            case = {"nodes": f"/dev/shm/fp-bench-loop", "shared": os.path.join(base, f"loop-{i}-{name}"),
+            case = {"nodes": "/dev/shm/fp-bench-loop", "shared": os.path.join(base, f"loop-{i}-{name}"),
                     "width": width, "steps": steps, "every": 0 if name == "none" else every,
                     "replicas": 1 if name == "replicas=1" else 0}
             shutil.rmtree(case["nodes"], ignore_errors=True)
