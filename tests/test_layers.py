@@ -23,6 +23,13 @@ def test_no_module_imports_a_layer_above_its_own():
     assert "KEPT" in out.stdout
 
 
+def test_no_unused_import_undefined_name_or_dead_local_in_the_tree():
+    """pyflakes over the package, the tests and the benchmarks finds nothing."""
+    out = procs.run([sys.executable, "-m", "pyflakes", "src", "tests", "benchmarks"], cwd=ROOT,
+                    timeout=procs.CHILD_SECONDS)
+    assert out.returncode == 0 and not out.stdout.strip(), out.stdout[-4000:] + out.stderr[-2000:]
+
+
 def test_dir_shows_the_public_api_only():
     names = set(dir(fp))
     assert {"Repo", "Checkpointer", "Keep", "EverySteps", "EverySeconds", "YoungDaly", "tier", "dist"} <= names
