@@ -132,7 +132,7 @@ def main():
                          "busy (a host whose cores other work shares)")
     ap.add_argument("--parallel-speedup", action="store_true",
                     help="instead: what a second thread adds to blake3, the float codec and a "
-                         "scalar loop (whether this machine's two cores are two cores' worth)")
+                         "scalar loop (whether the machine's cores each give a core's worth)")
     ap.add_argument("--cores", default=None,
                     help="run the chosen mode once per core count given (e.g. 1,2), each in a new "
                          "process bound to that many of this process's cores")
@@ -579,7 +579,7 @@ def delta_sample_ab(scratch: str, repeats: int, gap: int = 6) -> None:
     """The same states (`gap` training steps apart) saved into two lossless + Delta()
     repositories, alternating which goes first: one estimating each chunk's delta from the
     delta of the value's and base's samples and making the whole delta only where it is chosen
-    (the default), one making the whole delta before estimating it (before stop 20). Both
+    (the default), one making the whole delta before estimating it (the baseline). Both
     choose the same; the median save time, CPU, the share of chunks stored as deltas and the
     ratio over all saves."""
     from forkpoint.engine.delta import DeltaPlan

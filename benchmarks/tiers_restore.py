@@ -261,7 +261,7 @@ def every_step_section(scratch, steps, params_m, device="cpu", batch_rows=16):
 def flush_section(model, opt, nbytes, scratch, repeats):
     """Flush of one version from a /dev/shm tier to the local disk tier: forkpoint's copy
     (objects mapped, written with O_DIRECT) against the same flush reading each object into
-    memory first (what tier copies did before stop 13), and dd oflag=direct of as many bytes."""
+    memory first (the naive copy, as the baseline), and dd oflag=direct of as many bytes."""
     import resource
 
     from forkpoint.tiers import movement
