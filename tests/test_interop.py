@@ -162,6 +162,7 @@ def test_import_torch_save_and_safetensors(tmp_path):
     torch.save({"obj": Custom()}, tmp_path / "unsafe.pt")
     result = CliRunner().invoke(cli, ["import", str(tmp_path / "unsafe.pt"), "--repo", url])
     assert result.exit_code != 0 and "--allow-pickle" in result.output
+    assert "Custom" in result.output, "the error names the class it met"
 
 
 def test_bad_input_to_the_adapters(tmp_path):

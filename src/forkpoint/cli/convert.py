@@ -2,6 +2,7 @@
 directory (export and import), a torch.save file and safetensors files (import)."""
 
 import os
+import re
 
 import numpy as np
 
@@ -125,8 +126,10 @@ def read_source(source: str, fmt: str = "auto", allow_pickle: bool = False) -> t
         except Exception as e:
             if allow_pickle:
                 raise
-            raise ValueError(f"{source} holds objects beyond tensors and plain containers "
-                             f"({type(e).__name__}); import it with --allow-pickle only if you trust it") from None
+            found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+            what = found.group(1) if found else type(e).__name__
+            raise ValueError(f"{source} holds objects beyond tensors and plain containers ({what}); "
+                             "import it with --allow-pickle only if you trust it") from None
         return (state if isinstance(state, dict) else {"state": state}), []
     raise ValueError(f"unknown format {fmt!r}: use dcp, torch or safetensors")
 
