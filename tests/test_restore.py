@@ -280,3 +280,19 @@ def test_restoring_a_model_alone_is_told_the_paths_that_restore_it(repo):
                                                         "pass paths=['model'];"), str(e.value)
         repo.restore(live, "main", paths=["model"])
         assert torch.equal(fresh[0].weight, model[0].weight)
+
+
+def test_a_namedtuple_restores_strictly_into_a_live_one_and_stays_one(repo):
+    """Saved as a tuple, restored into a live namedtuple (also nested in a list): the tensors
+    are filled in place, the other values replaced, and the container keeps its type."""
+    import collections
+
+    Pair = collections.namedtuple("Pair", "weight count")
+    repo.save({"x": Pair(torch.ones(2), 3), "y": [Pair(torch.full((1,), 2.0), (torch.ones(1),))]})
+    live = {"x": Pair(torch.zeros(2), 0), "y": [Pair(torch.zeros(1), (torch.zeros(1),))]}
+    weight = live["x"].weight
+    repo.restore(live, "main")
+    assert isinstance(live["x"], Pair) and live["x"].count == 3 and live["x"].weight is weight
+    assert torch.equal(weight, torch.ones(2))
+    assert isinstance(live["y"][0], Pair) and torch.equal(live["y"][0].count[0], torch.ones(1))
+    assert torch.equal(live["y"][0].weight, torch.full((1,), 2.0))

@@ -355,7 +355,7 @@ def _live_leaves(tree) -> dict:
         if isinstance(obj, dict):
             for k, v in obj.items():
                 walk(v, child_path(path, k))
-        elif isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        elif isinstance(obj, (list, tuple)):
             for i, v in enumerate(obj):
                 walk(v, child_path(path, i))
         else:

@@ -39,11 +39,16 @@ def capture(state) -> tuple[object, list[tuple[tuple, object]]]:
             return out
         if isinstance(obj, list):
             return [walk(v, keys + (i,)) for i, v in enumerate(obj)]
-        if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-            return tuple(walk(v, keys + (i,)) for i, v in enumerate(obj))
+        if isinstance(obj, tuple):
+            return same_tuple(obj, [walk(v, keys + (i,)) for i, v in enumerate(obj)])
         return obj
 
     return walk(state, ()), objects
+
+
+def same_tuple(like: tuple, items: list) -> tuple:
+    """`items` as a tuple of the type of `like`: a namedtuple stays one (its fields in order)."""
+    return like._make(items) if hasattr(like, "_fields") and hasattr(like, "_make") else tuple(items)
 
 
 def get_at(tree, keys: tuple):
@@ -80,13 +85,13 @@ def merge(live, loaded):
         if isinstance(live, list):
             live[:] = items
             return live
-        return tuple(items)
+        return same_tuple(live, items)
     if isinstance(live, list) and isinstance(loaded, (list, tuple)) and len(live) == len(loaded):
         for i, v in enumerate(loaded):
             live[i] = merge(live[i], v)
         return live
     if isinstance(live, tuple) and isinstance(loaded, (list, tuple)) and len(live) == len(loaded):
-        return tuple(merge(a, b) for a, b in zip(live, loaded))
+        return same_tuple(live, [merge(a, b) for a, b in zip(live, loaded)])
     if is_torch_tensor(live) and is_torch_tensor(loaded):
         if live.shape == loaded.shape:
             import torch
