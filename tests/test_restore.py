@@ -262,7 +262,7 @@ def test_a_shape_mismatch_is_named_before_the_paths_it_explains(repo):
     assert lines[1].startswith("  mismatched (3): model/0.weight: stored shape [64, 16], live [32, 16]"), lines
     unexpected = next(line for line in lines if "unexpected in the version" in line)
     assert unexpected.endswith("extra/k3, and 6 more under extra/"), unexpected
-    assert "paths=['model', ...]" in lines[-1]
+    assert lines[-1].startswith("  a leaf of another shape cannot be restored into 'model':"), lines[-1]
 
 
 def test_restoring_a_model_alone_is_told_the_paths_that_restore_it(repo):

@@ -75,6 +75,26 @@ def test_resume_on_empty_branch_starts_at_zero(repo):
     assert fp.Checkpointer(repo, {"m": torch.nn.Linear(2, 2)}, every=1).resume() == 1
 
 
+def test_resuming_a_branch_with_a_model_of_another_shape_says_how_to_start_anew(repo):
+    """The architecture changed between runs: resume names the mismatch and the two ways on
+    (another branch, or carrying parts over), and the branch keeps its versions."""
+    ck = fp.Checkpointer(repo, {"m": torch.nn.Linear(4, 3)}, every=1)
+    ck.resume()
+    ck.step(0)
+    ck.close()
+    ck = fp.Checkpointer(repo, {"m": torch.nn.Linear(5, 3)}, every=1)
+    with pytest.raises(fp.errors.StateMismatchError) as e:
+        ck.resume()
+    message = str(e.value)
+    assert message.startswith("resume of branch 'main': cannot restore version"), message
+    assert "m/weight: stored shape [3, 4], live [3, 5]" in message
+    assert "save on another branch (fp.Checkpointer(..., branch='...'))" in message
+    assert [v.step for v in repo.log()] == [0]
+    wider = fp.Checkpointer(repo, {"m": torch.nn.Linear(5, 3)}, every=1, branch="wider")
+    assert wider.resume() == 0
+    wider.close()
+
+
 def _flip_object_of(repo, ref, path):
     """Flip one byte in the object that holds leaf `path` of `ref` (it must be its own object)."""
     leaf = next(leaf for leaf in repo.manifest(ref).leaves if leaf.path == path)

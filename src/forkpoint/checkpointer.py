@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable
 
-from .errors import BranchHeldError, CorruptObjectError, MissingObjectError, ResumeWarning
+from .errors import BranchHeldError, CorruptObjectError, MissingObjectError, ResumeWarning, StateMismatchError
 from .policy import EverySteps, Keep, YoungDaly, install_preemption
 from .repo import PendingSave, Repo
 from .repo.holders import run_name
@@ -253,6 +253,12 @@ class Checkpointer:
                 if not fall_back:
                     raise
                 version, damage = None, e
+            except StateMismatchError as e:
+                raise StateMismatchError(
+                    f"resume of branch {self.branch!r}: {e}\n  the branch holds a run whose state differs from this "
+                    f"one: to start a new run with it, save on another branch (fp.Checkpointer(..., branch='...')); "
+                    f"to carry parts over, repo.restore(state, {self.branch!r}, paths=[...]) first, or, where only "
+                    "entries are missing or extra, resume(strict=False)") from None
             if _any_rank(damage is not None):
                 skipped.append((v, damage))
                 continue

@@ -314,19 +314,24 @@ def _listing(items: list[str], sep: str = ", ", shown: int = 6) -> str:
 
 
 def _parts_hint(live: dict, objects, stored: dict, mismatched, missing, unexpected) -> str:
-    """How to restore anyway: without a shape or dtype mismatch, the parts given that the version
-    holds and that match exactly (a model restored alone from a version that also holds its
-    optimizer is the common case). A mismatch is named instead: the optimizer state of a model
-    of another shape would not fit the new one either."""
+    """How to restore anyway. Without a mismatch: the parts given that the version holds and
+    that match exactly (a model restored alone from a version that also holds its optimizer is
+    the common case). A shape mismatch is named instead (strict=False does not bypass it, and
+    the optimizer state of a model of another shape would not fit the new one either)."""
     def top(p: str) -> str:
         return p.split(":")[0].split("/")[0]
 
     given = {top(p) for p in live} | {top(_keys_path(k)) for k, _ in objects}
     troubled = {top(p) for p in missing} | {top(p) for p in unexpected if top(p) in given}
     clean = sorted((given & {top(p) for p in stored}) - troubled)
-    if clean and not mismatched:
-        return f"to restore only the parts that match, pass paths={clean!r}; or strict=False, rename={{...}}"
     first = top((mismatched or missing or unexpected)[0])
+    if any(": stored shape " in p for p in mismatched):
+        return (f"a leaf of another shape cannot be restored into {first!r}: build it with the stored "
+                "shapes, or restore the other parts only (paths=[...], rename={...})")
+    if mismatched:
+        return "strict=False restores into the live dtypes (the values converted); or paths=[...] leaves the part out"
+    if clean:
+        return f"to restore only the parts that match, pass paths={clean!r}; or strict=False, rename={{...}}"
     return f"to restore only some parts, pass paths=[{first!r}, ...]; or strict=False, rename={{...}}"
 
 
