@@ -14,6 +14,8 @@ from forkpoint.storage.local import LocalStore
 
 
 def main(url: str, count: int, late: bool) -> None:
+    # as in a terminal: a suite started in the background by a shell inherits SIGINT ignored
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     repo = fp.Repo(url, create=True)
     repo.save({"x": np.zeros(10)}, step=0)
     writes = []

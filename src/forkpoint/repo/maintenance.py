@@ -313,9 +313,9 @@ class Maintenance:
         """Logical and stored bytes per version (newest first) and branch, the objects' total,
         and per codec (as the object headers say now) the decoded and stored bytes of the
         distinct objects in use. A version's `stored_bytes` is what its save wrote (before any
-        encoding after the commit). A branch's `held_bytes` is what the distinct objects its unpruned versions need
-        (delta bases included) take on the store now; `exclusive_bytes` the part of it no other
-        branch or tag needs: what deleting the branch and a gc would free."""
+        encoding after the commit). A branch's `held_bytes` is what the distinct objects its
+        unpruned versions need (delta bases included) take on the store now; `exclusive_bytes`
+        the part of it no other branch or tag needs: what deleting the branch and a gc would free."""
         versions = {vid: self.history.version_by_id(vid) for vid in self.history.version_ids()}
         objects: dict[str, str] = {}
         needs: dict[str, set[str]] = {}
@@ -348,14 +348,22 @@ class Maintenance:
                               "held_bytes": sum(sizes[o] or 0 for o in held[name]),
                               "exclusive_bytes": sum(sizes[o] or 0 for o in held[name] - others)}
         total = sum(self.stores[0].size(k) for k in self.stores[0].list("objects"))
+        codecs = self._codec_usage(objects, sizes)
+        return {"versions": [{"id": v.id, "branch": v.branch, "step": v.step, "pruned": v.pruned,
+                              "logical_bytes": v.logical_bytes, "stored_bytes": v.stored_bytes}
+                             for v in sorted(versions.values(), key=lambda v: v.time, reverse=True)],
+                "branches": branches, "objects_bytes": total, "codecs": codecs}
+
+    def _codec_usage(self, objects: dict[str, str], sizes: dict[str, int | None]) -> dict:
+        """{codec (prefixed by `objects`' label): objects, decoded and stored bytes} of the
+        objects present. Decoded bytes are the header's length, not the extent the chunks use:
+        a packed object holds leaves of other versions too."""
         codecs: dict[str, dict] = {}
         for digest, label in objects.items():
             stored = sizes[digest]
             if stored is None:
                 continue
             try:
-                # The header's decoded length, not the extent the chunks use: a packed object
-                # holds leaves of other versions too.
                 name, decoded = stored_header(self.stores[0], object_key(digest))
                 codec = label + name
             except FileNotFoundError:
@@ -366,10 +374,7 @@ class Maintenance:
             entry["objects"] += 1
             entry["decoded_bytes"] += decoded
             entry["stored_bytes"] += stored
-        return {"versions": [{"id": v.id, "branch": v.branch, "step": v.step, "pruned": v.pruned,
-                              "logical_bytes": v.logical_bytes, "stored_bytes": v.stored_bytes}
-                             for v in sorted(versions.values(), key=lambda v: v.time, reverse=True)],
-                "branches": branches, "objects_bytes": total, "codecs": codecs}
+        return codecs
 
 
 class MaintenanceCommands:
