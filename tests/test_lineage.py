@@ -60,6 +60,28 @@ def test_fork_and_tag(repo):
         repo.save({}, branch="bad/name")
 
 
+def test_a_branch_and_a_tag_never_share_a_name(repo):
+    """A name read as a ref must keep meaning what it meant: a tag named like a branch, or a
+    branch (by fork, by a save, by a Checkpointer) named like a tag, is refused, and nothing
+    is written."""
+    repo.save({"w": torch.zeros(2)}, step=0)
+    repo.tag("best", "main")
+    with pytest.raises(ValueError, match="'main' is a branch .* Use another tag name"):
+        repo.tag("main", "main")
+    for create in (lambda: repo.fork("main", "best"),
+                   lambda: repo.save({"w": torch.ones(2)}, branch="best"),
+                   lambda: repo.save({"w": torch.ones(2)}, branch="best", sync=False).wait(),
+                   lambda: fp.Checkpointer(repo, {"w": torch.ones(2)}, branch="best")):
+        with pytest.raises(ValueError, match="'best' is a tag .* would shadow it"):
+            create()
+    assert set(repo.branches()) == {"main"} and set(repo.tags()) == {"best"}
+    assert len(repo.version_ids()) == 1
+    assert torch.equal(repo.load("best")["w"], torch.zeros(2))
+    repo.delete_tag("best")
+    repo.save({"w": torch.ones(2)}, branch="best")
+    assert torch.equal(repo.load("best")["w"], torch.ones(2))
+
+
 def test_diff_uses_hash_fast_path_and_reports_numbers(repo, monkeypatch):
     a = {"w": torch.ones(4, 4), "frozen": torch.arange(1000.0), "lr": 0.1, "gone": 1}
     va = repo.save(a)

@@ -58,6 +58,7 @@ class SaveSession:
     def __init__(self, repo, branch: str, check_holder: bool = True):
         if check_holder:
             repo.refs.holds.check(branch)
+            repo.refs.refuse_shadowing("heads", branch)
         repo.leases.hold(repo.store)
         self.repo, self.branch = repo, branch
         self.head: Manifest | None = repo._head_manifest(branch)

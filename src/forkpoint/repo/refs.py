@@ -27,6 +27,20 @@ class Refs:
         self.stores, self.url, self.writer_id = stores, url, writer_id
         self.holds = BranchHolds(stores[-1])
 
+    def refuse_shadowing(self, kind: str, name: str) -> None:
+        """ValueError when creating ref `name` of `kind` would give a branch and a tag one name:
+        a ref names the branch first, so the tag would silently stop being what `name` reads."""
+        other = "tags" if kind == "heads" else "heads"
+        taken = self.target(other, name)
+        if taken is None or (kind == "heads" and self.target("heads", name) is not None):
+            return
+        if kind == "heads":
+            raise ValueError(f"{name!r} is a tag in {self.url} (at {taken[:12]}): a branch of that name would "
+                             "shadow it, and reading the name would give the branch instead of the tag. "
+                             "Use another branch name, or delete the tag first")
+        raise ValueError(f"{name!r} is a branch in {self.url} (at {taken[:12]}): a tag of that name could "
+                         "not be read by name (the branch comes first). Use another tag name")
+
     def state_in(self, store: Store, kind: str, name: str) -> tuple[int, str | None]:
         """Return (highest seq, target) of a ref in one store; (-1, None) when it never existed."""
         for _ in range(100):
@@ -129,13 +143,15 @@ class RefCommands:
     def fork(self, ref: str, name: str) -> Version:
         """Create branch `name` at the version `ref` names; later saves on it descend from there."""
         version = self.version(ref)
-        self.refs.set("heads", check_name(name, "branch"), version.id, must_exist=False)
+        self.refs.refuse_shadowing("heads", check_name(name, "branch"))
+        self.refs.set("heads", name, version.id, must_exist=False)
         return version
 
     def tag(self, name: str, ref: str = "main", force: bool = False) -> Version:
         """Point tag `name` at `ref` (moving an existing tag only with force=True)."""
         version = self.version(ref)
-        self.refs.set("tags", check_name(name, "tag"), version.id, must_exist=None if force else False)
+        self.refs.refuse_shadowing("tags", check_name(name, "tag"))
+        self.refs.set("tags", name, version.id, must_exist=None if force else False)
         return version
 
     def delete_tag(self, name: str) -> None:
@@ -151,7 +167,8 @@ class RefCommands:
         """Make this process the one live writer of branch `name` until release_branch or
         close (a Checkpointer does this). BranchHeldError names a live holder; a dead one is
         replaced; `take_over` replaces a live one too (for a holder known to be dead)."""
-        self.refs.holds.hold(check_name(name, "branch"), run or run_name(), take_over)
+        self.refs.refuse_shadowing("heads", check_name(name, "branch"))
+        self.refs.holds.hold(name, run or run_name(), take_over)
 
     def release_branch(self, name: str) -> None:
         """Stop holding branch `name` (other runs may then write it)."""
