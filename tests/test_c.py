@@ -221,6 +221,22 @@ def test_a_branch_held_by_a_live_run_is_refused(cbuild, tmp_path):
     r.close()
 
 
+def test_c_never_gives_a_branch_and_a_tag_one_name(cbuild, tmp_path):
+    """As in Python: fpc refuses a tag named like a branch and a save that would create a
+    branch named like a tag (the name reads as the branch first), and writes nothing."""
+    repo = tmp_path / "repo"
+    (tmp_path / "a.bin").write_bytes(np.ones(3).tobytes())
+    fpc(cbuild, "save", repo, "main", f"a=float64:3:{tmp_path / 'a.bin'}")
+    fpc(cbuild, "tag", repo, "best", "main")
+    done = fpc(cbuild, "tag", repo, "main", "main", check=False)
+    assert done.returncode == 1 and "'main' is a branch" in done.stderr, done.stderr
+    done = fpc(cbuild, "save", repo, "best", f"a=float64:3:{tmp_path / 'a.bin'}", check=False)
+    assert done.returncode == 1 and "'best' is a tag" in done.stderr, done.stderr
+    r = fp.Repo(str(repo))
+    assert set(r.branches()) == {"main"} and set(r.tags()) == {"best"} and len(r.version_ids()) == 1
+    r.close()
+
+
 def mutations(data: bytes, rng: random.Random, count: int):
     """Mutated copies of `data`: flipped bits, truncations, inserted and overwritten bytes, digits changed."""
     for _ in range(count):

@@ -149,7 +149,8 @@ int fp_log(fp_repo *repo, const char *ref, int max, fp_log_fn fn, void *user);
 /* Call `fn` for every branch ("heads") and tag ("tags") with the version it names. */
 typedef int (*fp_ref_fn)(const char *kind, const char *name, const char *target, void *user);
 int fp_refs(fp_repo *repo, fp_ref_fn fn, void *user);
-/* Point tag `name` at `ref` (FP_ERR_CONFLICT when it names another version already). */
+/* Point tag `name` at `ref` (FP_ERR_CONFLICT when it names another version already, FP_ERR_ARG
+ * when a branch has that name). */
 int fp_tag(fp_repo *repo, const char *name, const char *ref);
 
 #ifdef __cplusplus

@@ -376,6 +376,12 @@ int fp_tag(fp_repo *r, const char *name, const char *ref) {
     int64_t seq;
     if (st || (st = fp_resolve(r, ref, id)) || (st = fp_ref_read(r, "tags", name, now, &seq))) return st;
     if (now[0] && !strcmp(now, id)) return fp_ok(r);
+    char branch[FP_ID_LEN + 1];
+    int64_t branch_seq;
+    if ((st = fp_ref_read(r, "heads", name, branch, &branch_seq))) return st;
+    if (branch[0])
+        return fp_fail(r, FP_ERR_ARG, "'%s' is a branch (at %.12s): a tag of that name could not be read by name "
+                       "(the branch comes first). Use another tag name", name, branch);
     if (now[0])
         return fp_fail(r, FP_ERR_CONFLICT, "tag '%s' already names version %s: tags do not move (use another name, or "
                        "`forkpoint tag --force`)", name, now);

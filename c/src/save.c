@@ -95,6 +95,15 @@ static int holder_blocks(fp_save *s) {
 int fp_save_check_branch(fp_save *s) {
     int st = holder_blocks(s);
     if (!st) st = fp_ref_read(s->repo, "heads", s->branch, s->head, &s->head_seq);
+    if (!st && !s->head[0]) {
+        /* a new branch named like a tag would shadow it: the name reads as the branch first */
+        char tag[FP_ID_LEN + 1];
+        int64_t seq;
+        if (!(st = fp_ref_read(s->repo, "tags", s->branch, tag, &seq)) && tag[0])
+            st = fp_fail(s->repo, FP_ERR_ARG, "'%s' is a tag (at %.12s): a branch of that name would shadow it, "
+                         "and reading the name would give the branch instead of the tag. Use another branch "
+                         "name, or delete the tag first", s->branch, tag);
+    }
     return st;
 }
 
