@@ -93,7 +93,9 @@ class Refs:
         if must_exist is True and current is None:
             raise RefNotFoundError(f"no {_REF_NOUN.get(kind, kind)} {name!r} in {self.url}")
         if must_exist is False and current is not None:
-            raise ValueError(f"{_REF_NOUN.get(kind, kind)} {name!r} already exists in {self.url} (at {current})")
+            then = (f"move it with force=True (`forkpoint tag {name} REF --force`)" if kind == "tags" else
+                    f"use another name, or move it with `forkpoint branch reset {name} REF`")
+            raise ValueError(f"{_REF_NOUN.get(kind, kind)} {name!r} already exists in {self.url} (at {current}): {then}")
         for store in reversed(self.stores):
             self.move(store, kind, name, target, repair)
 
