@@ -296,3 +296,35 @@ def test_a_namedtuple_restores_strictly_into_a_live_one_and_stays_one(repo):
     assert torch.equal(weight, torch.ones(2))
     assert isinstance(live["y"][0], Pair) and torch.equal(live["y"][0].count[0], torch.ones(1))
     assert torch.equal(live["y"][0].weight, torch.full((1,), 2.0))
+
+
+def test_a_compiled_model_and_its_plain_module_share_versions(repo):
+    """torch.compile's wrapper adds "_orig_mod." before each state_dict key: saved through the
+    wrapper the version holds the plain keys, so it restores into the plain module and into a
+    compiled one; state that carries the prefix (a compiled model's state_dict saved as a
+    dict, a torch.save file of it imported) restores into the plain module too."""
+    def build(seed):
+        torch.manual_seed(seed)
+        return torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+
+    model = build(0)
+    compiled = torch.compile(model, backend="eager")
+    opt = torch.optim.AdamW(compiled.parameters())
+    compiled(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    repo.save({"model": compiled, "optim": opt})
+    assert {leaf.path for leaf in repo.manifest().leaves if leaf.path.startswith("model/")} == \
+        {f"model/{k}" for k in model.state_dict()}
+    plain, into_compiled = build(1), build(2)
+    repo.restore({"model": plain, "optim": torch.optim.AdamW(plain.parameters())}, "main")
+    repo.restore({"model": torch.compile(into_compiled, backend="eager")}, "main", paths=["model"])
+    for restored in (plain, into_compiled):
+        for key, value in model.state_dict().items():
+            assert torch.equal(restored.state_dict()[key], value), key
+
+    repo.save({"model": compiled.state_dict()}, branch="prefixed")
+    assert any("_orig_mod." in leaf.path for leaf in repo.manifest("prefixed").leaves)
+    fresh = build(3)
+    repo.restore({"model": fresh}, "prefixed")
+    assert torch.equal(fresh[1].running_mean, model[1].running_mean)
+    assert torch.equal(fresh[0].weight, model[0].weight)

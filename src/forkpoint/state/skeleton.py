@@ -110,3 +110,24 @@ def rename(node: dict, mapping: dict[str, str] | None, live=None) -> dict:
         else:
             _insert(node, split_path(new), sub, live)
     return node
+
+
+COMPILED_PREFIX = "_orig_mod."
+"""What torch.compile's wrapper module puts before each key of the state_dict it gives."""
+
+
+def strip_compiled(node: dict, live) -> dict:
+    """`node` with "_orig_mod." taken out of the keys of each dict whose live counterpart has no
+    such key: state saved from a torch.compile'd model (its state_dict's keys carry the
+    wrapper's prefix, as do torch.save files of it) restores into the plain module."""
+    if node.get("t") not in ("dict", "odict") or not isinstance(live, dict):
+        return node
+    by_name = {str(k): v for k, v in live.items()}
+    keys = node["k"]
+    stripped = [k.replace(COMPILED_PREFIX, "") if isinstance(k, str) else k for k in keys]
+    if (stripped != keys and len(set(map(str, stripped))) == len(keys)
+            and not any(COMPILED_PREFIX in name for name in by_name)):
+        keys = stripped
+    values = [strip_compiled(v, by_name.get(str(k))) for k, v in zip(keys, node["v"])]
+    return {**node, "k": keys, "v": values}
+

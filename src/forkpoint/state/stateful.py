@@ -24,11 +24,23 @@ def is_module(obj) -> bool:
                for c in type(obj).__mro__)
 
 
+def unwrap_compiled(obj):
+    """The module a torch.compile wrapper holds (its parameters are the same tensors), else
+    `obj`: saved through it, a compiled model's state has no "_orig_mod." before each key, so
+    compiled and plain models save and restore the same versions."""
+    inner = getattr(obj, "_orig_mod", None)
+    wrapper = type(obj)
+    if inner is not None and wrapper.__name__ == "OptimizedModule" and wrapper.__module__.startswith("torch._dynamo"):
+        return unwrap_compiled(inner)
+    return obj
+
+
 def capture(state) -> tuple[object, list[tuple[tuple, object]]]:
     """Return (tree with stateful objects replaced by their state_dicts, [(keys, object)])."""
     objects: list[tuple[tuple, object]] = []
 
     def walk(obj, keys):
+        obj = unwrap_compiled(obj)
         if is_stateful(obj):
             objects.append((keys, obj))
             return obj.state_dict()
