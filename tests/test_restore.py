@@ -328,3 +328,28 @@ def test_a_compiled_model_and_its_plain_module_share_versions(repo):
     repo.restore({"model": fresh}, "prefixed")
     assert torch.equal(fresh[1].running_mean, model[1].running_mean)
     assert torch.equal(fresh[0].weight, model[0].weight)
+
+
+def test_a_ddp_or_data_parallel_model_and_its_plain_module_share_versions(repo, tmp_path):
+    """DDP and DataParallel add "module." before each state_dict key: saved through the
+    wrapper the version holds the plain keys; a version whose keys carry the prefix (the
+    wrapper's state_dict saved as a dict) restores into the plain module and the wrappers."""
+    import torch.distributed as dist
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        repo.save({"model": ddp})
+        repo.save({"model": ddp.state_dict()}, branch="prefixed")
+        assert [leaf.path for leaf in repo.manifest("main").leaves] == ["model/weight", "model/bias"]
+        for ref in ("main", "prefixed"):
+            targets = [torch.nn.Linear(3, 2), torch.nn.DataParallel(torch.nn.Linear(3, 2)),
+                       torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 2))]
+            for target in targets:
+                repo.restore({"model": target}, ref)
+                plain = getattr(target, "module", target)
+                assert torch.equal(plain.weight, model.weight) and torch.equal(plain.bias, model.bias), (ref, target)
+    finally:
+        dist.destroy_process_group()

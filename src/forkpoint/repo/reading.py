@@ -16,7 +16,7 @@ from ..state.block import box_fits
 from ..state.flatten import CONTAINER_NODES
 from ..state.skeleton import rename as rename_skeleton
 from ..state.skeleton import select as select_skeleton
-from ..state.skeleton import strip_compiled
+from ..state.skeleton import strip_wrappers
 
 
 class Reader:
@@ -167,7 +167,7 @@ class Reader:
         if skeleton is None:
             raise RefNotFoundError(f"version {m.version.id} has nothing under {paths}")
         captured, objects = capture(state)
-        skeleton = strip_compiled(rename_skeleton(skeleton, rename, captured), captured)
+        skeleton = strip_wrappers(rename_skeleton(skeleton, rename, captured), captured)
         resized: list = []
         skeleton = self._resolve_ranks(skeleton, m, objects, resized)
         skipped = [_keys_path(k) for k, o in objects if o in resized and getattr(o, "on_resize", "") == "skip"]

@@ -114,20 +114,32 @@ def rename(node: dict, mapping: dict[str, str] | None, live=None) -> dict:
 
 COMPILED_PREFIX = "_orig_mod."
 """What torch.compile's wrapper module puts before each key of the state_dict it gives."""
+PARALLEL_PREFIX = "module."
+"""What DDP and DataParallel put before each key of the state_dict they give."""
 
 
-def strip_compiled(node: dict, live) -> dict:
-    """`node` with "_orig_mod." taken out of the keys of each dict whose live counterpart has no
-    such key: state saved from a torch.compile'd model (its state_dict's keys carry the
-    wrapper's prefix, as do torch.save files of it) restores into the plain module."""
+def strip_wrappers(node: dict, live) -> dict:
+    """`node` with the keys of each dict freed of the prefixes that wrapper modules add, where
+    the live counterpart has none: "_orig_mod." (torch.compile) anywhere in a key, and a
+    leading "module." (DDP) when every key has it and the keys without it are live keys.
+    State saved from a wrapped model's state_dict (or a torch.save file of it) then restores
+    into the plain module."""
     if node.get("t") not in ("dict", "odict") or not isinstance(live, dict):
         return node
     by_name = {str(k): v for k, v in live.items()}
     keys = node["k"]
-    stripped = [k.replace(COMPILED_PREFIX, "") if isinstance(k, str) else k for k in keys]
-    if (stripped != keys and len(set(map(str, stripped))) == len(keys)
-            and not any(COMPILED_PREFIX in name for name in by_name)):
-        keys = stripped
-    values = [strip_compiled(v, by_name.get(str(k))) for k, v in zip(keys, node["v"])]
+    if any(isinstance(k, str) and COMPILED_PREFIX in k for k in keys) and not any(
+            COMPILED_PREFIX in name for name in by_name):
+        keys = _if_distinct(keys, [k.replace(COMPILED_PREFIX, "") if isinstance(k, str) else k for k in keys])
+    if (keys and all(isinstance(k, str) and k.startswith(PARALLEL_PREFIX) for k in keys)
+            and not any(name.startswith(PARALLEL_PREFIX) for name in by_name)):
+        bare = [k[len(PARALLEL_PREFIX):] for k in keys]
+        if set(bare) <= set(by_name):
+            keys = bare
+    values = [strip_wrappers(v, by_name.get(str(k))) for k, v in zip(keys, node["v"])]
     return {**node, "k": keys, "v": values}
 
+
+def _if_distinct(keys: list, renamed: list) -> list:
+    """`renamed` unless two keys would become one."""
+    return renamed if len(set(map(str, renamed))) == len(keys) else keys

@@ -24,14 +24,21 @@ def is_module(obj) -> bool:
                for c in type(obj).__mro__)
 
 
-def unwrap_compiled(obj):
-    """The module a torch.compile wrapper holds (its parameters are the same tensors), else
-    `obj`: saved through it, a compiled model's state has no "_orig_mod." before each key, so
-    compiled and plain models save and restore the same versions."""
-    inner = getattr(obj, "_orig_mod", None)
-    wrapper = type(obj)
-    if inner is not None and wrapper.__name__ == "OptimizedModule" and wrapper.__module__.startswith("torch._dynamo"):
-        return unwrap_compiled(inner)
+WRAPPERS = {("torch._dynamo", "OptimizedModule"): "_orig_mod",
+            ("torch.nn.parallel", "DistributedDataParallel"): "module",
+            ("torch.nn.parallel", "DataParallel"): "module"}
+"""Modules that wrap another (torch.compile, DDP, DataParallel) and the attribute holding it."""
+
+
+def unwrap(obj):
+    """The module a torch.compile, DDP or DataParallel wrapper holds (its parameters are the
+    same tensors), else `obj`: saved through it, a wrapped model's state has no "_orig_mod." or
+    "module." before each key, so wrapped and plain models save and restore the same versions."""
+    for klass in type(obj).__mro__:
+        attribute = next((a for (where, name), a in WRAPPERS.items()
+                          if klass.__name__ == name and klass.__module__.startswith(where)), None)
+        if attribute is not None and getattr(obj, attribute, None) is not None:
+            return unwrap(getattr(obj, attribute))
     return obj
 
 
@@ -40,7 +47,7 @@ def capture(state) -> tuple[object, list[tuple[tuple, object]]]:
     objects: list[tuple[tuple, object]] = []
 
     def walk(obj, keys):
-        obj = unwrap_compiled(obj)
+        obj = unwrap(obj)
         if is_stateful(obj):
             objects.append((keys, obj))
             return obj.state_dict()
