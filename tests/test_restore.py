@@ -177,7 +177,7 @@ def test_resumable_sampler_continues_at_next_sample(repo):
     rest = list(iter(fresh)) + list(iter(fresh))
     assert rest == rest_expected
     assert sorted(first + rest[:6]) == list(range(10))
-    with pytest.raises(ValueError, match="saved over 10 items"):
+    with pytest.raises(StateMismatchError, match="cannot restore .data. .ResumableSampler.* saved over 10 items"):
         repo.restore({"data": fp.ResumableSampler(11)}, "main")
 
 
@@ -353,3 +353,19 @@ def test_a_ddp_or_data_parallel_model_and_its_plain_module_share_versions(repo, 
                 assert torch.equal(plain.weight, model.weight) and torch.equal(plain.bias, model.bias), (ref, target)
     finally:
         dist.destroy_process_group()
+
+
+def test_an_optimizer_built_with_other_parameter_groups_is_named_with_the_version(repo):
+    """torch's load_state_dict refuses the saved state: the error names the part, the
+    object's type, the version and what to do, and keeps torch's reason."""
+    model = make_model(0, hidden=8)
+    opt = torch.optim.AdamW(model.parameters())
+    v = repo.save({"model": model, "optim": opt})
+    grouped = torch.optim.AdamW([{"params": model[0].parameters()},
+                                 {"params": [p for m in list(model)[1:] for p in m.parameters()], "lr": 0.1}])
+    with pytest.raises(StateMismatchError) as e:
+        repo.restore({"model": model, "optim": grouped}, "main")
+    message = str(e.value)
+    assert message.startswith(f"cannot restore 'optim' (AdamW) from version {v.id}"), message
+    assert "different number of parameter groups" in message and "paths=[...]" in message
+    repo.restore({"model": model, "optim": grouped}, "main", paths=["model"])

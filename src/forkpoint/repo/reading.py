@@ -193,7 +193,8 @@ class Reader:
         values = self.read_values(m, indices, targets, map_location, allow_pickle, devices)
         loaded = unflatten(skeleton, values, f"version {m.version.id}")
         captured = merge(captured, loaded)
-        restore_objects(captured, objects, state, module_strict=False)
+        restore_objects(captured, objects, state, module_strict=False,
+                        where=f"version {m.version.id} (step {m.version.step})")
         rank, world = self._rank_world()
         for obj in resized:
             if callable(getattr(obj, "on_world_change", None)):

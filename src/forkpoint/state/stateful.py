@@ -9,6 +9,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from ..errors import StateMismatchError
 from .leaves import is_torch_tensor
 
 
@@ -126,14 +127,22 @@ def merge(live, loaded):
     return loaded
 
 
-def restore_objects(captured, objects, state, module_strict: bool) -> None:
-    """Hand each stateful object its merged subtree; update plain containers of `state` in place."""
+def restore_objects(captured, objects, state, module_strict: bool, where: str = "the version") -> None:
+    """Hand each stateful object its merged subtree; update plain containers of `state` in
+    place. An object that refuses its state is a StateMismatchError naming it and `where`."""
     for keys, obj in objects:
         sd = get_at(captured, keys)
-        if is_module(obj):
-            obj.load_state_dict(sd, strict=module_strict)
-        else:
-            obj.load_state_dict(sd)
+        try:
+            if is_module(obj):
+                obj.load_state_dict(sd, strict=module_strict)
+            else:
+                obj.load_state_dict(sd)
+        except (ValueError, KeyError, TypeError, RuntimeError, IndexError) as e:
+            path = "/".join(map(str, keys)) or "the state"
+            raise StateMismatchError(
+                f"cannot restore {path!r} ({type(obj).__name__}) from {where}: its load_state_dict refused the "
+                f"saved state ({type(e).__name__}: {e}). Build it as it was when saved (the same parameter "
+                f"groups, options and parts), or leave it out with paths=[...]") from e
     if isinstance(state, (dict, list)) and not is_stateful(state):
         _write_back(state, captured)
 
