@@ -58,11 +58,12 @@ class SaveSession:
     def __init__(self, repo, branch: str, check_holder: bool = True):
         if check_holder:
             repo.refs.holds.check(branch)
-            repo.refs.refuse_shadowing("heads", branch)
         repo.leases.hold(repo.store)
         self.repo, self.branch = repo, branch
         self.head: Manifest | None = repo._head_manifest(branch)
         """The manifest of the branch head the new version builds on (None: no usable head)."""
+        if check_holder and self.head is None:  # perhaps a new branch: not one named like a tag
+            repo.refs.refuse_shadowing("heads", branch)
         self.deltas = None
         self._writers: list[ObjectWriter] = []
         self.closed = False

@@ -137,6 +137,8 @@ def strip_wrappers(node: dict, live) -> dict:
         if set(bare) <= set(by_name):
             keys = bare
     values = [strip_wrappers(v, by_name.get(str(k))) for k, v in zip(keys, node["v"])]
+    if keys is node["k"] and all(a is b for a, b in zip(values, node["v"])):
+        return node
     return {**node, "k": keys, "v": values}
 
 

@@ -48,8 +48,8 @@ def capture(state) -> tuple[object, list[tuple[tuple, object]]]:
     objects: list[tuple[tuple, object]] = []
 
     def walk(obj, keys):
-        obj = unwrap(obj)
         if is_stateful(obj):
+            obj = unwrap(obj)
             objects.append((keys, obj))
             return obj.state_dict()
         if isinstance(obj, dict):
