@@ -311,3 +311,49 @@ def test_gc_removes_the_records_of_refs_deleted_longer_ago_than_the_grace(repo):
     repo.fork("main", "scratch")
     assert set(fp.Repo(repo.url).tags()) == {"checkpoint-0", "checkpoint-4"}
     assert "scratch" in fp.Repo(repo.url).branches()
+
+
+def test_files_forkpoint_did_not_write_are_left_alone_and_gc_still_works(tmp_path):
+    """A stray file under objects/ (an editor's backup, an NFS .nfs file of a deleted object
+    still open) or under versions/ is never read as forkpoint's, never deleted, and does not
+    stop gc; gc names the ones under objects/."""
+    url = str(tmp_path / "r")
+    repo = fp.Repo(url, create=True)
+    repo.save({"w": torch.zeros(4)}, step=0)
+    repo.save({"w": torch.ones(4)}, step=1)
+    strays = [os.path.join(url, "objects", "ab", ".nfs000000000123"), os.path.join(url, "objects", "notes.txt"),
+              os.path.join(url, "versions", "README.json"), os.path.join(url, "versions", "old", "x.json")]
+    for path in strays:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write("not forkpoint's")
+        os.utime(path, (time.time() - 86400, time.time() - 86400))
+    report = repo.gc(keep=fp.Keep(last=1), grace=0)
+    assert report.deleted_objects == 1 and report.pruned_versions
+    assert sorted(report.left_alone) == ["objects/ab/.nfs000000000123", "objects/notes.txt"]
+    assert all(os.path.exists(p) for p in strays)
+    assert len(repo.version_ids()) == 2 and repo.verify().ok
+    assert torch.equal(repo.load("main")["w"], torch.ones(4))
+    out = procs.run([sys.executable, "-m", "forkpoint.cli.main", "gc", "--grace", "0", "-r", url],
+                    timeout=procs.CHILD_SECONDS)
+    assert out.returncode == 0 and "left alone 2 file(s) under objects/" in out.stdout, out.stdout + out.stderr
+    repo.close()
+
+
+def test_a_repository_is_not_created_over_files_where_it_keeps_its_own(tmp_path):
+    """create=True where tmp/ (or objects/, versions/, refs/) already holds files and there is
+    no marker: refused, naming them, nothing written; a directory with other files is fine."""
+    from forkpoint.errors import StoreUnavailableError
+
+    home = tmp_path / "project"
+    (home / "tmp").mkdir(parents=True)
+    (home / "tmp" / "notes.txt").write_text("mine")
+    with pytest.raises(StoreUnavailableError, match=r"already holds files in tmp/.*new or empty directory"):
+        fp.Repo(str(home), create=True)
+    assert sorted(os.listdir(home)) == ["tmp"] and (home / "tmp" / "notes.txt").read_text() == "mine"
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "train.log").write_text("log")
+    repo = fp.Repo(str(tmp_path / "run"), create=True)
+    repo.save({"w": torch.ones(1)})
+    assert fp.Repo(str(tmp_path / "run"), create=True).version("main").id == repo.version("main").id
+    repo.close()

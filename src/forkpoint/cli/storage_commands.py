@@ -107,6 +107,9 @@ def gc(keep_last, keep_every, keep_best, branch_names, grace, dry_run, repo_url,
     elif not (report.deleted_objects or report.deleted_manifests or report.deleted_temp or report.pruned_versions):
         click.echo("nothing to free: every object is used by a version" + ("" if keep else
                    " (pass --keep-last/--keep-every/--keep-best to prune old versions)"))
+    if report.left_alone:
+        shown = ", ".join(report.left_alone[:5]) + (" ..." if len(report.left_alone) > 5 else "")
+        click.echo(f"left alone {len(report.left_alone)} file(s) under objects/ whose names are not objects': {shown}")
 
 
 @click.command()

@@ -35,6 +35,13 @@ def object_key(digest: str) -> str:
     return f"objects/{digest[:2]}/{digest}"
 
 
+def is_object_key(key: str) -> bool:
+    """True for a storage key that names an object: objects/<h[0:2]>/<h>, h 64 hex digits."""
+    parts = key.split("/")
+    return (len(parts) == 3 and parts[0] == "objects" and len(parts[2]) == 64
+            and _HEX.issuperset(parts[2]) and parts[1] == parts[2][:2])
+
+
 def content_hash(data, pmap=None) -> str:
     """Return the content hash of a bytes-like object: blake3 of the bytes up to one block,
     else `block_root` of the blake3 digests of its 1 MiB blocks (so any block range verifies).

@@ -185,6 +185,9 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
             raise RepoNotFoundError(
                 f"no forkpoint repository at {self.url}: create one with "
                 f"fp.Repo({self.url!r}, create=True) or `forkpoint init {self.url}`")
+        if not found:
+            for store in self.stores:
+                _refuse_foreign_layout(store)
         record = {"format": REPO_KIND, "format_version": list(FORMAT_VERSION), "created": time.time()}
         for store in self.stores:
             if store not in found:
@@ -470,4 +473,19 @@ def pending_save(commit: Task, plan, flat) -> PendingSave:
         elif d is not None and i in plan.captures and d.data.size:
             by_ptr[d.live_ptr or d.data.__array_interface__["data"][0]] = plan.captures[i]
     return PendingSave(commit, plan.capture_tasks(), by_ptr)
+
+
+REPOSITORY_DIRECTORIES = ("objects", "versions", "refs", "tmp")
+"""What a repository keeps below its root; gc deletes unreferenced and stale files there."""
+
+
+def _refuse_foreign_layout(store: Store) -> None:
+    """StoreUnavailableError when a new repository's root already has files where the
+    repository keeps its own (a tmp/ of the user's would be swept by gc as stale temp files)."""
+    taken = [d + "/" for d in REPOSITORY_DIRECTORIES if store.list(d)]
+    if taken and not store.exists(REPO_MARKER):  # else another process created it meanwhile
+        raise StoreUnavailableError(
+            f"cannot create a repository at {store.url}: it has no {REPO_MARKER} but already holds files in "
+            f"{', '.join(taken)}, which a repository keeps for its own (and gc cleans). Create it in a new or "
+            f"empty directory; if this was a repository whose {REPO_MARKER} was lost, put that file back")
 

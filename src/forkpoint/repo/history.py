@@ -2,12 +2,16 @@
 
 import collections
 import itertools
+import re
 import threading
 
 from ..errors import FormatError, MissingObjectError, RefNotFoundError
 from ..format.manifest import Manifest, Version, version_from_bytes
 from ..format.refs import parse_ref_expr
 from ..storage import Store
+
+_VERSION_KEY = re.compile(r"versions/[0-9a-f]{1,64}\.json")
+"""The key of a version manifest; other files under versions/ are not forkpoint's."""
 
 MANIFESTS_CACHED = 64
 LEAVES_CACHED = 30_000
@@ -122,7 +126,7 @@ class History:
         """The ids of every version record on `store` (default: any tier), without reading them."""
         stores = [store] if store is not None else self.stores
         return sorted({k[len("versions/"):-len(".json")] for st in stores for k in st.list("versions")
-                       if k.endswith(".json")})
+                       if _VERSION_KEY.fullmatch(k)})
 
     def resolve(self, ref: str) -> str:
         """Return the version id named by a branch, tag, id (or unique prefix), with `~N` suffixes."""

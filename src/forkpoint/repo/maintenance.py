@@ -7,7 +7,7 @@ from ..engine.restore import ReadRequest, read_leaves
 from ..engine.objectwriter import stored_header
 from ..errors import CorruptObjectError, FormatError, ForkpointError
 from ..format.manifest import Manifest, Version, stub_bytes
-from ..format.objects import object_key, runs_of_bytes
+from ..format.objects import is_object_key, object_key, runs_of_bytes
 from ..format.refs import decode_record, record_key, seq_of
 from ..state.leaves import empty_leaf
 from ..storage import Store
@@ -245,6 +245,9 @@ class Maintenance:
         save in flight; return the CPU seconds the deletes took."""
         deleting = 0.0
         for key in store.list("objects"):
+            if not is_object_key(key):
+                report.left_alone.append(key)
+                continue
             name = key.rsplit("/", 1)[-1]
             if name in live_objects:
                 continue

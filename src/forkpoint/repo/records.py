@@ -72,6 +72,9 @@ class GcReport:
     kept_young: int = 0
     """Unreferenced objects and temp files kept because they were younger than the grace
     period (or, where no other process writes, than a few seconds): a save may be using them."""
+    left_alone: list[str] = field(default_factory=list)
+    """Files under objects/ whose names are not objects' (an editor's backup, an NFS `.nfs`
+    file of a deleted object still open somewhere): never deleted, never read."""
 
 
 @dataclass
