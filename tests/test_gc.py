@@ -342,7 +342,8 @@ def test_files_forkpoint_did_not_write_are_left_alone_and_gc_still_works(tmp_pat
 
 def test_a_repository_is_not_created_over_files_where_it_keeps_its_own(tmp_path):
     """create=True where tmp/ (or objects/, versions/, refs/) already holds files and there is
-    no marker: refused, naming them, nothing written; a directory with other files is fine."""
+    no marker: refused, naming them, nothing written; a directory with other files, or with a
+    concurrent creator's temp file, is fine."""
     from forkpoint.errors import StoreUnavailableError
 
     home = tmp_path / "project"
@@ -351,8 +352,10 @@ def test_a_repository_is_not_created_over_files_where_it_keeps_its_own(tmp_path)
     with pytest.raises(StoreUnavailableError, match=r"already holds files in tmp/.*new or empty directory"):
         fp.Repo(str(home), create=True)
     assert sorted(os.listdir(home)) == ["tmp"] and (home / "tmp" / "notes.txt").read_text() == "mine"
-    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "tmp").mkdir(parents=True)
     (tmp_path / "run" / "train.log").write_text("log")
+    # another process creating it at the same moment writes its marker through tmp/ first
+    (tmp_path / "run" / "tmp" / "0123456789abcdef-1f2e-0").write_text("{}")
     repo = fp.Repo(str(tmp_path / "run"), create=True)
     repo.save({"w": torch.ones(1)})
     assert fp.Repo(str(tmp_path / "run"), create=True).version("main").id == repo.version("main").id

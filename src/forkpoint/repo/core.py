@@ -33,6 +33,7 @@ from ..format.refs import check_name
 from ..state import capture, flatten
 from ..state.device import DeviceCapture
 from ..storage import Store, open_store
+from ..storage.local import TEMP_NAME
 from ..tiers import Tier, open_tiers
 from .commit import CommitQueue, SaveSession
 from .compaction import CompactCommands, Compactor
@@ -482,7 +483,10 @@ REPOSITORY_DIRECTORIES = ("objects", "versions", "refs", "tmp")
 def _refuse_foreign_layout(store: Store) -> None:
     """StoreUnavailableError when a new repository's root already has files where the
     repository keeps its own (a tmp/ of the user's would be swept by gc as stale temp files)."""
-    taken = [d + "/" for d in REPOSITORY_DIRECTORIES if store.list(d)]
+    def foreign(key: str) -> bool:  # a creator racing this one writes its marker through tmp/
+        return not (key.startswith("tmp/") and TEMP_NAME.fullmatch(key[len("tmp/"):]))
+
+    taken = [d + "/" for d in REPOSITORY_DIRECTORIES if any(map(foreign, store.list(d)))]
     if taken and not store.exists(REPO_MARKER):  # else another process created it meanwhile
         raise StoreUnavailableError(
             f"cannot create a repository at {store.url}: it has no {REPO_MARKER} but already holds files in "

@@ -4,6 +4,7 @@ import errno
 import itertools
 import mmap
 import os
+import re
 import threading
 import time
 import uuid
@@ -142,6 +143,10 @@ def _after(views: list[memoryview], skip: int) -> list[memoryview]:
 
 _TEMP_RUN = uuid.uuid4().hex[:16]
 _TEMP_COUNT = itertools.count()
+
+
+TEMP_NAME = re.compile(r"[0-9a-f]{16}-[0-9a-f]+-[0-9a-f]+")
+"""What _temp_name gives: a file under tmp/ not of this form is not a writer's temp file."""
 
 
 def _temp_name() -> str:
