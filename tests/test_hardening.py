@@ -15,7 +15,7 @@ import zstandard
 
 import forkpoint as fp
 from forkpoint.errors import (CorruptObjectError, ForkpointError, FormatError, MissingObjectError,
-                              OutOfMemoryError, UnsafePathError)
+                              OutOfMemoryError, StateMismatchError, UnsafePathError)
 from forkpoint.format.manifest import _record_id
 from forkpoint.format.objects import object_key, pack_header
 from forkpoint.format.refs import encode_record, record_key, seq_of
@@ -368,3 +368,28 @@ def test_branch_reset_and_delete_refuse_bad_input_in_one_line(repo, tmp_path):
                              capture_output=True, text=True)
         assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, (args, out.stderr)
     assert fp.Repo(repo.url).head("main") is not None
+
+
+# ------------------------------------------------------------------ class records
+@pytest.mark.parametrize("classes", [["o"], {"o": 3}, {"o": "x" * 5000}, "torch.optim.sgd:SGD"])
+def test_a_malformed_class_record_is_a_format_error(repo, classes):
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
+    v = repo.save({"o": opt})
+    bad = craft(repo, v.id, lambda r: r.__setitem__("classes", classes))
+    with pytest.raises(FormatError, match="classes is not an object"):
+        fp.Repo(repo.url).restore({"o": opt}, bad)
+
+
+def test_a_class_record_is_compared_as_text_and_never_imported(repo):
+    """A crafted record naming a module to import is only a name that differs from the live
+    object's class: the restore is refused and nothing is imported; a record naming a class
+    outside torch is not compared."""
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
+    v = repo.save({"o": opt})
+    bad = craft(repo, v.id, lambda r: r.__setitem__("classes", {"o": "torch.never_imported:SGD2"}))
+    with pytest.raises(StateMismatchError, match="o: stored state of a torch.never_imported.SGD2, live"):
+        fp.Repo(repo.url).restore({"o": opt}, bad)
+    assert "torch.never_imported" not in sys.modules
+    other = craft(repo, v.id, lambda r: r.__setitem__("classes", {"o": "accelerate.optimizer:AcceleratedOptimizer"}),
+                  branch="wrapped")
+    fp.Repo(repo.url).restore({"o": opt}, other)

@@ -369,3 +369,85 @@ def test_an_optimizer_built_with_other_parameter_groups_is_named_with_the_versio
     assert message.startswith(f"cannot restore 'optim' (AdamW) from version {v.id}"), message
     assert "different number of parameter groups" in message and "paths=[...]" in message
     repo.restore({"model": model, "optim": grouped}, "main", paths=["model"])
+
+
+def test_an_optimizer_of_another_class_is_refused_before_anything_is_restored(repo):
+    """An AdamW state handed to SGD would replace SGD's learning rate and momentum buffers
+    silently (torch accepts it): strict restore names both classes and the part, and leaves
+    the live objects untouched; strict=False restores it with a warning; paths= leaves it out."""
+    model = make_model(0)
+    adamw = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    train_one(model, adamw)
+    v = repo.save({"model": model, "optim": adamw})
+    assert repo.manifest(v.id).classes == {"model": "torch.nn.modules.container:Sequential",
+                                           "optim": "torch.optim.adamw:AdamW"}
+    fresh = make_model(1)
+    before = [p.detach().clone() for p in fresh.parameters()]
+    sgd = torch.optim.SGD(fresh.parameters(), lr=0.5, momentum=0.9)
+    with pytest.raises(StateMismatchError) as e:
+        repo.restore({"model": fresh, "optim": sgd})
+    message = str(e.value)
+    assert "optim: stored state of a torch.optim.adamw.AdamW, live torch.optim.sgd.SGD" in message, message
+    assert "paths=['model']" in message and "model:" not in message.split("\n", 1)[1], message
+    assert all(torch.equal(a, b) for a, b in zip(before, fresh.parameters()))
+    assert sgd.param_groups[0]["lr"] == 0.5 and not sgd.state
+
+    repo.restore({"model": fresh, "optim": sgd}, paths=["model"])
+    assert sgd.param_groups[0]["lr"] == 0.5 and torch.equal(fresh[0].weight, model[0].weight)
+    with pytest.warns(UserWarning, match="another class than the one saved: optim: stored state of a "
+                                         "torch.optim.adamw.AdamW"):
+        repo.restore({"model": fresh, "optim": sgd}, strict=False)
+    assert sgd.param_groups[0]["lr"] == 1e-3
+
+
+def test_class_records_follow_rename_and_do_not_check_modules(repo):
+    """The class record is keyed by the stored path, so rename= carries it; a module of another
+    class with the same keys (a renamed class) restores, since its keys are what is checked."""
+    class Renamed(torch.nn.Linear):
+        pass
+
+    lin = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    repo.save({"net": lin, "opt": opt})
+    target = Renamed(4, 2)
+    repo.restore({"model": target, "optim": torch.optim.SGD(target.parameters(), lr=0.2)},
+                 rename={"net": "model", "opt": "optim"})
+    assert torch.equal(target.weight, lin.weight)
+    with pytest.raises(StateMismatchError, match="optim: stored state of a torch.optim.sgd.SGD, live "
+                                                 "torch.optim.adam.Adam"):
+        repo.restore({"model": target, "optim": torch.optim.Adam(target.parameters())},
+                     rename={"net": "model", "opt": "optim"})
+
+
+def test_versions_without_class_records_restore_as_before(repo, monkeypatch):
+    """A manifest with no `classes` (written before 1.4, by the C library, or holding no
+    stateful object) is not checked, and stays byte-for-byte what 1.3 wrote."""
+    v = repo.save({"w": torch.ones(3)})
+    assert repo.manifest(v.id).classes == {}
+    assert b'"classes"' not in repo.store.read(f"versions/{v.id}.json")
+    import forkpoint.repo.core
+    monkeypatch.setattr(forkpoint.repo.core, "classes_of", lambda objects: {})  # as a 1.3 writer
+    lin = torch.nn.Linear(2, 2)
+    adam = torch.optim.Adam(lin.parameters(), lr=0.01)
+    u = repo.save({"opt": adam})
+    assert repo.manifest(u.id).classes == {}
+    sgd = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    repo.restore({"opt": sgd}, u.id)
+    assert sgd.param_groups[0]["lr"] == 0.01
+
+
+def test_a_stateful_object_of_the_users_own_class_may_be_renamed(repo):
+    """Only torch's classes are compared: a class of the user's renamed between runs (or a
+    script run as __main__ and later imported) restores, its own load_state_dict deciding."""
+    class Before(Counter):
+        pass
+
+    class After(Counter):
+        pass
+
+    saved = Before()
+    saved.n = 7
+    repo.save({"counter": saved})
+    live = After()
+    repo.restore({"counter": live})
+    assert live.n == 7

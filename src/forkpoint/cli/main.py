@@ -73,12 +73,15 @@ def show(ref, repo_url, as_json):
                "lossy": leaf.lossy}
               for leaf in m.leaves]
     if as_json:
-        return _emit({**v.summary(), "leaves": leaves})
+        return _emit({**v.summary(), "classes": m.classes, "leaves": leaves})
     console.print(f"[bold]version {v.id}[/bold]" + (" [red](pruned)[/red]" if v.pruned else ""))
     for key in ("branch", "step", "parents", "message", "metrics", "meta"):
         console.print(f"  {key:8} {getattr(v, key)}")
     console.print(f"  {'bytes':8} logical {_size(v.logical_bytes)}, newly stored {_size(v.stored_bytes)}")
     console.print(f"  {'env':8} " + ", ".join(f"{k}={val}" for k, val in v.env.items()))
+    if m.classes:
+        console.print(f"  {'objects':8} " + ", ".join(f"{p}={c.replace(':', '.')}" for p, c in m.classes.items()),
+                      markup=False)
     held = set(repo.where(v.id))
     for i, t in enumerate(v.tiers):
         where = "each node's own" if t.get("local") else ("holds it" if t["url"] in held else "does not hold it now")

@@ -26,7 +26,7 @@ from ..format.objects import object_key
 from ..repo import Repo as BaseRepo
 from ..repo.core import pending_save
 from ..repo.records import environment, save_fields
-from ..state import RankSlot, capture, flatten
+from ..state import RankSlot, capture, classes_of, flatten
 from ..state.stateful import get_at
 from .coordinator import Coordinator, DistSaveError
 from .group import Group, TorchGroup, hosts_of
@@ -188,7 +188,7 @@ class Repo(NodeLocalMixin):
             if not sync:
                 repo.commits.wait_for_room(repo.options.max_pending)
             with gc_paused():
-                skeleton, shared, local_skeleton, local, select = self._flat_parts(state, allow_pickle)
+                skeleton, shared, local_skeleton, local, select, classes = self._flat_parts(state, allow_pickle)
             n_shared = len(shared)
             # rank 0 publishes the ref and checks the branch's holder; the others are the same run
             session = repo.begin_save(branch, check_holder=self.rank == 0)
@@ -212,7 +212,8 @@ class Repo(NodeLocalMixin):
                 record = Version("", [], branch, step, 0.0, message, metrics, meta,
                                  env={**environment(), "world_size": self.world})
                 finish = session.queue_commit(
-                    lambda: self._coordinate(session, sid, part, skeleton, record, n_shared, allow_pickle),
+                    lambda: self._coordinate(session, sid, part, skeleton, record, n_shared, allow_pickle,
+                                             classes),
                     sync, after=[part])
             else:
                 finish = session.queue_commit(lambda: self._await_outcome(session, sid, part), sync,
@@ -235,8 +236,9 @@ class Repo(NodeLocalMixin):
             pass
 
     def _flat_parts(self, state, allow_pickle: bool):
-        """(skeleton, shared leaves, rank-local skeleton, rank-local leaves, select) of `state`:
-        `select(leaf index, box)` is True for the pieces this rank writes."""
+        """(skeleton, shared leaves, rank-local skeleton, rank-local leaves, select, classes) of
+        `state`: `select(leaf index, box)` is True for the pieces this rank writes; `classes` is
+        the manifest's record of its stateful objects."""
         tree, objects = capture(state)
         tree, local_trees = split_rank_local(tree, objects)
         deferred = self.repo.device.deferring()
@@ -262,11 +264,11 @@ class Repo(NodeLocalMixin):
             return owners.get((i, box[0][0] if box[0] else 0)) == me
 
         launch_device_copies(shared + local, self.options, select, writer_class(shared))
-        return skeleton, shared, local_skeleton, local, select
+        return skeleton, shared, local_skeleton, local, select, classes_of(objects)
 
     def warm_staging(self, state, allow_pickle: bool = False) -> int:
         """Fault in the staging buffers this rank's asynchronous saves of `state` will use."""
-        _, shared, _, local, select = self._flat_parts(state, allow_pickle)
+        _, shared, _, local, select, _ = self._flat_parts(state, allow_pickle)
         return self.repo.warm_leaves(shared + local, select, writer_class(shared))
 
     def _publish_part(self, session, sid: str, plan, n_shared: int, local_skeleton: dict,
@@ -300,12 +302,13 @@ class Repo(NodeLocalMixin):
             raise
 
     def _coordinate(self, session, sid, part, skeleton, record: Version, n_shared: int,
-                    allow_pickle: bool) -> Version:
+                    allow_pickle: bool, classes: dict[str, str]) -> Version:
         """(Rank 0) gather every part, assemble one manifest, commit it and announce the outcome."""
         try:
             parts = self.coordinator.gather(sid)
             own = part.result()
             manifest = assemble_manifest(record, skeleton, own.leaves[:n_shared], parts, allow_pickle)
+            manifest.classes = classes
             assignment = assign_flush(manifest, parts) if self.node_local else None
             with self.repo.placement.rules.sharing(assignment[0] if assignment else None):
                 version = session.commit(manifest)

@@ -14,7 +14,7 @@ import blake3
 from ..errors import CorruptObjectError, FormatError
 from .validate import check_manifest, check_record
 
-FORMAT_VERSION = (1, 3)
+FORMAT_VERSION = (1, 4)
 MAX_MANIFEST_BYTES = 1 << 30
 MANIFEST_KIND = "forkpoint.version"
 
@@ -195,12 +195,14 @@ class Version:
 
 @dataclass
 class Manifest:
-    """A version record plus its state skeleton and leaf table."""
+    """A version record plus its state skeleton and leaf table; `classes` names the class of
+    each stateful object (optimizer, scheduler, module) by the state path it was saved at."""
 
     version: Version
     tree: Any
     leaves: list[Leaf]
     pickle: bool = False
+    classes: dict[str, str] = field(default_factory=dict)
 
     def objects(self) -> set[str]:
         """The digests of every object this manifest's chunks are stored in."""
@@ -217,6 +219,8 @@ class Manifest:
         record = {f.name: getattr(self.version, f.name) for f in fields(self.version)}  # not copied
         top = {"format": MANIFEST_KIND, "format_version": list(FORMAT_VERSION), **record,
                "tree": self.tree, "pickle": self.pickle}
+        if self.classes:  # absent when empty: such manifests stay as 1.3 wrote them
+            top["classes"] = self.classes
         del top["id"]
         text = {k: _canonical_text(v) for k, v in top.items()}
         text["leaves"] = "[" + ",".join(map(_leaf_canonical, self.leaves)) + "]"
@@ -244,7 +248,8 @@ class Manifest:
         check_manifest(record, where)
         version = _version_of(record)
         leaves = [Leaf.from_json(d) for d in record.get("leaves", [])]
-        return Manifest(version, record.get("tree"), leaves, bool(record.get("pickle", False)))
+        return Manifest(version, record.get("tree"), leaves, bool(record.get("pickle", False)),
+                        dict(record.get("classes", {})))
 
 
 def version_from_bytes(data: bytes, where: str) -> Version:

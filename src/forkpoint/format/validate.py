@@ -27,6 +27,7 @@ MAX_CHUNKS_PER_LEAF = 1_000_000
 MAX_DELTA_CHAIN = 1024
 MAX_PARENTS = 64
 MAX_INLINE_BYTES = 4096
+MAX_CLASSES = 100_000
 _GRID_CELLS_MAX = 1 << 22
 _PAIRWISE_MAX = 4096
 
@@ -94,6 +95,17 @@ def check_manifest(record: dict, where: str) -> None:
     for i, leaf in enumerate(leaves):
         check_leaf(leaf, i, leaves, where)
     check_tree(record.get("tree"), len(leaves), where)
+    check_classes(record.get("classes", {}), where)
+
+
+def check_classes(classes, where: str) -> None:
+    """Raise FormatError unless `classes` (1.4) maps at most MAX_CLASSES state paths to class
+    names, all strings of at most MAX_NAME_CHARS."""
+    if not isinstance(classes, dict) or len(classes) > MAX_CLASSES or not all(
+            isinstance(k, str) and isinstance(v, str) and len(k) <= MAX_NAME_CHARS and len(v) <= MAX_NAME_CHARS
+            for k, v in classes.items()):
+        raise FormatError(f"manifest {where}: classes is not an object of at most {MAX_CLASSES} state paths "
+                          "to class names; the file is damaged or was not written by forkpoint")
 
 
 def check_tree(node, leaf_count: int, where: str) -> None:

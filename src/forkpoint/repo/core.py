@@ -30,7 +30,7 @@ from ..format.floatcodec import Layouts
 from ..format.objects import object_key
 from ..format.manifest import FORMAT_VERSION, Chunk, Manifest, Version, check_format, html_table
 from ..format.refs import check_name
-from ..state import capture, flatten
+from ..state import capture, classes_of, flatten
 from ..state.device import DeviceCapture
 from ..storage import Store, open_store
 from ..storage.local import TEMP_NAME
@@ -270,7 +270,7 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
 
     def _schedule_save(self, state, branch, step, message, metrics, meta, sync, allow_pickle):
         """Flatten `state` and queue its save's tasks; (plan, commit task)."""
-        tree, _ = capture(state)
+        tree, objects = capture(state)
         skeleton, flat = flatten(tree, allow_pickle=allow_pickle, copy=False, device_capture=self.device)
         sharded = next((fl.path for fl in flat if fl.data is not None and fl.data.box is not None), None)
         if sharded is not None:
@@ -278,10 +278,11 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
                 f"state path {sharded!r} is a part of a larger array (a sharded DTensor or an fp.Block): "
                 "save it from every rank with fp.dist.Repo or fp.mpi.Repo")
         record = Version("", [], branch, step, 0.0, message, metrics, meta, env=environment())
-        session = SaveSession(self, branch)
+        session, classes = SaveSession(self, branch), classes_of(objects)
         with self.scheduler.batch():
             plan = session.schedule(flat, sync, encode_later=self.options.encode_later)
-            commit = session.queue_commit(lambda: self._finish_save(session, plan, skeleton, record, allow_pickle),
+            commit = session.queue_commit(lambda: self._finish_save(session, plan, skeleton, record, allow_pickle,
+                                                                         classes),
                                           sync, deps=plan.writes)
             plan.commit = commit
         return plan, commit
@@ -416,7 +417,8 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
             return f"committed as version {commit.future.result().id}"
         return None
 
-    def _finish_save(self, session: SaveSession, plan, skeleton, record: Version, allow_pickle: bool) -> Version:
+    def _finish_save(self, session: SaveSession, plan, skeleton, record: Version, allow_pickle: bool,
+                     classes: dict[str, str]) -> Version:
         if plan.writer.aborted:
             raise SaveAbortedError(f"the save on branch {record.branch!r} was aborted: nothing committed")
         with gc_paused():
@@ -426,7 +428,7 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
         record.logical_bytes = sum(leaf.nbytes for leaf in stored.leaves if leaf.alias_of is None)
         record.stored_bytes = stored.stored_bytes
         has_pickle = any(leaf.kind == "pickle" for leaf in stored.leaves)
-        manifest = Manifest(record, skeleton, stored.leaves, pickle=allow_pickle and has_pickle)
+        manifest = Manifest(record, skeleton, stored.leaves, pickle=allow_pickle and has_pickle, classes=classes)
         return session.commit(manifest)
 
     def _commit(self, manifest: Manifest) -> Version:

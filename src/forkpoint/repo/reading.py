@@ -1,6 +1,7 @@
 """Load and in-place restore, with strict checks and tier fallback."""
 
 import os
+import warnings
 from collections.abc import Callable
 
 from ..engine.gcpause import gc_paused
@@ -17,6 +18,7 @@ from ..state.flatten import CONTAINER_NODES
 from ..state.skeleton import rename as rename_skeleton
 from ..state.skeleton import select as select_skeleton
 from ..state.skeleton import strip_wrappers
+from ..state.stateful import class_name
 
 
 class Reader:
@@ -177,7 +179,8 @@ class Reader:
         containers = {p for p, _, n in nodes if n.get("t") in CONTAINER_NODES}
         live = {p: v for p, v in _live_leaves(captured).items() if not any(has_prefix(p, s) for s in skipped)}
         scope = None if paths is None else [_renamed(p, rename) for p in paths]
-        self._check_restore(m, stored, containers, live, objects, scope, strict)
+        classes = {_renamed(p, rename): c for p, c in m.classes.items()}
+        self._check_restore(m, stored, containers, live, objects, scope, strict, classes)
         targets, devices = {}, {}
         for path, node in stored.items():
             if node.get("t") != "leaf" or path not in live:
@@ -232,9 +235,14 @@ class Reader:
         return node["v"][0] if rule == "first" else {"t": "dict", "k": [], "v": []}
 
     def _check_restore(self, m: Manifest, stored: dict, containers: set, live: dict, objects, scope,
-                       strict) -> None:
+                       strict, classes: dict[str, str]) -> None:
         def in_scope(p):
             return scope is None or any(has_prefix(p, s) for s in scope)
+
+        changed = _class_changes(classes, objects, in_scope)
+        if changed and not strict:
+            warnings.warn(f"version {m.version.id}: restoring with strict=False into an object of another "
+                          f"class than the one saved: {'; '.join(changed)}", stacklevel=4)
 
         open_prefixes = [_keys_path(k) for k, o in objects if not is_module(o)]
 
@@ -248,7 +256,7 @@ class Reader:
             if (not is_module(obj) and in_scope(prefix) and prefix not in containers
                     and not any(has_prefix(p, prefix) for p in stored)):
                 missing.append(prefix)
-        mismatched = []
+        mismatched = changed if strict else []
         for path, node in stored.items():
             if node.get("t") != "leaf" or path not in live:
                 continue
@@ -324,17 +332,38 @@ def _parts_hint(live: dict, objects, stored: dict, mismatched, missing, unexpect
         return p.split(":")[0].split("/")[0]
 
     given = {top(p) for p in live} | {top(_keys_path(k)) for k, _ in objects}
-    troubled = {top(p) for p in missing} | {top(p) for p in unexpected if top(p) in given}
+    troubled = {top(p) for p in missing + mismatched} | {top(p) for p in unexpected if top(p) in given}
     clean = sorted((given & {top(p) for p in stored}) - troubled)
     first = top((mismatched or missing or unexpected)[0])
     if any(": stored shape " in p for p in mismatched):
         return (f"a leaf of another shape cannot be restored into {first!r}: build it with the stored "
                 "shapes, or restore the other parts only (paths=[...], rename={...})")
+    if any(": stored state of " in p for p in mismatched):
+        others = f"restore the others only (paths={clean!r})" if clean else "leave it out (paths=[...])"
+        return (f"{first!r} holds the state of another class: build the one the version was saved "
+                f"from, or {others}; strict=False hands it the stored state anyway")
     if mismatched:
         return "strict=False restores into the live dtypes (the values converted); or paths=[...] leaves the part out"
     if clean:
         return f"to restore only the parts that match, pass paths={clean!r}; or strict=False, rename={{...}}"
     return f"to restore only some parts, pass paths=[{first!r}, ...]; or strict=False, rename={{...}}"
+
+
+def _class_changes(classes: dict[str, str], objects, in_scope) -> list[str]:
+    """'path: stored state of a <class>, live <class>' for each live torch object other than a
+    module (an optimizer, a scheduler, a GradScaler) whose class has another name than the torch
+    class recorded at its path: torch hands an AdamW state to SGD without a word, replacing its
+    hyperparameters. Modules are checked by their keys; classes outside torch (the user's own, a
+    wrapper such as accelerate's) by their own load_state_dict, so renaming one breaks nothing."""
+    changes = []
+    for keys, obj in objects:
+        path = _keys_path(keys)
+        was, now = classes.get(path, ""), class_name(obj)
+        if not (was.startswith("torch.") and now.startswith("torch.")) or is_module(obj) or not in_scope(path):
+            continue
+        if was.rpartition(":")[2] != now.rpartition(":")[2]:  # the name only: torch moves modules
+            changes.append(f"{path}: stored state of a {was.replace(':', '.')}, live {now.replace(':', '.')}")
+    return changes
 
 
 def _pickle_refused(path: str, vid: str) -> Exception:

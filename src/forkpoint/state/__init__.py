@@ -3,7 +3,7 @@
 from .block import Block
 from .flatten import FlatLeaf, RankSlot, flatten, unflatten, walk_skeleton
 from .providers import RankLocal, ResumableSampler, RNGState
-from .stateful import capture, is_module, is_stateful, merge, restore_objects
+from .stateful import capture, classes_of, is_module, is_stateful, merge, restore_objects
 
 __all__ = ["Block", "FlatLeaf", "RankSlot", "RankLocal", "flatten", "unflatten", "walk_skeleton", "ResumableSampler", "RNGState",
-           "capture", "is_module", "is_stateful", "merge", "restore_objects"]
+           "capture", "classes_of", "is_module", "is_stateful", "merge", "restore_objects"]

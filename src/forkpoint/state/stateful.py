@@ -10,6 +10,7 @@ from collections import OrderedDict
 import numpy as np
 
 from ..errors import StateMismatchError
+from ..format.paths import join_path
 from .leaves import is_torch_tensor
 
 
@@ -41,6 +42,16 @@ def unwrap(obj):
         if attribute is not None and getattr(obj, attribute, None) is not None:
             return unwrap(getattr(obj, attribute))
     return obj
+
+
+def class_name(obj) -> str:
+    """`module:qualname` of `obj`'s class, as a manifest's `classes` records it."""
+    return f"{type(obj).__module__}:{type(obj).__qualname__}"
+
+
+def classes_of(objects: list[tuple[tuple, object]]) -> dict[str, str]:
+    """{state path: class_name} of `capture`'s objects, as a manifest's `classes` holds them."""
+    return {join_path(*keys): class_name(obj) for keys, obj in objects}
 
 
 def capture(state) -> tuple[object, list[tuple[tuple, object]]]:
