@@ -46,8 +46,13 @@ def test_non_finite_metrics_are_recorded_and_never_rank_best(repo):
     assert vs[0].metrics["hist"] == ["nan"] and vs[0].meta == {"note": {"x": "nan"}}
     plan = set(repo.prune_plan(fp.Keep(last=1, best=("val_loss", 2, "min"))))
     assert {v.step for v in vs if v.id not in plan} == {3, 5}
-    with pytest.raises(TypeError, match="metrics must be JSON data.*object is not JSON data"):
+    with pytest.raises(TypeError, match=r"metrics must be JSON data.*metrics\['bad'\] is of type object, not JSON"):
         repo.save({"w": torch.ones(1)}, metrics={"bad": object()})
+    with pytest.raises(TypeError, match=r"meta\['run'\]\['hist'\]\[1\] is of type numpy.ndarray, not JSON data "
+                                        r"\(an array: pass .tolist\(\)"):
+        repo.save({"w": torch.ones(1)}, meta={"run": {"hist": [1, np.arange(3)]}})
+    v = repo.save({"w": torch.ones(1)}, metrics={"loss": torch.tensor([0.5]), "n": np.int64(3)})
+    assert v.metrics == {"loss": 0.5, "n": 3}
 
 
 def test_gc_frees_pruned_data_and_keeps_everything_needed(repo):

@@ -30,7 +30,8 @@ def test_save_records_and_refs(repo):
     assert repo.resolve(ids[0][:8]) == ids[0]
     assert [x.id for x in repo.log("main")] == ids[::-1]
     assert [x.id for x in repo.log("main", limit=2)] == ids[:1:-1]
-    with pytest.raises(RefNotFoundError, match="no parent"):
+    with pytest.raises(RefNotFoundError, match=f"'main~4' goes 4 versions back, but the history ends 3 back: "
+                                               f"main~3 \\({ids[0]}\\) is its first version"):
         repo.resolve("main~4")
     with pytest.raises(RefNotFoundError, match="no branch, tag or version 'nosuch'"):
         repo.load("nosuch")

@@ -150,7 +150,8 @@ class History:
         for i in range(ups):
             parents = self.version_by_id(vid).parents
             if not parents:
-                raise RefNotFoundError(f"{ref!r}: version {vid} has no parent ({i} generations back)")
+                raise RefNotFoundError(f"{ref!r} goes {ups} versions back, but the history ends {i} back: "
+                                       f"{base}~{i} ({vid}) is its first version")
             vid = parents[0]
         return vid
 

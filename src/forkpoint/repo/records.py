@@ -153,23 +153,27 @@ def step_number(step) -> int | None:
 def _json_safe(d: dict, what: str) -> dict:
     """`d` as plain JSON data: tensor and numpy scalars become numbers, and non-finite floats
     (a diverged loss, Lightning's inf score) the strings "nan", "inf" and "-inf", which JSON can
-    hold and which never rank as a best metric."""
+    hold and which never rank as a best metric. TypeError names the entry that is not."""
     if not isinstance(d, collections.abc.Mapping):
         raise TypeError(f"{what} must be a dict, got {type(d).__name__} {d!r}")
     try:
-        return json.loads(json.dumps(_finite(d), allow_nan=False))
+        return json.loads(json.dumps(_finite(d, what), allow_nan=False))
     except (TypeError, ValueError) as e:
         raise TypeError(f"{what} must be JSON data (numbers, str, bool, None, lists, dicts): {e}") from None
 
 
-def _finite(x):
+def _finite(x, where: str):
     if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
+        return {k: _finite(v, f"{where}[{k!r}]") for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
+        return [_finite(v, f"{where}[{i}]") for i, v in enumerate(x)]
     if not isinstance(x, (str, int, float, type(None))):
-        if not hasattr(x, "item"):
-            raise TypeError(f"{type(x).__name__} is not JSON data")
+        count = x.numel() if callable(getattr(x, "numel", None)) else getattr(x, "size", 1)
+        if not hasattr(x, "item") or count != 1:
+            kind = f"{type(x).__module__}.{type(x).__name__}".removeprefix("builtins.")
+            raise TypeError(f"{where} is of type {kind}, not JSON data"
+                            + (" (an array: pass .tolist() for a few values, or save it in the state)"
+                               if hasattr(x, "tolist") else ""))
         x = x.item()
     if isinstance(x, float) and not math.isfinite(x):
         return repr(x)
