@@ -133,8 +133,32 @@ def test_resume_with_every_version_damaged_says_so(repo):
     model = torch.nn.Linear(256, 256)
     repo.save({"model": model}, step=0)
     _flip_object_of(repo, "main", "model/weight")
-    with pytest.raises(fp.errors.CorruptObjectError, match="no version of branch 'main' could be restored intact"):
+    with pytest.raises(fp.errors.CorruptObjectError, match="no version of branch 'main' could be restored intact") as e:
         fp.Checkpointer(fp.Repo(repo.url), {"model": model}, every=1).resume()
+    assert "rebuild the model and optimizer" in str(e.value) and "restore reads into" not in str(e.value)
+
+
+def test_a_restore_stopped_by_damage_says_the_live_tensors_may_hold_part_of_it(repo):
+    """restore fills live tensors in place: when a damaged object stops it, the error names the
+    tensors it had begun filling and the ways on, and no object's load_state_dict ran (the
+    optimizer keeps its own hyperparameters); a load, which fills nothing live, says nothing."""
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 256))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    v = repo.save({"model": model, "opt": opt})
+    _flip_object_of(repo, "main", "model/1.weight")
+    live = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 256))
+    live_opt = torch.optim.SGD(live.parameters(), lr=0.5)
+    with pytest.raises(fp.errors.CorruptObjectError) as e:
+        fp.Repo(repo.url).restore({"model": live, "opt": live_opt})
+    first, second = str(e.value).split("\n")
+    assert "leaf 'model/" in first and "does not match its hash" in first
+    assert second.startswith("  restore reads into the live tensors in place, so 4 of them (model/0.bias, "
+                             "model/0.weight, model/1.bias, model/1.weight) may now hold part of")
+    assert f"part of version {v.id} (no load_state_dict was called)" in second and "forkpoint verify" in second
+    assert live_opt.param_groups[0]["lr"] == 0.5
+    with pytest.raises(fp.errors.CorruptObjectError) as e:
+        fp.Repo(repo.url).load("main")
+    assert "\n" not in str(e.value)
 
 
 FINISHING_SCRIPT = """

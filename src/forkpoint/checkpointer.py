@@ -264,10 +264,12 @@ class Checkpointer:
                 continue
             break
         else:
-            reasons = "; ".join(f"{v.id[:12]} (step {v.step}): {e or 'damaged on another rank'}" for v, e in skipped)
+            reasons = "; ".join(f"{v.id[:12]} (step {v.step}): {str(e).splitlines()[0] if e else 'damaged on another rank'}"
+                                for v, e in skipped)
             raise CorruptObjectError(f"no version of branch {self.branch!r} could be restored intact: {reasons}. "
-                                     f"Run `forkpoint verify -r {self.repo.url}`; to start over, delete the branch "
-                                     f"(`forkpoint branch delete {self.branch}`) or use another one")
+                                     f"Run `forkpoint verify -r {self.repo.url}`; to start over, rebuild the model and "
+                                     "optimizer (their tensors may hold part of a damaged version), then delete the "
+                                     f"branch (`forkpoint branch delete {self.branch}`) or use another one")
         if skipped and _world()[1] == 0:
             what = "; ".join(f"{v.id[:12]} (step {v.step}): {str(e).splitlines()[0] if e else 'damaged on another rank'}"
                              for v, e in skipped)

@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 from ..engine.gcpause import gc_paused
 from ..engine.restore import ReadRequest, mapped_leaf, read_leaves
-from ..errors import (CorruptObjectError, MissingObjectError, PrunedVersionError, RefNotFoundError,
-                      StateMismatchError, UnsupportedTypeError)
+from ..errors import (CorruptObjectError, ForkpointError, MissingObjectError, PrunedVersionError,
+                      RefNotFoundError, StateMismatchError, UnsupportedTypeError)
 from ..format.manifest import Manifest, Version
 from ..format.paths import child_path, has_prefix, join_path
 from ..state import capture, is_module, merge, restore_objects, unflatten, walk_skeleton
@@ -104,7 +104,12 @@ class Reader:
                 obj, buf = empty_leaf(leaf.kind, leaf.dtype, leaf.shape, leaf.device, leaf.path)
                 requests.append(ReadRequest(leaf, buf))
                 fresh[i] = obj
-        self.read_into(requests, m.version.id)
+        try:
+            self.read_into(requests, m.version.id)
+        except ForkpointError as e:
+            if not targets:
+                raise
+            raise _partly_filled(e, m, targets) from None
         for i, obj in fresh.items():
             loc = (devices or {}).get(i, map_location)
             values[i] = finish_leaf(m.leaves[i].kind, obj, m.leaves[i].device, loc, allow_pickle,
@@ -364,6 +369,17 @@ def _class_changes(classes: dict[str, str], objects, in_scope) -> list[str]:
         if was.rpartition(":")[2] != now.rpartition(":")[2]:  # the name only: torch moves modules
             changes.append(f"{path}: stored state of a {was.replace(':', '.')}, live {now.replace(':', '.')}")
     return changes
+
+
+def _partly_filled(error: Exception, m: Manifest, targets: dict) -> Exception:
+    """`error` (of its type) saying that a restore stopped by it had begun filling the live
+    tensors `targets` in place, and what to do about it."""
+    filled = sorted(m.leaves[i].path for i in targets)
+    return type(error)(
+        f"{error}\n  restore reads into the live tensors in place, so {len(filled)} of them "
+        f"({_listing(filled, shown=3)}) may now hold part of version {m.version.id} (no load_state_dict "
+        "was called): restore an intact version into them (`forkpoint verify` lists the damaged ones; "
+        "Checkpointer.resume falls back by itself) or rebuild them")
 
 
 def _pickle_refused(path: str, vid: str) -> Exception:
