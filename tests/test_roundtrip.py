@@ -1,6 +1,12 @@
 """Round trips of state trees: random trees, every dtype, views, aliases, Python values."""
 
+import argparse
+import dataclasses
+import datetime
+import enum
 import math
+import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -162,6 +168,42 @@ def test_unsupported_type_needs_pickle(repo):
     with pytest.raises(UnsupportedTypeError, match="cfg/thing.*pickle"):
         repo.load(v.id)
     assert repo.load(v.id, allow_pickle=True)["cfg"]["thing"].x == 3
+
+
+COMMON_VALUES = {
+    "args": (lambda: argparse.Namespace(lr=0.1, epochs=3), "vars(args)", {"lr": 0.1, "epochs": 3}),
+    "cfg": (lambda: _Config(), "dataclasses.asdict(cfg)", {"lr": 0.1, "layers": [2, 3]}),
+    "color": (lambda: _Color.RED, "color.value (or .name)", 1),
+    "seen": (lambda: {3, 1, 2}, "sorted(seen) (or list)", [1, 2, 3]),
+    "where": (lambda: pathlib.Path("/data/run"), "str(where)", "/data/run"),
+    "started": (lambda: datetime.datetime(2026, 1, 2, 3, 4), "started.isoformat()", "2026-01-02T03:04:00"),
+    "budget": (lambda: datetime.timedelta(minutes=2), "budget.total_seconds()", 120.0),
+}
+
+
+class _Color(enum.Enum):
+    RED = 1
+
+
+@dataclasses.dataclass
+class _Config:
+    lr: float = 0.1
+    layers: list = dataclasses.field(default_factory=lambda: [2, 3])
+
+
+@pytest.mark.parametrize("name", sorted(COMMON_VALUES))
+def test_a_common_value_without_pickle_is_refused_with_the_plain_form_to_store(repo, name):
+    """The values a torch.save checkpoint often holds (an argparse Namespace, a dataclass
+    config, an enum, a set, a path, a time) are refused with the expression that stores
+    them as plain data, and that expression's value saves and loads back as it is."""
+    make, expression, plain = COMMON_VALUES[name]
+    with pytest.raises(UnsupportedTypeError, match=rf"state path 'run/{name}' holds a value of type .*: "
+                                                   rf"store {re.escape(expression)} instead"):
+        repo.save({"run": {name: make()}})
+    value = make()
+    converted = eval(expression.split(" (or")[0], {"dataclasses": dataclasses, name: value})
+    repo.save({"run": {name: converted}})
+    assert repo.load()["run"][name] == plain
 
 
 def test_unsupported_tensor_kinds(repo):

@@ -4,7 +4,12 @@ Containers (dict, OrderedDict, list, tuple) and Python scalars live in the skele
 arrays, large bytes and (opt-in) pickled objects become leaves referenced by index.
 """
 
+import argparse
 import base64
+import dataclasses
+import datetime
+import enum
+import os
 import pickle
 import sys
 from collections import OrderedDict
@@ -147,11 +152,38 @@ class _Flattener:
                 raise UnsupportedTypeError(f"state path {path or '/'!r}: cannot pickle "
                                            f"{type(obj).__qualname__}: {e}") from e
             return self.add_leaf(path, keys, lambda: LeafData("pickle", "uint8", (blob.size,), "cpu", blob), None)
+        convert = plain_conversion(obj)
+        name = str(keys[-1]) if keys and str(keys[-1]).isidentifier() else "value"
+        ways = (f"store {convert.format(name)} instead (load returns that plain data)" if convert else
+                "give it state_dict()/load_state_dict(), convert it to tensors/arrays/Python values")
         raise UnsupportedTypeError(
-            f"state path {path or '/'!r} holds a {type(obj).__module__}.{type(obj).__qualname__}, which "
-            "forkpoint does not store without pickle: give it state_dict()/load_state_dict(), convert "
-            "it to tensors/arrays/Python values, or pass allow_pickle=True on save and load"
-        )
+            f"state path {path or '/'!r} holds a value of type {type(obj).__module__}.{type(obj).__qualname__}, "
+            f"which forkpoint does not store without pickle: {ways}, or pass allow_pickle=True on save and load")
+
+
+def plain_conversion(obj) -> str | None:
+    """The expression, `{}` standing for `obj`, that turns it into plain data forkpoint stores
+    (`vars({})` for an argparse.Namespace, `dataclasses.asdict({})` for a dataclass...), or
+    None when none is known."""
+    klass = type(obj)
+    names = {f"{c.__module__}.{c.__qualname__}" for c in klass.__mro__}
+    if dataclasses.is_dataclass(obj):
+        return "dataclasses.asdict({})"
+    if isinstance(obj, enum.Enum):
+        return "{}.value (or .name)"
+    if isinstance(obj, (set, frozenset)):
+        return "sorted({}) (or list)"
+    if isinstance(obj, os.PathLike):
+        return "str({})"
+    if isinstance(obj, argparse.Namespace):
+        return "vars({})"
+    if isinstance(obj, (datetime.date, datetime.time, datetime.timedelta)):
+        return "{}.total_seconds()" if isinstance(obj, datetime.timedelta) else "{}.isoformat()"
+    if names & {"omegaconf.dictconfig.DictConfig", "omegaconf.listconfig.ListConfig"}:
+        return "OmegaConf.to_container({}, resolve=True)"
+    if callable(getattr(obj, "to_dict", None)):  # a transformers PretrainedConfig, a pandas Series
+        return "{}.to_dict()"
+    return None
 
 
 def _value_node(obj) -> dict | None:
