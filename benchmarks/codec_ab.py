@@ -44,7 +44,7 @@ CODEC_MODULES = ("floatcodec.py", "planecoders.py", "planeforms.py", "kernels.py
 
 def other_codec(src: Path):
     """The float codec module of the checkout whose sources are at `src`, imported under its own
-    name (as other_forkpoint.format.floatcodec, beside that checkout's errors module)."""
+    name (as other_forkpoint.codecs.floatcodec, beside that checkout's errors module)."""
     root = Path(tempfile.mkdtemp()) / "other_forkpoint"
     (root / "format").mkdir(parents=True)
     (root / "__init__.py").touch()
@@ -54,10 +54,10 @@ def other_codec(src: Path):
     for module in CODEC_MODULES:
         if (src / "forkpoint/format" / module).exists():
             shutil.copy(src / "forkpoint/format" / module, root / "format")
-    for built in glob.glob(str(src / "forkpoint/format/_planes*.so")):
+    for built in glob.glob(str(src / "forkpoint/codecs/_planes*.so")):
         shutil.copy(built, root / "format")
     sys.path.insert(0, str(root.parent))
-    return importlib.import_module("other_forkpoint.format.floatcodec")
+    return importlib.import_module("other_forkpoint.codecs.floatcodec")
 
 
 def main() -> None:
@@ -74,7 +74,7 @@ def main() -> None:
     ap.add_argument("--match-rows", action="store_true",
                     help="time only the native row matching, one thread, on each full part's rotated top plane")
     args = ap.parse_args()
-    from forkpoint.format import floatcodec as mine
+    from forkpoint.codecs import floatcodec as mine
     codecs = {"other": other_codec(Path(args.other)), "this": mine}
     if args.huffman:
         return huffman_only(codecs, args)
@@ -100,7 +100,7 @@ def main() -> None:
 def compare(codecs: dict, label: str, itemsize: int, buf: np.ndarray, units: list, before: list, repeats: int) -> None:
     """Print one row: both codecs' ratio and median MB/s on `units` of `buf` (see
     compression.save_units), layouts chosen afresh and reused from `before`, alternating."""
-    from forkpoint.format import floatcodec as mine
+    from forkpoint.codecs import floatcodec as mine
 
     threads = 2 if len(units) > 1 else 1
     pieces = {key: _pieces(codec, single=len(units) == 1) for key, codec in codecs.items()}

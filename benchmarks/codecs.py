@@ -490,7 +490,7 @@ def parallel_speedup(scratch: str, repeats: int) -> None:
     vector figures fall toward 1."""
     import numpy as np
 
-    from forkpoint.format import floatcodec
+    from forkpoint.codecs import floatcodec
     from forkpoint.format.objects import content_hash
 
     buffer = bytes(256 << 10)

@@ -59,8 +59,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--batch", type=int, default=8)
     args = ap.parse_args()
-    from forkpoint.format import floatcodec as fc
-    from forkpoint.format.delta import make_delta
+    from forkpoint.codecs import floatcodec as fc
+    from forkpoint.codecs.delta import make_delta
 
     shapes = tensor_shapes()
     print("| dtype | data | layouts | ratio | MB/s 1 thread | per coder: share of time, share of bytes, plane MB/s, ratio | rest of the time |")

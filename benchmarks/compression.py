@@ -93,7 +93,7 @@ def methods(itemsize: int, dtype: str) -> dict:
     import zipnn
     import zstandard
 
-    from forkpoint.format.codecs import codec_for
+    from forkpoint.codecs.registry import codec_for
 
     fp_codec = codec_for("lossless", itemsize, True)
 
@@ -154,7 +154,7 @@ def tensor_shapes() -> list[tuple]:
 
 def chosen_layouts(previous: np.ndarray, itemsize: int):
     """The Layouts the lossless codec chooses on `previous` (what the next encode reuses)."""
-    from forkpoint.format.floatcodec import Layouts, encode_pieces
+    from forkpoint.codecs.floatcodec import Layouts, encode_pieces
 
     layouts = Layouts()
     encode_pieces(previous, itemsize, layouts=layouts)
@@ -255,7 +255,7 @@ def disk_bandwidth(directory: Path, nbytes: int = 1 << 30) -> float:
 
 def decode_speed(buf: np.ndarray, itemsize: int, threads: int, repeats: int) -> float:
     """Median MB/s of decoding forkpoint's encoding of `buf` (what a restore pays)."""
-    from forkpoint.format import floatcodec
+    from forkpoint.codecs import floatcodec
 
     coded = floatcodec.encode(buf, itemsize)
     speeds = []
@@ -267,7 +267,7 @@ def decode_speed(buf: np.ndarray, itemsize: int, threads: int, repeats: int) -> 
 
 
 def check_round_trip(buf: np.ndarray, itemsize: int) -> None:
-    from forkpoint.format.codecs import codec_for
+    from forkpoint.codecs.registry import codec_for
 
     codec = codec_for("lossless", itemsize, True)
     back = codec.decode(codec.encode(memoryview(buf), itemsize), buf.nbytes)
@@ -279,7 +279,7 @@ def buffers(snaps: dict, itemsize: int, steps: int) -> list:
     part and the whole state at the last step, and XOR deltas of the whole state against LAGS
     steps earlier (the save before: the delta from steps - 1 to the snapshot nearest
     steps - 1 - lag)."""
-    from forkpoint.format.delta import make_delta
+    from forkpoint.codecs.delta import make_delta
 
     last, before = snaps[steps], snaps[steps - 1]
     cases = [(part, "full", last[part], before[part]) for part in PARTS]
@@ -313,8 +313,8 @@ def main() -> None:
     results = {"disk_GBps": statistics.median(disk_bandwidth(cache) for _ in range(3)), "rows": []}
     print(f"local disk, dd oflag=direct: {results['disk_GBps']:.2f} GB/s")
     shapes = tensor_shapes()
-    from forkpoint.format.codecs import codec_for
-    from forkpoint.format.floatcodec import Layouts
+    from forkpoint.codecs.registry import codec_for
+    from forkpoint.codecs.floatcodec import Layouts
     for dtype in args.dtypes.split(","):
         snaps = load_or_train(cache, dtype, args.steps, args.batch)
         itemsize = 4 if dtype == "float32" else 2

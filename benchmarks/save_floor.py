@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 import forkpoint as fp
-from forkpoint.format import floatcodec
+from forkpoint.codecs import floatcodec
 from forkpoint.format.objects import block_digests
 from forkpoint.engine.save import SaveOptions
 from forkpoint.storage.local import LocalStore

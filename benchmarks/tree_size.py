@@ -1,7 +1,7 @@
 """The size of the package's save path, encoding and distribution at two git revisions.
 
-Counts the Python lines of repo/, engine/, format/, tiers/ and dist/ (as `wc -l` does), each
-directory's share, the longest file and the longest function, at `--base` and at `--rev`, read
+Counts the Python lines of repo/, engine/, format/, tiers/ and dist/, and of codecs/, which
+holds the codecs that were in format/ (as `wc -l` does), each directory's share, the longest file and the longest function, at `--base` and at `--rev`, read
 from git (the working tree is not looked at). What the consolidation's targets are measured by:
 
     python -m benchmarks tree_size --base dbafe2f --rev HEAD
@@ -15,7 +15,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 
-DIRS = ("repo", "engine", "format", "tiers", "dist")
+DIRS = ("repo", "engine", "format", "codecs", "tiers", "dist")
 
 
 def git(*args: str) -> str:
@@ -54,7 +54,7 @@ def main() -> None:
             ap.error(f"git could not read revision {rev!r}: {e.stderr.strip()} (give a revision of this checkout)")
     base, now = measured
     rows = [[f"{d}/", base["per_dir"][d], now["per_dir"][d]] for d in DIRS]
-    rows.append(["all five", base["lines"], f"{now['lines']} ({now['lines'] / base['lines'] - 1:+.0%})"])
+    rows.append(["all of them", base["lines"], f"{now['lines']} ({now['lines'] / base['lines'] - 1:+.0%})"])
     rows.append(["longest file", "{} ({})".format(*base["longest_file"]), "{} ({})".format(*now["longest_file"])])
     rows.append(["longest function", "{} ({})".format(*base["longest_function"]),
                  "{} ({})".format(*now["longest_function"])])

@@ -7,8 +7,8 @@ import torch
 import forkpoint as fp
 from forkpoint.engine.parallel import parallel_map
 from helpers.unpaced import encode_every_chunk
-from forkpoint.format.codecs import CODECS, codec_for
-from forkpoint.format import kernels, planecoders, planeforms
+from forkpoint.codecs.registry import CODECS, codec_for
+from forkpoint.codecs import kernels, planecoders, planeforms
 
 
 def _trained_like(dtype, n=300_000):
@@ -155,7 +155,7 @@ def _moments_with_runs(n=400_000, seed=0):
 
 
 def test_float_codec_chooses_layout_and_coder_per_plane(monkeypatch):
-    from forkpoint.format import floatcodec
+    from forkpoint.codecs import floatcodec
 
     weights, moments = _weights_and_moments()
     tried = []
@@ -190,7 +190,7 @@ def test_float_codec_chooses_layout_and_coder_per_plane(monkeypatch):
 @pytest.mark.parametrize("itemsize", [1, 2, 4, 8])
 @pytest.mark.parametrize("pmap", [None, parallel_map], ids=["serial", "parallel"])
 def test_float_codec_round_trips_every_bit_pattern(itemsize, pmap):
-    from forkpoint.format import floatcodec
+    from forkpoint.codecs import floatcodec
 
     rng = np.random.default_rng(itemsize)
     raw = rng.integers(0, 256, 3 * floatcodec.SEGMENT_BYTES + 5 * itemsize, dtype=np.uint8)
@@ -203,8 +203,8 @@ def test_float_codec_round_trips_every_bit_pattern(itemsize, pmap):
 
 
 def test_float_codec_pieces_are_the_payload_and_outlive_later_encodes():
-    from forkpoint.format import floatcodec
-    from forkpoint.format.codecs import codec_by_name
+    from forkpoint.codecs import floatcodec
+    from forkpoint.codecs.registry import codec_by_name
 
     weights, moments = _weights_and_moments()
     first = floatcodec.encode_pieces(weights.view(np.uint8), 4, parallel_map)
@@ -227,7 +227,7 @@ def test_aligned_float_payloads_place_raw_planes_on_block_boundaries(shape):
     of the page-aligned work buffer (so direct I/O sends it from there); where rows allow,
     segments are sized so (768-wide rows: 1360 of them). The payload is version 6, decodes
     bit-exact, costs at most a block more per segment, and refuses a skew of a block or more."""
-    from forkpoint.format import floatcodec
+    from forkpoint.codecs import floatcodec
     from forkpoint.storage.memory import aligned_buffer
 
     rng = np.random.default_rng(5)
@@ -302,7 +302,7 @@ def test_restore_in_place_decodes_into_the_tensor_and_refuses_damage(tmp_path, m
     decoded copy), bit-exactly; a damaged payload or one that decodes to other bytes is
     refused naming the object; chunks whose codec cannot decode in place still restore."""
     from forkpoint.errors import CorruptObjectError, MissingObjectError
-    from forkpoint.format import floatcodec
+    from forkpoint.codecs import floatcodec
 
     weights, moments = _weights_and_moments()
     state = {"w": torch.from_numpy(weights), "m": torch.from_numpy(moments),
@@ -454,7 +454,7 @@ def test_an_encode_samples_a_sixteenth_of_a_small_chunk_and_estimates_keep_the_f
     """Choosing a 1 MiB float32 chunk's layout for an encode looks at 1/SAMPLE_SHARE of it (half
     the fixed sample: its choice costs half as much); `estimate` still codes the fixed sample,
     and estimate(sample(data)) == estimate(data) holds."""
-    from forkpoint.format import floatcodec
+    from forkpoint.codecs import floatcodec
     weights = (np.random.default_rng(2).standard_normal(1 << 18) * 0.02).astype(np.float32)
     data = weights.view(np.uint8)
     seen = []
@@ -508,7 +508,7 @@ def test_a_sparse_planes_bitmap_codes_runs_only_where_it_has_them():
     """Scattered nonzero bytes give a bitmap without runs, coded Huffman-only (as small, and
     faster); rows that are all zero give stretches of zero bitmap bytes, coded with runs. The
     trial size (_sparse_bytes) is the packed size either way, and both read back."""
-    from forkpoint.format import floatcodec
+    from forkpoint.codecs import floatcodec
     rng = np.random.default_rng(5)
     scattered = rng.integers(1, 256, 1 << 18, dtype=np.uint8)
     scattered[rng.random(scattered.size) < 0.6] = 0
@@ -562,7 +562,7 @@ def test_portable_and_vector_sparse_kernels_agree(tmp_path):
         pytest.skip("native kernels not built")
     planes = list(_sparse_bytes_cases(np.random.default_rng(17)))
     np.savez(tmp_path / "planes.npz", *planes)
-    script = ("import sys, numpy as np; from forkpoint.format import kernels, planecoders as c; "
+    script = ("import sys, numpy as np; from forkpoint.codecs import kernels, planecoders as c; "
               "d = np.load(sys.argv[1]); out = {}\n"
               "for k in d.files:\n"
               "    b, z = (x.copy() for x in c._split_sparse(d[k])); back = np.empty_like(d[k])\n"
@@ -602,7 +602,7 @@ def test_vector_kernels_write_and_read_the_payloads_of_the_portable_ones(tmp_pat
     import subprocess
     import sys
 
-    from forkpoint.format import floatcodec
+    from forkpoint.codecs import floatcodec
     if kernels.planes is None:
         pytest.skip("native kernels not built")
     cases = _kernel_cases()
@@ -613,7 +613,7 @@ def test_vector_kernels_write_and_read_the_payloads_of_the_portable_ones(tmp_pat
     mine = [floatcodec.encode(data, itemsize) for data, itemsize in cases]
     for i, payload in enumerate(mine):
         (tmp_path / f"mine{i}").write_bytes(payload)
-    script = ("import sys, json, numpy as np; from pathlib import Path; from forkpoint.format import floatcodec as f, kernels\n"
+    script = ("import sys, json, numpy as np; from pathlib import Path; from forkpoint.codecs import floatcodec as f, kernels\n"
               "d = np.load(sys.argv[1]); sizes = json.loads(sys.argv[2]); at = Path(sys.argv[3])\n"
               "for i, k in enumerate(d.files):\n"
               "    (at / f'theirs{i}').write_bytes(f.encode(d[k], sizes[i]))\n"
@@ -642,7 +642,7 @@ def test_kernels_report_takes_no_argument_and_unknown_settings_mean_portable(ker
         kernels.planes.kernels(1)
 
     def chosen(value):
-        return json.loads(kernels_setting(value, "import json; from forkpoint.format import _planes; "
+        return json.loads(kernels_setting(value, "import json; from forkpoint.codecs import _planes; "
                                                  "print(json.dumps(_planes.kernels()))"))
     default = chosen(None)
     assert set(default) == {"match_rows", "planes", "literals", "sparse"}
@@ -655,7 +655,7 @@ def _scattered_delta(n=1 << 20, unchanged=0.85, seed=0):
     (an optimizer step that rounds most updates away): zero bytes with no long runs."""
     import torch
 
-    from forkpoint.format.delta import make_delta
+    from forkpoint.codecs.delta import make_delta
     rng = np.random.default_rng(seed)
     before = torch.from_numpy(rng.standard_normal(n).astype(np.float32)).to(torch.bfloat16)
     after = before.clone()
@@ -669,7 +669,7 @@ def _scattered_delta(n=1 << 20, unchanged=0.85, seed=0):
 def test_scattered_zeros_are_coded_as_a_bitmap_and_the_nonzero_bytes(monkeypatch):
     """Deltas where most elements did not change, scattered: both planes are coded sparse
     (payload version 5), smaller than the best coding without it, bit-exact."""
-    from forkpoint.format import floatcodec
+    from forkpoint.codecs import floatcodec
     data = _scattered_delta()
     _, coders, _ = floatcodec.choose(data, 2)
     assert coders == [floatcodec.SPARSE, floatcodec.SPARSE]
@@ -690,7 +690,7 @@ def test_damaged_sparse_planes_are_refused(monkeypatch, kind):
     many bytes as it holds, or that a payload of version 4 names, is refused with what is wrong."""
     import struct
 
-    from forkpoint.format import floatcodec
+    from forkpoint.codecs import floatcodec
     data = _scattered_delta(n=100_000)
     payload = bytearray(floatcodec.encode(data, 2))
     if kind == "numpy":
@@ -716,7 +716,7 @@ def test_native_kernels_are_built_where_a_compiler_is():
 
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler on this machine")
-    assert kernels.planes is not None, "pip install should have built forkpoint.format._planes"
+    assert kernels.planes is not None, "pip install should have built forkpoint.codecs._planes"
 
 
 def test_native_plane_stats_match_numpy(monkeypatch):
@@ -743,7 +743,7 @@ def test_native_plane_stats_match_numpy(monkeypatch):
 
 @pytest.mark.parametrize("itemsize", [2, 4, 8])
 def test_native_planes_match_numpy_and_payloads_cross_read(itemsize, monkeypatch):
-    from forkpoint.format import floatcodec
+    from forkpoint.codecs import floatcodec
     native = kernels.planes
     if native is None:
         pytest.skip("native kernels not built")
@@ -786,7 +786,7 @@ def test_each_segment_picks_its_own_coders():
     runs (payload version 2 records a layout per segment; runs are a deflate stream, coder 2)."""
     import struct
 
-    from forkpoint.format import floatcodec
+    from forkpoint.codecs import floatcodec
     n = floatcodec.SEGMENT_BYTES // 4 // 1000 * 1000
     weights, _ = _weights_and_moments(n=n)
     data = np.concatenate([weights, _long_repeats(n), _moments_with_runs(n)]).view(np.uint8)
@@ -831,7 +831,7 @@ def test_version_1_float_payloads_still_decode():
     """Objects written before per-segment layouts (one layout for every segment) read back."""
     import struct
 
-    from forkpoint.format import floatcodec
+    from forkpoint.codecs import floatcodec
     weights, _ = _weights_and_moments()
     raw = weights.view(np.uint8)
     rotated, coders = True, [floatcodec.RAW, floatcodec.RAW, floatcodec.ZSTD, floatcodec.HUFFMAN]
@@ -851,7 +851,7 @@ def test_float_codec_reuses_layouts_and_chooses_again_when_stale(monkeypatch):
     """An encode given the Layouts of an earlier one skips the sampling, stays bit-exact, leaves
     a plane raw where the reused coder no longer gains, and chooses afresh after REUSE_LIMIT
     reuses or once the payload grows."""
-    from forkpoint.format import floatcodec
+    from forkpoint.codecs import floatcodec
 
     weights, moments = _weights_and_moments()
     nudged = np.nextafter(weights, np.float32(1))
@@ -919,7 +919,7 @@ def test_a_deflate_plane_that_inflates_past_its_size_is_refused_without_inflatin
     import struct
     import zlib
 
-    from forkpoint.format import floatcodec
+    from forkpoint.codecs import floatcodec
     packer = zlib.compressobj(9, zlib.DEFLATED, -15)
     bomb = packer.compress(bytes(50 << 20)) + packer.flush()
     head = struct.pack("<BBBxQI", 2, 1, 0, 1000, 1000) + bytes([0, floatcodec.HUFFMAN])
@@ -935,7 +935,7 @@ def test_a_deflate_plane_that_inflates_past_its_size_is_refused_without_inflatin
 def test_runs_without_the_native_coder_use_zlib_rle_and_read_back(monkeypatch):
     """Without the extension, runs are coded by zlib-ng's Z_RLE: the same kind of stream, chosen
     the same way, read by either build."""
-    from forkpoint.format import floatcodec
+    from forkpoint.codecs import floatcodec
     data = _moments_with_runs().view(np.uint8)
     native = kernels.planes
     monkeypatch.setattr(kernels, "planes", None)
@@ -957,7 +957,7 @@ def test_a_layout_that_codes_one_more_plane_must_save_what_coding_a_plane_costs(
     packs that plane seven bits a byte (several times faster than Huffman, as small), or leaves
     the layout unrotated. A weight's layout, where rotation isolates the exponent at no extra
     plane, stays rotated."""
-    from forkpoint.format import floatcodec
+    from forkpoint.codecs import floatcodec
     rng = np.random.default_rng(0)
     squares = (rng.standard_normal(400_000) ** 2 * 1e-6).astype(np.float32)
     weights = (rng.standard_normal(400_000) * 0.02).astype(np.float32)

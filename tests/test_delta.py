@@ -149,7 +149,7 @@ def test_flushed_tier_holds_the_whole_chain(tmp_path):
 
 
 def test_values_are_unchanged_by_chain_arithmetic():
-    from forkpoint.format.delta import apply_delta, make_delta
+    from forkpoint.codecs.delta import apply_delta, make_delta
 
     rng = np.random.default_rng(0)
     for dtype, op in [(np.int64, "sub"), (np.uint8, "sub"), (np.float32, "xor"), (np.float16, "xor")]:
@@ -308,8 +308,8 @@ def test_a_delta_is_estimated_from_the_samples_and_made_only_where_chosen(tmp_pa
     is the estimate of the whole delta's sample (small and large chunks); a delta that does not
     code smaller is never made in full, one that does is, and every version loads exact."""
     from forkpoint.engine import delta as delta_module
-    from forkpoint.format.codecs import codec_for
-    from forkpoint.format.delta import make_delta, op_for
+    from forkpoint.codecs.registry import codec_for
+    from forkpoint.codecs.delta import make_delta, op_for
 
     g = torch.Generator().manual_seed(5)
     itemsize = torch.empty(0, dtype=dtype).element_size()

@@ -10,7 +10,7 @@ from forkpoint.engine.autocodec import choice_for
 from forkpoint.engine.reencode import LaterEncode, encode_in_place
 from forkpoint.engine.objectwriter import stored_codec
 from forkpoint.errors import CorruptObjectError
-from forkpoint.format.codecs import codec_by_name
+from forkpoint.codecs.registry import codec_by_name
 from forkpoint.format.objects import object_key
 
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import forkpoint as fp
 from forkpoint.errors import ForkpointError
-from forkpoint.format.codecs import CODECS
+from forkpoint.codecs.registry import CODECS
 from forkpoint.format.manifest import Manifest, _record_id
 from forkpoint.format.objects import content_hash, decode_object, pack_header
 from forkpoint.format.refs import decode_record, encode_record
@@ -181,7 +181,7 @@ def test_inputs_that_once_failed_are_refused_cleanly(path):
 
 
 def test_the_fuzzed_payloads_cover_every_codec_and_float_layout():
-    from forkpoint.format import floatcodec
+    from forkpoint.codecs import floatcodec
 
     names = {n.rsplit(" ", 1)[-1] for n in PAYLOADS} | {n.split(" ")[-1] for n in PAYLOADS}
     assert {c.name for c in CODECS.values()} <= names

@@ -11,7 +11,7 @@ import torch
 
 import forkpoint as fp
 from forkpoint.engine.parallel import parallel_map
-from forkpoint.format import floatcodec, kernels, planecoders, planeforms
+from forkpoint.codecs import floatcodec, kernels, planecoders, planeforms
 
 
 def _outer(rows, cols, positive, dtype=torch.bfloat16, seed=0, scale=1e-6):
@@ -360,7 +360,7 @@ def test_portable_and_vector_match_scoring_pick_the_same_rows(native, tmp_path, 
     structured = np.frombuffer(_near_multiples(rows=600)[1::2].tobytes(), np.uint8)
     plane = np.concatenate([structured, rng.integers(0, 256, 3 * 256 + 17, dtype=np.uint8)])
     np.save(tmp_path / "plane.npy", plane)
-    script = ("import sys, numpy as np; from forkpoint.format import kernels, planeforms as pf; "
+    script = ("import sys, numpy as np; from forkpoint.codecs import kernels, planeforms as pf; "
               "p = np.load(sys.argv[1]); far = p.copy(); s = pf.match_rows(p); t = np.zeros_like(s)\n"
               "kernels.planes.match_rows(far, far, t, pf.MATCH_ROW, 255, pf.MATCH_LEAST)\n"
               "np.save(sys.argv[2], np.concatenate([s, p, t, far]))")

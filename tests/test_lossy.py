@@ -95,7 +95,7 @@ def test_native_rounding_matches_numpy_on_every_kind_of_value(itemsize):
     """The native kernel and the numpy fallback round the same bits and report the same
     error, on random bit patterns (NaNs, infinities, subnormals, zeros, values that would
     round to infinity) and ordinary values, for small and large drops; bad arguments are refused."""
-    from forkpoint.format import kernels, lossy
+    from forkpoint.codecs import kernels, lossy
 
     if kernels.planes is None:
         pytest.skip("native kernels not built")

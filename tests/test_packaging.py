@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).parent.parent
 pytestmark = pytest.mark.timeout(900)
 
-KERNELS = ("from forkpoint.format import kernels; from forkpoint.storage import streamcopy; "
+KERNELS = ("from forkpoint.codecs import kernels; from forkpoint.storage import streamcopy; "
            "assert kernels.planes is not None and streamcopy._stream is not None, 'C kernels missing'")
 NUMPY_ONLY = """
 import sys, numpy as np, forkpoint as fp

@@ -1,6 +1,6 @@
 /* Objects (docs/FORMAT.md, Objects): the 16-byte header, the block table of raw payloads, the
  * codecs raw, zstd, planes+zstd and float-planes (decoded by the kernels the Python extension
- * uses, src/forkpoint/format/planes_decode.h), and content-addressed writes. */
+ * uses, src/forkpoint/codecs/planes_decode.h), and content-addressed writes. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>

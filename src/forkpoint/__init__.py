@@ -9,8 +9,8 @@ from .automation import AuditReport, Discovery, audit, discover  # noqa: E402
 from .checkpointer import Checkpointer  # noqa: E402
 from .engine.save import SaveOptions # noqa: E402
 from .errors import ResumeWarning  # noqa: E402
-from .format.delta import Delta  # noqa: E402
-from .format.lossy import Lossy  # noqa: E402
+from .codecs.delta import Delta  # noqa: E402
+from .codecs.lossy import Lossy  # noqa: E402
 from .format.manifest import Version  # noqa: E402
 from .policy import PREEMPTED_EXIT_CODE, YoungDaly, EverySteps, Keep, Preemption, EverySeconds  # noqa: E402
 from .repo import CompactReport, Divergence, GcReport, LeafDiff, PendingSave, Repo, VerifyReport  # noqa: E402

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..format.lossy import round_significand
+from ..codecs.lossy import round_significand
 from ..format.manifest import Chunk
 from ..format.objects import BLOCK_BYTES, block_root, content_hash
 from ..storage.streamcopy import stream_copy

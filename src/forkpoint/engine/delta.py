@@ -17,8 +17,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..format.codecs import MIN_GAIN
-from ..format.delta import Delta, make_delta, op_for
+from ..codecs.registry import MIN_GAIN
+from ..codecs.delta import Delta, make_delta, op_for
 from ..format.manifest import Chunk, Leaf, Manifest
 from .encoding import policy_codec
 from .objectwriter import ObjectWriter, hash_with_table

@@ -18,7 +18,7 @@ The rule (`route_chunk`, per chunk of a save; the codec policy of a leaf is that
 6. With `encode_later`, a chunk under "lossless" or "zstd" is written raw where raw saves
    measure faster on the store, and encoded in place after the commit (background
    compaction, repo/compaction.py); `repo.compact()` does the same for any version later.
-An encoding that is not MIN_GAIN (format.codecs) smaller than the raw bytes is stored raw.
+An encoding that is not MIN_GAIN (codecs.registry) smaller than the raw bytes is stored raw.
 Flushes to a slower tier apply rule 4 to the destination store (repo/placement.py).
 """
 
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..format.codecs import POLICIES, codec_for
-from ..format.lossy import Lossy, supports
+from ..codecs.registry import POLICIES, codec_for
+from ..codecs.lossy import Lossy, supports
 
 
 def codec_rules(codec) -> list[tuple[str, str]]:

@@ -7,7 +7,7 @@ import threading
 import numpy as np
 
 from ..errors import SaveAbortedError
-from ..format.codecs import MIN_GAIN, codec_by_id, codec_by_name
+from ..codecs.registry import MIN_GAIN, codec_by_id, codec_by_name
 from ..format.objects import (BLOCK_BYTES, DIGEST_BYTES, OBJECT_HEADER_SIZE, block_digests, block_root,
                               content_hash, object_key, pack_header, table_header_size, unpack_header)
 from ..storage.base import Store

@@ -11,9 +11,9 @@ import contextlib
 from dataclasses import dataclass
 
 from ..errors import CorruptObjectError
-from ..format.codecs import Codec
+from ..codecs.registry import Codec
 from ..format.objects import OBJECT_HEADER_SIZE, content_hash, pack_header, unpack_header
-from ..format.codecs import MIN_GAIN
+from ..codecs.registry import MIN_GAIN
 from ..storage.base import Store
 
 

@@ -18,8 +18,8 @@ import blake3
 import numpy as np
 
 from ..errors import CorruptObjectError, FormatError, MissingObjectError
-from ..format.codecs import codec_by_id
-from ..format.delta import OPS, apply_delta
+from ..codecs.registry import codec_by_id
+from ..codecs.delta import OPS, apply_delta
 from ..format.manifest import Chunk, Leaf
 from ..format.objects import (ALIGNED_HEADER_SIZE, BLOCK_BYTES, DIGEST_BYTES, OBJECT_HEADER_SIZE,
                               block_table, content_hash, decode_limit, decode_object, unpack_header)

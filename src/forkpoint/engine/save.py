@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 
-from ..format.delta import Delta
+from ..codecs.delta import Delta
 from ..format.manifest import Chunk, Leaf
 from ..format.objects import (MAX_PACK_BYTES, content_hash)
 from ..state.flatten import FlatLeaf

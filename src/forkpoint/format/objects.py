@@ -11,7 +11,7 @@ import struct
 import blake3
 
 from ..errors import CorruptObjectError, FormatError
-from .codecs import codec_by_id
+from ..codecs import codec_by_id
 
 OBJECT_MAGIC = b"FPO1"
 OBJECT_HEADER_SIZE = 16

@@ -10,7 +10,7 @@ from ..engine.encoding import codec_rules, element_of, packed_element, policy_co
 from ..engine.objectwriter import stored_codec
 from ..engine.scheduler import Priority, Scheduler, Task
 from ..errors import CorruptObjectError, FormatError
-from ..format.lossy import Lossy
+from ..codecs.lossy import Lossy
 from ..format.manifest import Manifest
 from ..format.objects import object_key
 from .records import CompactReport

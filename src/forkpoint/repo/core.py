@@ -26,7 +26,7 @@ from ..engine.scheduler import Budget, Priority, Scheduler, Task, usable_cores
 from ..engine.staging import StagingPool
 from ..errors import (ConflictError, FormatError, RefNotFoundError, RepoNotFoundError, SaveAbortedError,
                       StoreUnavailableError, UnsupportedTypeError)
-from ..format.floatcodec import Layouts
+from ..codecs.floatcodec import Layouts
 from ..format.objects import object_key
 from ..format.manifest import FORMAT_VERSION, Chunk, Manifest, Version, check_format, html_table
 from ..format.refs import check_name

@@ -1,4 +1,4 @@
-"""The native byte-plane kernels (format/_planes.c) and the deflate library the codecs use.
+"""The native byte-plane kernels (codecs/_planes.c) and the deflate library the codecs use.
 
 `planes` is None where the extension was not built (no C compiler at install time): callers then
 do the same work in numpy, writing payloads that either reads. `deflate` is zlib-ng where

@@ -97,7 +97,7 @@ replaces; else the raw bytes (or the plain value) are stored, which read faster.
 
 def codec_for(policy: str, itemsize: int, floating: bool) -> Codec:
     """The codec a policy picks for one chunk: 'lossless' (and the candidate of 'auto') codes
-    floats as byte planes (format.floatcodec), other data with zstd."""
+    floats as byte planes (codecs.floatcodec), other data with zstd."""
     if policy in ("lossless", "auto"):
         return CODECS[3] if floating and itemsize > 1 else CODECS[1]
     return codec_by_name(policy)

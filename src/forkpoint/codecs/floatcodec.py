@@ -2,7 +2,7 @@
 
 Elements are split into byte planes (planeforms), and each plane is coded by the coder that
 suits it (planecoders); the layout and each plane's coder are chosen on a sample. The plane
-split, the deflate coders and the inflater run in native code (format/_planes.c) where the
+split, the deflate coders and the inflater run in native code (codecs/_planes.c) where the
 extension was built, else in numpy and zlib-ng; both write payloads that either reads.
 Segments of elements are coded independently (the caller may run them in parallel), each segment
 with the layout and coders its own sample picks (a chunk that holds weights and then moments

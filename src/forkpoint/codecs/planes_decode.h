@@ -1,7 +1,7 @@
 /* The decoding kernels of the float-planes codec (docs/FORMAT.md, codec 3), in portable C with no
  * Python: an inflater of raw deflate streams, the join of byte planes (the top word rotated back),
  * the grid shifts, row matching undone, seven-bit bytes unpacked and sparse planes joined. One
- * copy serves both readers: the Python extension (format/_planes.c) and libforkpoint (c/). */
+ * copy serves both readers: the Python extension (codecs/_planes.c) and libforkpoint (c/). */
 #ifndef FORKPOINT_PLANES_DECODE_H
 #define FORKPOINT_PLANES_DECODE_H
 #include <stddef.h>

@@ -1,10 +1,10 @@
-/* Native kernels of the float-planes codec (format/floatcodec.py): byte-plane split and join
+/* Native kernels of the float-planes codec (codecs/floatcodec.py): byte-plane split and join
  * with the rotated top word, and a Huffman deflate encoder (RFC 1951 dynamic blocks, literals
  * only or with runs as matches at distance 1; a plane is taken a piece at a time, and pieces
  * whose bytes keep one distribution share a block). Its output is an ordinary raw deflate stream
  * that zlib inflates; the Python module falls back to zlib-ng's Z_HUFFMAN_ONLY or Z_RLE when
  * this extension is not built. Also the significand rounding of the lossy modes
- * (format/lossy.py, numpy fallback), the grid model of exponent planes (a row shift plus a
+ * (codecs/lossy.py, numpy fallback), the grid model of exponent planes (a row shift plus a
  * column shift per byte, fitted by medians) and the seven-bit packing of planes whose bit 0 is
  * always zero, row matching, the split and join of sparse planes (a bitmap of the nonzero bytes
  * and those bytes), the statistics and Huffman sizes that choosing a plane's coder asks for,
