@@ -5,7 +5,6 @@ A version is visible once its manifest is durable and a ref record points at it.
 """
 
 import atexit
-import json
 import os
 import socket
 import sys
@@ -24,16 +23,14 @@ from ..engine.save import SaveOptions, staging_sizes, with_fields
 from ..engine.encoding import codec_rules
 from ..engine.scheduler import Budget, Priority, Scheduler, Task, usable_cores
 from ..engine.staging import StagingPool
-from ..errors import (ConflictError, FormatError, RefNotFoundError, RepoNotFoundError, SaveAbortedError,
-                      StoreUnavailableError, UnsupportedTypeError)
+from ..errors import ConflictError, FormatError, RefNotFoundError, SaveAbortedError, UnsupportedTypeError
 from ..codecs.floatcodec import Layouts
 from ..format.objects import object_key
-from ..format.manifest import FORMAT_VERSION, Chunk, Manifest, Version, check_format, html_table
+from ..format.manifest import Chunk, Manifest, Version, html_table
 from ..format.refs import check_name
 from ..state import capture, classes_of, flatten
 from ..state.device import DeviceCapture
 from ..storage import Store, open_store
-from ..storage.local import TEMP_NAME
 from ..tiers import Tier, open_tiers
 from .commit import CommitQueue, SaveSession
 from .compaction import CompactCommands, Compactor
@@ -41,6 +38,7 @@ from .interrupts import finishing_on_first_interrupt
 from .compare import CompareCommands, Comparison
 from .history import History, HistoryCommands
 from .ledger import CommitLedger
+from .marker import open_or_create
 from .maintenance import Maintenance, MaintenanceCommands
 from .writers import Leases
 from .placement import Placement
@@ -48,8 +46,6 @@ from .reading import ReadCommands, Reader
 from .records import PendingSave, environment, save_fields
 from .refs import RefCommands, Refs
 
-REPO_MARKER = "forkpoint.json"
-REPO_KIND = "forkpoint.repository"
 MAX_ENCODERS = 8
 """Chunks one process encodes at once: one per core, at most this many (each also gets an I/O
 slot of its own, so that the other write tasks keep the store busy meanwhile)."""
@@ -119,7 +115,7 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
             if self.tier_specs[0].replicas and not self.collective:
                 raise ValueError(f"tier 0 ({self.tier_specs[0].url}) asks for replicas on peer nodes: that "
                                  "needs fp.dist.Repo (the nodes of a torch.distributed job)")
-            self._open_or_create(create)
+            open_or_create(self.stores, self.url, create)
         except BaseException:
             for store in self.stores:
                 store.close()
@@ -169,46 +165,6 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
                                        self._submit_read, self.placement.pinned, evict_lock)
         self.comparison = Comparison(self.reader.readable,
                                      lambda m, indices: self.reader.read_values(m, indices, {}, None, False), self.log)
-
-    def _open_or_create(self, create: bool) -> None:
-        """Check every tier's marker; create missing ones when the repository exists on any tier."""
-        found = []
-        for store in self.stores:
-            try:
-                self._check_marker(store)
-            except FileNotFoundError:
-                continue
-            except (NotADirectoryError, PermissionError) as e:
-                raise StoreUnavailableError(f"cannot open repository {store.url}: {e.strerror} "
-                                            f"({e.filename}); give a directory you can read") from None
-            found.append(store)
-        if not found and not create:
-            raise RepoNotFoundError(
-                f"no forkpoint repository at {self.url}: create one with "
-                f"fp.Repo({self.url!r}, create=True) or `forkpoint init {self.url}`")
-        if not found:
-            for store in self.stores:
-                _refuse_foreign_layout(store)
-        record = {"format": REPO_KIND, "format_version": list(FORMAT_VERSION), "created": time.time()}
-        for store in self.stores:
-            if store not in found:
-                try:
-                    if not store.create_exclusive(REPO_MARKER, json.dumps(record).encode()):
-                        self._check_marker(store)  # another process created it first: open theirs
-                except (FileNotFoundError, NotADirectoryError, PermissionError) as e:
-                    raise StoreUnavailableError(
-                        f"cannot create a repository at {store.url}: {e.strerror} ({e.filename}); "
-                        "give a directory you can create and write") from None
-
-    @staticmethod
-    def _check_marker(store: Store) -> None:
-        """Raise FileNotFoundError without a repository marker on `store`, FormatError when it
-        is not one this version of forkpoint reads."""
-        try:
-            record = json.loads(store.read(REPO_MARKER))
-        except ValueError:
-            raise FormatError(f"{store.url}/{REPO_MARKER} is not valid JSON") from None
-        check_format(record, REPO_KIND, f"repository {store.url}")
 
     def close(self) -> None:
         """Wait for background saves, then release threads. Idempotent."""
@@ -476,22 +432,3 @@ def pending_save(commit: Task, plan, flat) -> PendingSave:
         elif d is not None and i in plan.captures and d.data.size:
             by_ptr[d.live_ptr or d.data.__array_interface__["data"][0]] = plan.captures[i]
     return PendingSave(commit, plan.capture_tasks(), by_ptr)
-
-
-REPOSITORY_DIRECTORIES = ("objects", "versions", "refs", "tmp")
-"""What a repository keeps below its root; gc deletes unreferenced and stale files there."""
-
-
-def _refuse_foreign_layout(store: Store) -> None:
-    """StoreUnavailableError when a new repository's root already has files where the
-    repository keeps its own (a tmp/ of the user's would be swept by gc as stale temp files)."""
-    def foreign(key: str) -> bool:  # a creator racing this one writes its marker through tmp/
-        return not (key.startswith("tmp/") and TEMP_NAME.fullmatch(key[len("tmp/"):]))
-
-    taken = [d + "/" for d in REPOSITORY_DIRECTORIES if any(map(foreign, store.list(d)))]
-    if taken and not store.exists(REPO_MARKER):  # else another process created it meanwhile
-        raise StoreUnavailableError(
-            f"cannot create a repository at {store.url}: it has no {REPO_MARKER} but already holds files in "
-            f"{', '.join(taken)}, which a repository keeps for its own (and gc cleans). Create it in a new or "
-            f"empty directory; if this was a repository whose {REPO_MARKER} was lost, put that file back")
-
