@@ -381,7 +381,7 @@ def test_memory_tier_of_a_distributed_repo_is_private_to_each_process(tmp_path):
 
 def test_replicated_copies_must_agree_and_flush_work_is_spread():
     from forkpoint.dist.node_local import assign_flush
-    from forkpoint.dist.repo import DistSaveError, _one_copy_each
+    from forkpoint.dist.assembly import DistSaveError, _one_copy_each
     from forkpoint.format.manifest import Chunk, Leaf, Manifest, Version
 
     same = [Chunk([0], [4], "a" * 64, "a" * 64, 0, 16), Chunk([0], [4], "a" * 64, "a" * 64, 0, 16),
