@@ -220,3 +220,64 @@ def test_continuing_a_fork_is_not_a_restart(repo):
     ck.step(ck.resume())
     ck.close()
     assert repo.version("exp").meta["restarts"] == 1, "a resume of the fork's own version is a restart"
+
+
+def _steps(ck, steps, model):
+    for step in steps:
+        with torch.no_grad():
+            model.weight.add_(1.0)
+        ck.step(step)
+
+
+def test_a_loop_that_ignores_resumes_step_is_warned_once(repo):
+    """The run resumed at step 5 but its loop starts at 0 again: the first step() says so and
+    how to loop, once; the versions it saves are still made (the run is the user's)."""
+    model = torch.nn.Linear(2, 2)
+    ck = fp.Checkpointer(repo, {"model": model}, every=2, sync=True)
+    _steps(ck, range(5), model)
+    ck.close()
+    again = fp.Checkpointer(fp.Repo(repo.url), {"model": model}, every=2, sync=True)
+    assert again.resume() == 5
+    with pytest.warns(fp.ResumeWarning) as caught:
+        _steps(again, range(4), model)
+    again.close()
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert message.startswith("Checkpointer.step(0) on branch 'main' goes back to steps the run already passed")
+    assert "resume() restored step 4 (and returned 5)" in message and "range(ck.resume(), ...)" in message
+    assert [v.step for v in repo.log()][:3] == [2, 0, 4]
+
+
+def test_a_branch_continued_without_resume_or_a_step_going_back_is_warned(repo):
+    model = torch.nn.Linear(2, 2)
+    ck = fp.Checkpointer(repo, {"model": model}, every=2, sync=True)
+    _steps(ck, range(3), model)
+    ck.close()
+    head = repo.version("main")
+    blind = fp.Checkpointer(fp.Repo(repo.url), {"model": model}, every=2, sync=True)
+    with pytest.warns(fp.ResumeWarning, match=rf"branch 'main' already holds step 2 \(version {head.id[:12]}\) "
+                                              r"and was not resumed: call resume\(\) first"):
+        _steps(blind, [1], model)
+    blind.close()
+
+    other = fp.Checkpointer(fp.Repo(repo.url), {"model": model}, every=100, sync=True, branch="other")
+    with pytest.warns(fp.ResumeWarning, match=r"step\(3\) on branch 'other' goes back .*: step\(7\) came before it"):
+        _steps(other, [5, 7, 7, 3], model)
+    other.close()
+
+
+def test_a_resumed_loop_from_resumes_step_warns_nothing(repo):
+    """The README's loop, and a step repeated (a gradient-accumulation loop calling step()
+    per micro-batch with the same global step), are not warned."""
+    import warnings
+
+    model = torch.nn.Linear(2, 2)
+    ck = fp.Checkpointer(repo, {"model": model}, every=2, sync=True)
+    _steps(ck, range(3), model)
+    ck.close()
+    again = fp.Checkpointer(fp.Repo(repo.url), {"model": model}, every=2, sync=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fp.ResumeWarning)
+        start = again.resume()
+        _steps(again, [start, start, start + 1, start + 1], model)
+    again.close()

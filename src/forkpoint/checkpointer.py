@@ -150,6 +150,8 @@ class Checkpointer:
         self.restart_meta: dict = {}
         self.last_version = None
         self.last_step: int | None = None
+        self._step_floor: tuple[int, str] | None = None  # (the lowest step expected next, why)
+        self._order_checked = self._order_warned = False
         self.finished = False
         self.save_seconds: list[float] = []
         self.closers: list[Callable[[], None]] = []
@@ -211,10 +213,15 @@ class Checkpointer:
             self.repo.recover(self.branch)
         if getattr(self.repo, "collective", False) or _world()[1] == 0:
             self.repo.finish_flushes()
+        self._order_checked = True
         if self.repo.head(self.branch) is None:
             return 0
         version = self._restore_newest_intact(strict, fall_back)
         self.last_version = version
+        if version.step is not None:
+            self._step_floor = (version.step + 1, f"resume() restored step {version.step} (and returned "
+                                f"{version.step + 1}): start the loop at the step resume() returns, "
+                                "`for step in range(ck.resume(), ...)`")
         count = next((int(os.environ[v]) for v in RESTART_COUNT_VARIABLES if os.environ.get(v, "").isdigit()),
                      None)
         if version.branch != self.branch:
@@ -295,6 +302,7 @@ class Checkpointer:
         step = step_number(step)
         if step is None:
             raise TypeError("Checkpointer.step needs the step number (an int), got None")
+        self._check_order(step)
         self.last_step = step
         self._observe_stall()
         due = self.should_save(step)
@@ -310,6 +318,29 @@ class Checkpointer:
         if due:
             return self.save(step, metrics)
         return None
+
+    def _check_order(self, step: int) -> None:
+        """Warn once (ResumeWarning, on rank 0) when `step` is below the step the run had reached:
+        the loop ignored the step resume() returned, a branch was continued without resume(), or
+        steps went backwards; the branch's history would then repeat steps it holds."""
+        if not self._order_checked:  # the first step of a run that did not resume
+            self._order_checked = True
+            head = self.repo.version(self.branch) if self.repo.head(self.branch) is not None else None
+            if head is not None and head.step is not None:
+                self._step_floor = (head.step + 1, f"branch {self.branch!r} already holds step {head.step} "
+                                    f"(version {head.id[:12]}) and was not resumed: call resume() first to "
+                                    "continue it, or save on another branch (branch='...')")
+        if self._order_warned:
+            return
+        floor = self._step_floor
+        if floor is not None and step < floor[0]:
+            self._order_warned = True
+            if _world()[1] == 0:
+                warnings.warn(f"Checkpointer.step({step}) on branch {self.branch!r} goes back to steps the run "
+                              f"already passed, which its versions would repeat: {floor[1]}", ResumeWarning,
+                              stacklevel=3)
+            return
+        self._step_floor = (step, f"step({step}) came before it; pass the global step number")
 
     def _check_open(self) -> None:
         if self.closed:
