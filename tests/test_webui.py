@@ -246,6 +246,7 @@ def test_plot_writes_an_image_of_each_branchs_series(lineage, tmp_path):
     assert open(tmp_path / "two.svg").read().count("<path") > 2
     bad = CliRunner().invoke(cli, ["plot", "nosuch", "--out", str(tmp_path / "x.png"), "-r", lineage.url])
     assert bad.exit_code != 0 and "records metric 'nosuch'" in bad.output
+    assert "numeric metrics recorded: acc, loss" in bad.output.replace("\n", " "), bad.output
     bad = CliRunner().invoke(cli, ["plot", "loss", "-b", "nope", "--out", str(tmp_path / "x.png"), "-r", lineage.url])
     assert bad.exit_code != 0 and "no branch 'nope'" in bad.output and not (tmp_path / "x.png").exists()
 

@@ -36,7 +36,10 @@ def plot_metric(repo: Repo, metric: str, out: str, branches: list[str] | None = 
         drawn[name] = points
     if not drawn:
         plt.close(fig)
-        raise ValueError(f"no branch of {repo.url} records metric {metric!r} (see `forkpoint log --json`)")
+        recorded = sorted({k for b in repo.branches() for v in repo.log(b) for k, x in v.metrics.items()
+                           if isinstance(x, (int, float)) and not isinstance(x, bool)})
+        raise ValueError(f"no branch of {repo.url} records metric {metric!r} as a finite number; "
+                         f"numeric metrics recorded: {', '.join(recorded) or '(none)'}")
     ax.set_xlabel("step")
     ax.set_ylabel(metric)
     if log_y:
