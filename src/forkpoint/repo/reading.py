@@ -142,6 +142,17 @@ class Reader:
         data = mapped_leaf(self._holders(vid)[0], leaf, vid)
         return None if data is None else leaf_over(leaf.kind, leaf.dtype, leaf.shape, data, leaf.path)
 
+    def _selected(self, ref: str, paths, map_location) -> tuple[Manifest, list[str] | None, dict]:
+        """(manifest of `ref`, `paths` as a list or None, the skeleton under them) for a load or
+        restore; the map_location checked before anything is read."""
+        check_map_location(map_location)
+        m = self.readable(ref)
+        paths = [paths] if isinstance(paths, str) else paths
+        skeleton = select_skeleton(m.tree, paths)
+        if skeleton is None:
+            raise RefNotFoundError(f"version {m.version.id} has nothing under {paths}")
+        return m, paths, skeleton
+
     @gc_paused()
     def load(self, ref: str = "main", paths: list[str] | None = None, map_location=None,
              allow_pickle: bool = False, mmap: bool = False, all_ranks: bool = False):
@@ -150,12 +161,7 @@ class Reader:
         mmap=True, large leaves on a local or /dev/shm tier are memory-mapped (copy-on-write,
         still verified) instead of copied into fresh memory. Rank-local state saved by several
         ranks comes back as this rank's part, or as the list of every rank's with all_ranks."""
-        check_map_location(map_location)
-        m = self.readable(ref)
-        paths = [paths] if isinstance(paths, str) else paths
-        skeleton = select_skeleton(m.tree, paths)
-        if skeleton is None:
-            raise RefNotFoundError(f"version {m.version.id} has nothing under {paths}")
+        m, paths, skeleton = self._selected(ref, paths, map_location)
         if not all_ranks:
             skeleton = self._resolve_ranks(skeleton, m, [], [])
         indices = [n["i"] for _, _, n in walk_skeleton(skeleton) if n.get("t") == "leaf"]
@@ -167,12 +173,7 @@ class Reader:
                 rename: dict[str, str] | None = None, map_location=None,
                 allow_pickle: bool = False) -> Version:
         """Restore `ref` into live objects in place; strict checks list every mismatch at once."""
-        check_map_location(map_location)
-        m = self.readable(ref)
-        paths = [paths] if isinstance(paths, str) else paths
-        skeleton = select_skeleton(m.tree, paths)
-        if skeleton is None:
-            raise RefNotFoundError(f"version {m.version.id} has nothing under {paths}")
+        m, paths, skeleton = self._selected(ref, paths, map_location)
         captured, objects = capture(state)
         skeleton = strip_wrappers(rename_skeleton(skeleton, rename, captured), captured)
         resized: list = []
