@@ -451,3 +451,22 @@ def test_a_stateful_object_of_the_users_own_class_may_be_renamed(repo):
     live = After()
     repo.restore({"counter": live})
     assert live.n == 7
+
+
+def test_diff_names_an_object_saved_from_another_torch_class(repo):
+    """The optimizer changed between two runs: diff's first row for it says which classes,
+    before the entries that differ; a renamed class of the user's is not a change."""
+    class Counted(Counter):
+        pass
+
+    lin = torch.nn.Linear(3, 3)
+    adamw = torch.optim.AdamW(lin.parameters())
+    a = repo.save({"model": lin, "optim": adamw, "counter": Counter()})
+    b = repo.save({"model": lin, "optim": torch.optim.SGD(lin.parameters(), lr=0.1), "counter": Counted()},
+                  branch="sgd")
+    rows = {d.path: d for d in repo.diff(a.id, b.id)}
+    assert rows["optim"].status == "changed"
+    assert rows["optim"].detail == "class torch.optim.adamw.AdamW -> torch.optim.sgd.SGD"
+    assert "counter" not in rows and rows["counter/n"].status == "same"
+    assert [d.path for d in repo.diff(a.id, b.id)].index("optim") < [d.path for d in repo.diff(a.id, b.id)].index(
+        "optim/param_groups/0/lr")

@@ -8,6 +8,7 @@ import numpy as np
 from ..format.manifest import Leaf, Manifest, Version
 from ..state import walk_skeleton
 from ..state.leaves import is_torch_tensor
+from ..state.stateful import another_class
 from .records import Divergence, LeafDiff
 
 
@@ -20,11 +21,13 @@ class Comparison:
         self._readable, self._read_values, self._log = readable, read_values, log
 
     def diff(self, a: str, b: str, numeric: bool = True) -> list[LeafDiff]:
-        """Compare two versions leaf by leaf; identical hashes are 'same' without reading data."""
+        """Compare two versions leaf by leaf; identical hashes are 'same' without reading data.
+        A torch object saved from another class at one path (AdamW, then SGD) is a change too."""
         ma, mb = self._readable(a), self._readable(b)
         na = {p: n for p, _, n in walk_skeleton(ma.tree)}
         nb = {p: n for p, _, n in walk_skeleton(mb.tree)}
-        out = []
+        out = [LeafDiff(p, "changed", f"class {ma.classes[p].replace(':', '.')} -> {mb.classes[p].replace(':', '.')}")
+               for p in sorted(set(ma.classes) & set(mb.classes)) if another_class(ma.classes[p], mb.classes[p])]
         for path in sorted(set(na) | set(nb)):
             if path not in nb:
                 out.append(LeafDiff(path, "removed"))
@@ -32,7 +35,7 @@ class Comparison:
                 out.append(LeafDiff(path, "added"))
             else:
                 out.append(self._diff_node(ma, mb, path, na[path], nb[path], numeric))
-        return out
+        return sorted(out, key=lambda d: d.path)
 
     def _leaf_of(self, m: Manifest, node: dict) -> Leaf:
         leaf = m.leaves[node["i"]]

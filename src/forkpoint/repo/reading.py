@@ -18,7 +18,7 @@ from ..state.flatten import CONTAINER_NODES
 from ..state.skeleton import rename as rename_skeleton
 from ..state.skeleton import select as select_skeleton
 from ..state.skeleton import strip_wrappers
-from ..state.stateful import class_name
+from ..state.stateful import another_class, class_name
 
 
 class Reader:
@@ -365,9 +365,7 @@ def _class_changes(classes: dict[str, str], objects, in_scope) -> list[str]:
     for keys, obj in objects:
         path = _keys_path(keys)
         was, now = classes.get(path, ""), class_name(obj)
-        if not (was.startswith("torch.") and now.startswith("torch.")) or is_module(obj) or not in_scope(path):
-            continue
-        if was.rpartition(":")[2] != now.rpartition(":")[2]:  # the name only: torch moves modules
+        if another_class(was, now) and not is_module(obj) and in_scope(path):
             changes.append(f"{path}: stored state of a {was.replace(':', '.')}, live {now.replace(':', '.')}")
     return changes
 

@@ -49,6 +49,14 @@ def class_name(obj) -> str:
     return f"{type(obj).__module__}:{type(obj).__qualname__}"
 
 
+def another_class(was: str, now: str) -> bool:
+    """Whether two class_name records name different classes by the rule forkpoint checks:
+    both torch's (the user's own may be renamed freely) and of another class name (torch
+    moves classes between modules across releases)."""
+    return (was.startswith("torch.") and now.startswith("torch.")
+            and was.rpartition(":")[2] != now.rpartition(":")[2])
+
+
 def classes_of(objects: list[tuple[tuple, object]]) -> dict[str, str]:
     """{state path: class_name} of `capture`'s objects, as a manifest's `classes` holds them."""
     return {join_path(*keys): class_name(obj) for keys, obj in objects}
