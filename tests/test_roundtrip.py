@@ -6,6 +6,7 @@ import datetime
 import enum
 import math
 import pathlib
+import random
 import re
 
 import numpy as np
@@ -281,3 +282,39 @@ def test_memory_store_and_zstd_codec(tmp_path):
     out = r.load()
     assert torch.equal(out["z"], state["z"]) and torch.equal(out["r"], state["r"])
     r.close()
+
+
+RNGS = {
+    "numpy Generator": (lambda: np.random.default_rng(7), "rng.bit_generator.state",
+                        lambda state: _set(np.random.default_rng(), "bit_generator", state).random()),
+    "numpy RandomState": (lambda: np.random.RandomState(7), "rng.get_state()",
+                          lambda state: _call(np.random.RandomState(), "set_state", state).rand()),
+    "random.Random": (lambda: random.Random(7), "rng.getstate()",
+                      lambda state: _call(random.Random(), "setstate", state).random()),
+    "torch.Generator": (lambda: torch.Generator().manual_seed(7), "rng.get_state()",
+                        lambda state: torch.rand(1, generator=_call(torch.Generator(), "set_state", state)).item()),
+}
+
+
+def _set(obj, attribute, value):
+    getattr(obj, attribute).state = value
+    return obj
+
+
+def _call(obj, method, value):
+    getattr(obj, method)(value)
+    return obj
+
+
+@pytest.mark.parametrize("kind", sorted(RNGS))
+def test_a_random_generator_is_refused_with_its_state_to_store_and_that_state_resumes_it(repo, kind):
+    """A generator object of numpy, Python or torch in the state: the error names its state
+    expression, and that state, saved and loaded, continues the same stream."""
+    make, expression, next_draw = RNGS[kind]
+    with pytest.raises(UnsupportedTypeError, match=rf"store {re.escape(expression)} instead"):
+        repo.save({"rng": make()})
+    saved = make()
+    repo.save({"rng": eval(expression, {"rng": saved})})
+    reference = make()
+    expected = next_draw(eval(expression, {"rng": reference}))
+    assert next_draw(repo.load()["rng"]) == expected

@@ -11,6 +11,7 @@ import datetime
 import enum
 import os
 import pickle
+import random
 import sys
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -179,6 +180,12 @@ def plain_conversion(obj) -> str | None:
         return "vars({})"
     if isinstance(obj, (datetime.date, datetime.time, datetime.timedelta)):
         return "{}.total_seconds()" if isinstance(obj, datetime.timedelta) else "{}.isoformat()"
+    if names & {"numpy.random._generator.Generator", "numpy.random.mtrand.RandomState"}:
+        return "{}.bit_generator.state" if hasattr(obj, "bit_generator") else "{}.get_state()"
+    if isinstance(obj, random.Random):
+        return "{}.getstate()"
+    if "torch._C.Generator" in names:
+        return "{}.get_state()"
     if names & {"omegaconf.dictconfig.DictConfig", "omegaconf.listconfig.ListConfig"}:
         return "OmegaConf.to_container({}, resolve=True)"
     if callable(getattr(obj, "to_dict", None)):  # a transformers PretrainedConfig, a pandas Series
