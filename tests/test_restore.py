@@ -470,3 +470,45 @@ def test_diff_names_an_object_saved_from_another_torch_class(repo):
     assert "counter" not in rows and rows["counter/n"].status == "same"
     assert [d.path for d in repo.diff(a.id, b.id)].index("optim") < [d.path for d in repo.diff(a.id, b.id)].index(
         "optim/param_groups/0/lr")
+
+
+@pytest.mark.parametrize("build", ["reversed", "fewer"])
+def test_an_optimizer_built_over_its_parameters_in_another_order_is_refused(repo, build):
+    """torch loads AdamW moments by parameter index and fails only at the next step, with a
+    broadcast error; restore names each state tensor that does not fit its parameter and
+    how to build the optimizer, and restores nothing."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    opt = torch.optim.AdamW(model.parameters())
+    train_one(model, opt)
+    repo.save({"model": model, "optim": opt})
+    params = list(model.parameters())
+    live = torch.optim.AdamW(params[::-1] if build == "reversed" else params[:2], lr=0.5)
+    with pytest.raises(StateMismatchError) as e:
+        repo.restore({"model": model, "optim": live})
+    message = str(e.value)
+    if build == "reversed":
+        assert ("optim/state/0/exp_avg: saved for a parameter of shape [8, 4], the live optimizer's parameter 0 "
+                "has shape [2]") in message
+    else:
+        assert "optim/state/2/exp_avg: the live optimizer's parameter 2 does not exist (it has 2)" in message
+    assert "was built over other parameters or in another order" in message and "model.parameters()" in message
+    assert not live.state and live.param_groups[0]["lr"] == 0.5
+    repo.restore({"model": model, "optim": torch.optim.AdamW(model.parameters())})
+
+
+def test_optimizers_whose_state_is_not_shaped_like_their_parameters_are_not_shape_checked(repo):
+    """LBFGS keeps flat history tensors under its first parameter's index: it restores."""
+    model = torch.nn.Linear(3, 2)
+    lbfgs = torch.optim.LBFGS(model.parameters(), history_size=3)
+
+    def closure():
+        lbfgs.zero_grad()
+        loss = model(torch.randn(4, 3)).pow(2).sum()
+        loss.backward()
+        return loss
+
+    lbfgs.step(closure)
+    repo.save({"model": model, "optim": lbfgs})
+    again = torch.optim.LBFGS(model.parameters(), history_size=3)
+    repo.restore({"model": model, "optim": again})
+    assert again.state_dict()["state"][0]["n_iter"] == lbfgs.state_dict()["state"][0]["n_iter"]

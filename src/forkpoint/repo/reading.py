@@ -1,7 +1,5 @@
-"""Load and in-place restore, with strict checks and tier fallback."""
+"""Load and in-place restore (its strict checks in restore_checks.py), with tier fallback."""
 
-import os
-import warnings
 from collections.abc import Callable
 
 from ..engine.gcpause import gc_paused
@@ -9,16 +7,16 @@ from ..engine.restore import ReadRequest, mapped_leaf, read_leaves
 from ..errors import (CorruptObjectError, ForkpointError, MissingObjectError, PrunedVersionError,
                       RefNotFoundError, StateMismatchError, UnsupportedTypeError)
 from ..format.manifest import Manifest, Version
-from ..format.paths import child_path, has_prefix, join_path
-from ..state import capture, is_module, merge, restore_objects, unflatten, walk_skeleton
-from ..state.leaves import (check_map_location, dtype_name, empty_leaf, finish_leaf, is_torch_tensor, leaf_over,
+from ..format.paths import child_path, has_prefix
+from ..state import capture, merge, restore_objects, unflatten, walk_skeleton
+from ..state.leaves import (check_map_location, empty_leaf, finish_leaf, is_torch_tensor, leaf_over,
                             live_buffer)
 from ..state.block import box_fits
 from ..state.flatten import CONTAINER_NODES
 from ..state.skeleton import rename as rename_skeleton
 from ..state.skeleton import select as select_skeleton
 from ..state.skeleton import strip_wrappers
-from ..state.stateful import another_class, class_name
+from .restore_checks import check_restore, keys_path, listing
 
 
 class Reader:
@@ -63,7 +61,7 @@ class Reader:
         leaf = next((lf for lf in m.leaves if lf.path == path), None)
         if leaf is None:
             raise RefNotFoundError(f"version {m.version.id} has no leaf {path!r}: leaves are "
-                                   f"{_listing([lf.path for lf in m.leaves])}")
+                                   f"{listing([lf.path for lf in m.leaves])}")
         if leaf.alias_of is not None:
             leaf = m.leaves[leaf.alias_of]
         if leaf.kind not in ("numpy", "torch"):
@@ -178,15 +176,15 @@ class Reader:
         skeleton = strip_wrappers(rename_skeleton(skeleton, rename, captured), captured)
         resized: list = []
         skeleton = self._resolve_ranks(skeleton, m, objects, resized)
-        skipped = [_keys_path(k) for k, o in objects if o in resized and getattr(o, "on_resize", "") == "skip"]
-        objects = [(k, o) for k, o in objects if _keys_path(k) not in skipped]
+        skipped = [keys_path(k) for k, o in objects if o in resized and getattr(o, "on_resize", "") == "skip"]
+        objects = [(k, o) for k, o in objects if keys_path(k) not in skipped]
         nodes = list(walk_skeleton(skeleton, containers=True))
         stored = {p: n for p, _, n in nodes if n.get("t") not in CONTAINER_NODES}
         containers = {p for p, _, n in nodes if n.get("t") in CONTAINER_NODES}
         live = {p: v for p, v in _live_leaves(captured).items() if not any(has_prefix(p, s) for s in skipped)}
         scope = None if paths is None else [_renamed(p, rename) for p in paths]
         classes = {_renamed(p, rename): c for p, c in m.classes.items()}
-        self._check_restore(m, stored, containers, live, objects, scope, strict, classes)
+        check_restore(m, stored, containers, live, objects, scope, strict, classes)
         targets, devices = {}, {}
         for path, node in stored.items():
             if node.get("t") != "leaf" or path not in live:
@@ -228,7 +226,7 @@ class Reader:
         rank, world = self._rank_world()
         if len(node["v"]) == world:
             return node["v"][rank]
-        obj = next((o for k, o in objects if _keys_path(k) == path), None)
+        obj = next((o for k, o in objects if keys_path(k) == path), None)
         if obj is None:
             return node
         rule = "first" if callable(getattr(obj, "on_world_change", None)) else getattr(obj, "on_resize", "error")
@@ -239,55 +237,6 @@ class Reader:
                 "on_resize='first'|'skip') or give it on_world_change(rank, world)")
         resized.append(obj)
         return node["v"][0] if rule == "first" else {"t": "dict", "k": [], "v": []}
-
-    def _check_restore(self, m: Manifest, stored: dict, containers: set, live: dict, objects, scope,
-                       strict, classes: dict[str, str]) -> None:
-        def in_scope(p):
-            return scope is None or any(has_prefix(p, s) for s in scope)
-
-        changed = _class_changes(classes, objects, in_scope)
-        if changed and not strict:
-            warnings.warn(f"version {m.version.id}: restoring with strict=False into an object of another "
-                          f"class than the one saved: {'; '.join(changed)}", stacklevel=4)
-
-        open_prefixes = [_keys_path(k) for k, o in objects if not is_module(o)]
-
-        def checked(p):
-            return not any(has_prefix(p, o) for o in open_prefixes)
-
-        missing = sorted(p for p in live if in_scope(p) and p not in stored and checked(p))
-        unexpected = sorted(p for p in stored if p not in live and checked(p))
-        for keys, obj in objects:
-            prefix = _keys_path(keys)
-            if (not is_module(obj) and in_scope(prefix) and prefix not in containers
-                    and not any(has_prefix(p, prefix) for p in stored)):
-                missing.append(prefix)
-        mismatched = changed if strict else []
-        for path, node in stored.items():
-            if node.get("t") != "leaf" or path not in live:
-                continue
-            leaf, value = m.leaves[node["i"]], live[path]
-            shape = getattr(value, "shape", None)
-            if shape is None or leaf.kind in ("bytes", "pickle", "numpy_scalar"):
-                continue
-            live_dtype = dtype_name(value.dtype)
-            if list(shape) != leaf.shape:
-                mismatched.append(f"{path}: stored shape {leaf.shape}, live {list(shape)}")
-            elif live_dtype != leaf.dtype and strict:
-                mismatched.append(f"{path}: stored dtype {leaf.dtype}, live {live_dtype}")
-        if mismatched or (strict and (missing or unexpected)):
-            lines = [f"cannot restore version {m.version.id} (step {m.version.step}) strictly:"]
-            # The cause first: a shape or dtype mismatch explains the missing and unexpected
-            # paths that usually follow it (a fresh optimizer has no state yet).
-            if mismatched:
-                lines.append(f"  mismatched ({len(mismatched)}): " + _listing(mismatched, "; "))
-            if missing:
-                lines.append(f"  missing in the version ({len(missing)}): " + _listing(missing))
-            if unexpected:
-                lines.append(f"  unexpected in the version ({len(unexpected)}): " + _listing(unexpected))
-            lines.append("  " + _parts_hint(live, objects, stored, mismatched, missing, unexpected))
-            raise StateMismatchError("\n".join(lines))
-
 
 class ReadCommands:
     """The reads of a Repo's public API, over `self.reader` (see repo.core)."""
@@ -319,64 +268,13 @@ class ReadCommands:
         return self.reader.restore(state, ref, strict, paths, rename, map_location, allow_pickle)
 
 
-def _listing(items: list[str], sep: str = ", ", shown: int = 6) -> str:
-    """The first `shown` items, then how many more and the prefix they share."""
-    if len(items) <= shown + 2:
-        return sep.join(items)
-    rest = items[shown:]
-    common = os.path.commonprefix([p.split(":")[0] for p in rest]).rpartition("/")[0]
-    where = f" under {common}/" if common else ""
-    return sep.join(items[:shown]) + f"{sep}and {len(rest)} more{where}"
-
-
-def _parts_hint(live: dict, objects, stored: dict, mismatched, missing, unexpected) -> str:
-    """How to restore anyway. Without a mismatch: the parts given that the version holds and
-    that match exactly (a model restored alone from a version that also holds its optimizer is
-    the common case). A shape mismatch is named instead (strict=False does not bypass it, and
-    the optimizer state of a model of another shape would not fit the new one either)."""
-    def top(p: str) -> str:
-        return p.split(":")[0].split("/")[0]
-
-    given = {top(p) for p in live} | {top(_keys_path(k)) for k, _ in objects}
-    troubled = {top(p) for p in missing + mismatched} | {top(p) for p in unexpected if top(p) in given}
-    clean = sorted((given & {top(p) for p in stored}) - troubled)
-    first = top((mismatched or missing or unexpected)[0])
-    if any(": stored shape " in p for p in mismatched):
-        return (f"a leaf of another shape cannot be restored into {first!r}: build it with the stored "
-                "shapes, or restore the other parts only (paths=[...], rename={...})")
-    if any(": stored state of " in p for p in mismatched):
-        others = f"restore the others only (paths={clean!r})" if clean else "leave it out (paths=[...])"
-        return (f"{first!r} holds the state of another class: build the one the version was saved "
-                f"from, or {others}; strict=False hands it the stored state anyway")
-    if mismatched:
-        return "strict=False restores into the live dtypes (the values converted); or paths=[...] leaves the part out"
-    if clean:
-        return f"to restore only the parts that match, pass paths={clean!r}; or strict=False, rename={{...}}"
-    return f"to restore only some parts, pass paths=[{first!r}, ...]; or strict=False, rename={{...}}"
-
-
-def _class_changes(classes: dict[str, str], objects, in_scope) -> list[str]:
-    """'path: stored state of a <class>, live <class>' for each live torch object other than a
-    module (an optimizer, a scheduler, a GradScaler) whose class has another name than the torch
-    class recorded at its path: torch hands an AdamW state to SGD without a word, replacing its
-    hyperparameters. Modules are checked by their keys; classes outside torch (the user's own, a
-    wrapper such as accelerate's) by their own load_state_dict, so renaming one breaks nothing."""
-    changes = []
-    for keys, obj in objects:
-        path = _keys_path(keys)
-        was, now = classes.get(path, ""), class_name(obj)
-        if another_class(was, now) and not is_module(obj) and in_scope(path):
-            changes.append(f"{path}: stored state of a {was.replace(':', '.')}, live {now.replace(':', '.')}")
-    return changes
-
-
 def _partly_filled(error: Exception, m: Manifest, targets: dict) -> Exception:
     """`error` (of its type) saying that a restore stopped by it had begun filling the live
     tensors `targets` in place, and what to do about it."""
     filled = sorted(m.leaves[i].path for i in targets)
     return type(error)(
         f"{error}\n  restore reads into the live tensors in place, so {len(filled)} of them "
-        f"({_listing(filled, shown=3)}) may now hold part of version {m.version.id} (no load_state_dict "
+        f"({listing(filled, shown=3)}) may now hold part of version {m.version.id} (no load_state_dict "
         "was called): restore an intact version into them (`forkpoint verify` lists the damaged ones; "
         "Checkpointer.resume falls back by itself) or rebuild them")
 
@@ -385,10 +283,6 @@ def _pickle_refused(path: str, vid: str) -> Exception:
     return UnsupportedTypeError(
         f"version {vid}: leaf {path!r} was stored with pickle; loading it could run code. "
         "Pass allow_pickle=True only if you trust this repository")
-
-
-def _keys_path(keys: tuple) -> str:
-    return join_path(*keys)
 
 
 def _renamed(path: str, rename: dict | None) -> str:
