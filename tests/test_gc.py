@@ -365,3 +365,30 @@ def test_a_repository_is_not_created_over_files_where_it_keeps_its_own(tmp_path)
     repo.save({"w": torch.ones(1)})
     assert fp.Repo(str(tmp_path / "run"), create=True).version("main").id == repo.version("main").id
     repo.close()
+
+
+def test_a_checkpointer_keeping_best_by_a_metric_no_version_records_warns_once(repo):
+    """Keep(best=("val_loss", ...)) while the loop logs only "loss": once retention prunes,
+    a warning says no version is kept as best and which metrics are recorded; a run that
+    records the metric gets no warning and keeps its best version."""
+    import warnings
+
+    model = torch.nn.Linear(2, 2)
+    ck = fp.Checkpointer(repo, {"m": model}, every=1, sync=True, keep=fp.Keep(last=2, best=("val_loss", 1, "min")))
+    with pytest.warns(UserWarning) as caught:
+        for step in range(6):
+            ck.step(step, metrics={"loss": 1.0 / (step + 1)})
+        ck.close()
+    messages = [str(w.message) for w in caught if "none is kept as best" in str(w.message)]
+    assert len(messages) == 1, messages
+    assert "ranks versions by 'val_loss', which no version records (they record: loss)" in messages[0]
+
+    ok = fp.Checkpointer(repo, {"m": model}, every=1, sync=True, branch="recorded",
+                         keep=fp.Keep(last=2, best=("val_loss", 1, "min")))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for step in range(6):
+            ok.step(step, metrics={"val_loss": abs(step - 2)})
+        ok.close()
+    kept = [v.step for v in repo.log("recorded") if not v.pruned]
+    assert kept == [5, 4, 2]

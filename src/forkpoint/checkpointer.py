@@ -135,6 +135,7 @@ class Checkpointer:
         self.preemption = preemption
         self._pending: list[PendingSave] = []
         self._retention = None
+        self._best_unrecorded_warned = False
         self._unretained = False
         self._retention_seconds = 0.0
         self._retention_end = 0.0
@@ -433,9 +434,25 @@ class Checkpointer:
         try:
             report = self.repo.gc(keep=self.keep, branches=[self.branch], grace=self.gc_grace)
             self._retention_seconds = report.scan_cpu_seconds
+            if report.pruned_versions and self.keep.best and not self._best_unrecorded_warned:
+                self._warn_best_unrecorded(len(report.pruned_versions))
             return report
         finally:
             self._retention_end = time.monotonic()
+
+    def _warn_best_unrecorded(self, pruned: int) -> None:
+        """Warn once when retention prunes while no version of the branch records the metric
+        that Keep(best=...) ranks by (a misspelt name keeps no best version at all)."""
+        name = self.keep.best[0]
+        log = self.repo.log(self.branch)
+        if any(isinstance(v.metrics.get(name), (int, float)) for v in log):
+            return
+        self._best_unrecorded_warned = True
+        recorded = sorted({k for v in log for k in v.metrics})
+        warnings.warn(f"retention of branch {self.branch!r} pruned {pruned} version(s), and none is kept as best: "
+                      f"keep=fp.Keep(best=({name!r}, ...)) ranks versions by {name!r}, which no version records "
+                      f"(they record: {', '.join(recorded) or 'no metrics'}). Pass it to step(metrics=...) or save(), "
+                      "or name a recorded metric", UserWarning, stacklevel=2)
 
     def wait(self):
         """Block until every save in flight is committed and retention applied; return the newest Version."""
