@@ -108,6 +108,9 @@ def test_bad_arguments_get_a_one_line_error(filled):
                           (["gc", "--grace", "-5"], "-5.0 is not in the range x>=0"),
                           (["gc", "--keep-best", "loss"], "expected METRIC:K:min|max"),
                           (["gc", "--keep-best", "loss:2:low"], "expected METRIC:K:min|max"),
+                          (["gc", "--keep-last", "1", "--keep-best", "los:1:min"],
+                           "no version of alt, main records metric 'los' as a number, so none would be kept as "
+                           "best; nothing was pruned. Numeric metrics recorded: loss"),
                           (["tag", "bad name", "main"], "invalid tag name 'bad name'"),
                           (["fork", "main", "main"], "branch 'main' already exists")]:
         r = subprocess.run([sys.executable, "-m", "forkpoint.cli.main", *args, "-r", filled],

@@ -90,9 +90,11 @@ def gc(keep_last, keep_every, keep_best, branch_names, grace, dry_run, repo_url,
         best = (parts[0], int(parts[1]), parts[2])
     given = keep_last is not None or keep_every is not None or best is not None
     keep = Keep(last=keep_last, every=keep_every, best=best) if given else None
+    repo = _open(repo_url)
+    if best is not None:
+        _check_best_recorded(repo, best[0], list(branch_names) or list(repo.branches()))
     with _working("collecting garbage (pruning, then listing objects)"):
-        report = _open(repo_url).gc(keep=keep, branches=list(branch_names) or None, dry_run=dry_run,
-                                    grace=grace)
+        report = repo.gc(keep=keep, branches=list(branch_names) or None, dry_run=dry_run, grace=grace)
     if as_json:
         return _emit(asdict(report))
     verb = "would free" if dry_run else "freed"
@@ -110,6 +112,17 @@ def gc(keep_last, keep_every, keep_best, branch_names, grace, dry_run, repo_url,
     if report.left_alone:
         shown = ", ".join(report.left_alone[:5]) + (" ..." if len(report.left_alone) > 5 else "")
         click.echo(f"left alone {len(report.left_alone)} file(s) under objects/ whose names are not objects': {shown}")
+
+
+def _check_best_recorded(repo, metric: str, branches: list[str]) -> None:
+    """Refuse --keep-best by a metric no version of `branches` records (a misspelt name would
+    keep no best version, and the pruning cannot be undone)."""
+    recorded = {k: v for b in branches for version in repo.log(b) for k, v in version.metrics.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if metric not in recorded:
+        raise click.BadParameter(f"no version of {', '.join(sorted(branches)) or 'any branch'} records metric {metric!r} as a "
+                                 f"number, so none would be kept as best; nothing was pruned. Numeric metrics recorded: "
+                                 f"{', '.join(sorted(recorded)) or '(none)'}", param_hint="--keep-best")
 
 
 @click.command()
