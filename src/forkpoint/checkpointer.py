@@ -135,7 +135,7 @@ class Checkpointer:
         self.preemption = preemption
         self._pending: list[PendingSave] = []
         self._retention = None
-        self._best_unrecorded_warned = False
+        self._best_checked = False  # whether the Keep(best=...) metric was looked for
         self._unretained = False
         self._retention_seconds = 0.0
         self._retention_end = 0.0
@@ -272,15 +272,13 @@ class Checkpointer:
                 continue
             break
         else:
-            reasons = "; ".join(f"{v.id[:12]} (step {v.step}): {str(e).splitlines()[0] if e else 'damaged on another rank'}"
-                                for v, e in skipped)
+            reasons = "; ".join(f"{v.id[:12]} (step {v.step}): {_damage(e)}" for v, e in skipped)
             raise CorruptObjectError(f"no version of branch {self.branch!r} could be restored intact: {reasons}. "
                                      f"Run `forkpoint verify -r {self.repo.url}`; to start over, rebuild the model and "
                                      "optimizer (their tensors may hold part of a damaged version), then delete the "
                                      f"branch (`forkpoint branch delete {self.branch}`) or use another one")
         if skipped and _world()[1] == 0:
-            what = "; ".join(f"{v.id[:12]} (step {v.step}): {str(e).splitlines()[0] if e else 'damaged on another rank'}"
-                             for v, e in skipped)
+            what = "; ".join(f"{v.id[:12]} (step {v.step}): {_damage(e)}" for v, e in skipped)
             warnings.warn(f"resumed branch {self.branch!r} from {version.id[:12]} (step {version.step}), skipping "
                           f"{len(skipped)} newer damaged version(s): {what}. The branch still names the damaged "
                           f"head: `forkpoint branch reset {self.branch} {version.id[:12]}` moves it back, "
@@ -434,7 +432,8 @@ class Checkpointer:
         try:
             report = self.repo.gc(keep=self.keep, branches=[self.branch], grace=self.gc_grace)
             self._retention_seconds = report.scan_cpu_seconds
-            if report.pruned_versions and self.keep.best and not self._best_unrecorded_warned:
+            if report.pruned_versions and self.keep.best and not self._best_checked:
+                self._best_checked = True  # once recorded, always: the records stay in the log
                 self._warn_best_unrecorded(len(report.pruned_versions))
             return report
         finally:
@@ -447,7 +446,6 @@ class Checkpointer:
         log = self.repo.log(self.branch)
         if any(isinstance(v.metrics.get(name), (int, float)) for v in log):
             return
-        self._best_unrecorded_warned = True
         recorded = sorted({k for v in log for k in v.metrics})
         warnings.warn(f"retention of branch {self.branch!r} pruned {pruned} version(s), and none is kept as best: "
                       f"keep=fp.Keep(best=({name!r}, ...)) ranks versions by {name!r}, which no version records "
@@ -495,3 +493,8 @@ class Checkpointer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _damage(error: Exception | None) -> str:
+    """What made a version unrestorable, in one line (None: another rank found it damaged)."""
+    return str(error).splitlines()[0] if error else "damaged on another rank"
