@@ -21,6 +21,12 @@ def _open(url: str) -> Repo:
     return Repo(url)
 
 
+def numeric_metrics(repo: Repo, branches: list[str]) -> set[str]:
+    """The names of the metrics some version of `branches` records as a number (not a bool)."""
+    return {k for b in branches for v in repo.log(b) for k, x in v.metrics.items()
+            if isinstance(x, (int, float)) and not isinstance(x, bool)}
+
+
 def _emit(data) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
 

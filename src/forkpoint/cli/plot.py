@@ -3,6 +3,7 @@
 import math
 
 from ..repo import Repo
+from .common import numeric_metrics
 from .webapi import metric_series
 
 
@@ -36,8 +37,7 @@ def plot_metric(repo: Repo, metric: str, out: str, branches: list[str] | None = 
         drawn[name] = points
     if not drawn:
         plt.close(fig)
-        recorded = sorted({k for b in repo.branches() for v in repo.log(b) for k, x in v.metrics.items()
-                           if isinstance(x, (int, float)) and not isinstance(x, bool)})
+        recorded = sorted(numeric_metrics(repo, list(repo.branches())))
         raise ValueError(f"no branch of {repo.url} records metric {metric!r} as a finite number; "
                          f"numeric metrics recorded: {', '.join(recorded) or '(none)'}")
     ax.set_xlabel("step")

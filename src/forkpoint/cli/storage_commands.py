@@ -8,7 +8,8 @@ from rich.table import Table
 
 from ..errors import ForkpointError
 from ..policy import Keep
-from .common import _emit, _open, _progress, _ratio, _size, _working, console, json_option, repo_option
+from .common import (_emit, _open, _progress, _ratio, _size, _working, console, json_option, numeric_metrics,
+                     repo_option)
 
 
 @click.command()
@@ -117,8 +118,7 @@ def gc(keep_last, keep_every, keep_best, branch_names, grace, dry_run, repo_url,
 def _check_best_recorded(repo, metric: str, branches: list[str]) -> None:
     """Refuse --keep-best by a metric no version of `branches` records (a misspelt name would
     keep no best version, and the pruning cannot be undone)."""
-    recorded = {k: v for b in branches for version in repo.log(b) for k, v in version.metrics.items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    recorded = numeric_metrics(repo, branches)
     if metric not in recorded:
         raise click.BadParameter(f"no version of {', '.join(sorted(branches)) or 'any branch'} records metric {metric!r} as a "
                                  f"number, so none would be kept as best; nothing was pruned. Numeric metrics recorded: "

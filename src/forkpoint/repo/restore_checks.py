@@ -39,7 +39,7 @@ def check_restore(m: Manifest, stored: dict, containers: set, live: dict, object
         if (not is_module(obj) and in_scope(prefix) and prefix not in containers
                 and not any(has_prefix(p, prefix) for p in stored)):
             missing.append(prefix)
-    mismatched = changed if strict else []
+    mismatched = list(changed) if strict else []
     for path, node in stored.items():
         if node.get("t") != "leaf" or path not in live:
             continue
