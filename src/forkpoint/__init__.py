@@ -30,12 +30,12 @@ if _os.environ.get("FORKPOINT_AUDIT"):  # this process is a phase of `forkpoint 
 
 def __dir__() -> list[str]:
     """The public API only (the layers below it are importable, but not part of it)."""
-    return sorted(__all__ + ["lightning", "transformers", "deepspeed", "dcp", "mpi"])
+    return sorted(__all__ + ["lightning", "transformers", "deepspeed", "dcp", "mpi", "ResumableLoader"])
 
 
 def __getattr__(name: str):
-    """fp.lightning, fp.transformers, fp.deepspeed, fp.dcp: framework plug-ins, and fp.mpi, imported
-    on first use."""
+    """fp.lightning, fp.transformers, fp.deepspeed, fp.dcp: framework plug-ins, fp.mpi and
+    fp.ResumableLoader, imported on first use."""
     import importlib
 
     if name in ("lightning", "transformers", "deepspeed"):
@@ -44,4 +44,6 @@ def __getattr__(name: str):
         return importlib.import_module(".dcp", __name__)
     if name == "mpi":
         return importlib.import_module(".dist.mpi", __name__)
+    if name == "ResumableLoader":  # a torch DataLoader: torch is imported here, not with forkpoint
+        return importlib.import_module(".state.loader", __name__).ResumableLoader
     raise AttributeError(f"module 'forkpoint' has no attribute {name!r}")

@@ -19,8 +19,8 @@ class DistributedResumableSampler:
     global position `consumed`. Its state (epoch, consumed) is the same on every rank at a
     step boundary, so it is stored once; restored on any number of ranks, iteration goes on
     at the exact next global sample: none repeated, none skipped. Save only where every rank
-    has consumed what it was handed (lockstep steps, DataLoader with num_workers=0 or a
-    consumer that counts what it used).
+    has consumed what it was handed (lockstep steps), and batch it with `fp.ResumableLoader`
+    (or a DataLoader with num_workers=0): workers fetch ahead of the loop.
     """
 
     def __init__(self, length: int, shuffle: bool = True, seed: int = 0, rank: int | None = None,
@@ -59,6 +59,12 @@ class DistributedResumableSampler:
             yield int(order[g])
         self.epoch += 1
         self.consumed = 0
+
+    def after(self, start: dict, taken: int) -> dict:
+        """The state_dict once this rank used `taken` samples past the state `start` (every rank
+        the same count, as in lockstep steps)."""
+        world = self._layout()[1]
+        return {**start, "consumed": min(self.length, int(start["consumed"]) + taken * world)}
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "consumed": self.consumed, "seed": self.seed,

@@ -156,6 +156,7 @@ class _Flattener:
         convert = plain_conversion(obj)
         name = str(keys[-1]) if keys and str(keys[-1]).isidentifier() else "value"
         ways = (f"store {convert.format(name)} instead (load returns that plain data)" if convert else
+                _DATA_POSITION if _is_data_loading(obj) else
                 "give it state_dict()/load_state_dict(), convert it to tensors/arrays/Python values")
         raise UnsupportedTypeError(
             f"state path {path or '/'!r} holds a value of type {type(obj).__module__}.{type(obj).__qualname__}, "
@@ -191,6 +192,16 @@ def plain_conversion(obj) -> str | None:
     if callable(getattr(obj, "to_dict", None)):  # a transformers PretrainedConfig, a pandas Series
         return "{}.to_dict()"
     return None
+
+
+_DATA_POSITION = ("to resume at the next unseen batch, build fp.ResumableLoader(dataset, batch_size=..., "
+                  "shuffle=True, seed=...) in place of the DataLoader and store that")
+
+
+def _is_data_loading(obj) -> bool:
+    """Whether `obj` is a torch DataLoader, sampler or loader iterator (they hold no state of their own)."""
+    return any(c.__module__.startswith("torch.utils.data") and c.__name__ in ("DataLoader", "Sampler", "_BaseDataLoaderIter")
+               for c in type(obj).__mro__)
 
 
 def _value_node(obj) -> dict | None:

@@ -92,8 +92,9 @@ class ResumableSampler:
     """Yields indices of a dataset of `length` items, reshuffled per epoch from `seed`.
 
     Its state is (epoch, position): restored, iteration continues at the exact next index.
-    Position counts indices handed out, so with DataLoader workers that prefetch, save
-    only at points where the loop has consumed what was handed out (e.g. num_workers=0).
+    Position counts indices handed out, and DataLoader workers fetch batches ahead of the
+    loop: give it to `fp.ResumableLoader` (which counts what the loop consumed) rather than
+    to a plain DataLoader with num_workers > 0.
     """
 
     def __init__(self, length: int, shuffle: bool = True, seed: int = 0):
@@ -122,6 +123,11 @@ class ResumableSampler:
             yield index
         self.epoch += 1
         self.position = 0
+
+    def after(self, start: dict, taken: int) -> dict:
+        """The state_dict once `taken` samples past the state `start` were used (a loader that
+        counts what the loop consumed asks this; the sampler itself may have run ahead)."""
+        return {**start, "position": min(self.length, int(start["position"]) + taken)}
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
