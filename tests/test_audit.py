@@ -36,7 +36,7 @@ def test_each_missing_piece_is_named(variant, named):
 
 
 FIX = {"torch_rng": "fp.RNGState()", "numpy_rng": "fp.RNGState()", "python_rng": "fp.RNGState()",
-       "sched": "add the scheduler", "sampler": "add the sampler", "scaler": "add the GradScaler",
+       "sched": "add the scheduler", "sampler": "fp.ResumableLoader", "scaler": "add the GradScaler",
        "buffers": "save the module itself", "param_groups": "save the optimizer itself",
        "counter": "keep the counter in the state"}
 

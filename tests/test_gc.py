@@ -198,7 +198,7 @@ def test_checkpointer_applies_retention(repo):
 def test_checkpointer_retention_takes_a_bounded_share_of_the_time(repo, monkeypatch):
     """A gc pass whose scan takes much CPU (a long history) is not run after every save: at
     most about RETENTION_SHARE of a core goes to it, and close() still applies retention."""
-    from forkpoint.checkpointer import RETENTION_SHARE
+    from forkpoint.checkpointer.retention import RETENTION_SHARE
 
     passes = []
     real_sweep = repo.maintenance._gc_store
@@ -230,9 +230,9 @@ def test_checkpointer_retention_takes_a_bounded_share_of_the_time(repo, monkeypa
 def test_close_applies_retention_to_saves_committed_after_the_last_pass(repo, monkeypatch, sync):
     """Passes are spaced out (RETENTION_SHARE); whatever committed after the last one, even
     saves already collected by step(), is retained by close()."""
-    import forkpoint.checkpointer as checkpointer
+    import forkpoint.checkpointer.retention as retention
 
-    monkeypatch.setattr(checkpointer, "RETENTION_SHARE", 1e-6)
+    monkeypatch.setattr(retention, "RETENTION_SHARE", 1e-6)
     ck = fp.Checkpointer(repo, {"w": torch.zeros(1000)}, every=2, keep=fp.Keep(last=2), gc_grace=0, sync=sync)
     for step in range(10):
         ck.state["w"] = torch.full((1000,), float(step))

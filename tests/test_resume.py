@@ -168,6 +168,7 @@ model = torch.nn.Linear(4, 4)
 ck = fp.Checkpointer(fp.Repo(sys.argv[1], create=True), {"model": model}, every=10)
 start = ck.resume()
 for step in range(start, 25):
+    ck.wait_capture()  # the write below is not optimizer.step(): the hooks do not see it
     with torch.no_grad():
         model.weight.add_(1.0)
     print("trained", step, flush=True)

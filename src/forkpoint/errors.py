@@ -74,3 +74,12 @@ class BranchHeldError(ConflictError):
 
 class SaveAbortedError(ForkpointError):
     """A save was aborted (a second Ctrl-C) before its commit: nothing was committed."""
+
+
+class StateChangedError(ForkpointError):
+    """A tensor was written in place while an asynchronous save was still copying it, by a
+    write the capture hooks do not guard: that save was not committed. `paths` names them."""
+
+    def __init__(self, message: str, paths: list[str]):
+        super().__init__(message)
+        self.paths = paths

@@ -26,7 +26,8 @@ FIXES = {
     "Python RNG": "add fp.RNGState() to the state", "CUDA RNG": "add fp.RNGState() to the state",
     "LR scheduler": "add the scheduler to the state",
     "GradScaler": "add the GradScaler to the state",
-    "sampler or data-loader position": "add the sampler to the state (fp.ResumableSampler records its position)",
+    "sampler or data-loader position": "iterate an fp.ResumableLoader (or an fp.ResumableSampler) and add it to "
+                                       "the state: it records the position the loop reached",
     "module buffers": "save the module itself (its state_dict holds the buffers), not only its parameters",
     "module parameters": "save the module",
     "optimizer param groups": "save the optimizer itself (its state_dict holds the param groups)",

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..codecs.lossy import round_significand
+from ..errors import StateChangedError
 from ..format.manifest import Chunk
 from ..format.objects import BLOCK_BYTES, block_root, content_hash
 from ..storage.streamcopy import stream_copy
@@ -13,6 +14,27 @@ from .encoding import element_kind, policy_codec, route_chunk, row_elements
 from .objectwriter import hash_with_table, raw_header_size
 from .scheduler import Priority, Task
 from .staging import StagingPool
+
+
+def check_unchanged(plan, indices) -> None:
+    """Raise StateChangedError when a live tensor of the leaves `indices` of `plan` was written
+    in place since the save described it: its copy may hold a later state, or a torn one."""
+    changed = sorted({plan.flat[i].path for i in indices if plan.flat[i].data.changed()})
+    if changed:
+        raise StateChangedError(
+            f"{changed_paths(changed)} changed while an asynchronous save was copying it, so that save was not "
+            f"committed. {UNGUARDED_WRITES} Call PendingSave.wait_capture() (or Checkpointer.wait_capture()) "
+            "before such writes, or save with sync=True", changed)
+
+
+UNGUARDED_WRITES = ("The capture hooks make optimizer.step() and the forward of modules with buffers wait for "
+                    "the copy; this was another in-place write (a manual update under torch.no_grad(), an EMA, "
+                    "a buffer set by hand).")
+
+
+def changed_paths(paths: list[str]) -> str:
+    """`paths` for a message: the first five, quoted, and how many more."""
+    return ", ".join(repr(p) for p in paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
 
 
 def _await_device(d) -> None:
@@ -129,7 +151,18 @@ class ChunkSave:
             raise
 
     def capture(self) -> "Staged":
-        """Copy the chunk where its write will take it from (see the class's docstring)."""
+        """Copy the chunk where its write will take it from (see the class's docstring), then
+        check that its live tensor was not written meanwhile."""
+        staged = self._copy()
+        try:
+            check_unchanged(self.plan, [self.index])
+        except StateChangedError:
+            if not staged.owned:
+                staged.give_back(self.pool)
+            raise
+        return staged
+
+    def _copy(self) -> "Staged":
         n, piece, lossy = self.n, self.piece, self.route.lossy
         if self.in_place and (not self.route.ahead or self.plan.pacer.encodes()):
             staged = Staged(None, piece, False, *hash_with_table(piece))

@@ -10,12 +10,13 @@ from dataclasses import dataclass, field
 
 
 from ..codecs.delta import Delta
+from ..errors import StateChangedError
 from ..format.manifest import Chunk, Leaf
 from ..format.objects import (MAX_PACK_BYTES, content_hash)
 from ..state.flatten import FlatLeaf
 from ..storage.base import Store
 from .chunkmemory import ChunkMemory
-from .chunksave import ChunkSave, _await_device
+from .chunksave import ChunkSave, _await_device, check_unchanged
 from .encoding import codec_rules, pack_kind, policy_for
 from .objectwriter import ObjectWriter, raw_header_size
 from .pacing import EncodePacer, PaceMemory
@@ -284,6 +285,11 @@ def _schedule_pack(sched, plan: ScheduledSave, group, total, known, pool, io, ti
                 where = seen[digest] = (offset, n)
                 offset += n
             members.append((index, digest, box, where))
+        try:
+            check_unchanged(plan, [index for index, _, _ in group])
+        except StateChangedError:
+            pool.give(buf)
+            raise
         return buf, offset, members
 
     cap = sched.submit("capture", capture, priority=Priority.CAPTURE,

@@ -9,6 +9,7 @@ they only order its copy before the device work they launch.
 import threading
 import time
 
+from ..errors import StateChangedError
 from .stateful import is_module
 
 
@@ -47,7 +48,8 @@ class CaptureGuard:
             return bool(live)
 
     def wait(self, tensors=None, on_device: bool = False) -> None:
-        """Wait for the captures of `tensors` (all captures when None); raise a capture's error.
+        """Wait for the captures of `tensors` (all captures when None); raise a capture's error
+        (but StateChangedError: the save it fails is reported where it is collected).
         With `on_device`, a device-to-host copy is only ordered before the work queued next on
         its device's current stream (what a hook about to launch that work needs): the host
         does not block."""
@@ -66,7 +68,10 @@ class CaptureGuard:
         blocked = any(not t.done() for t in tasks)
         start = time.perf_counter()
         for t in tasks:
-            t.result()
+            try:
+                t.result()
+            except StateChangedError:  # that save is lost, not this step: its owner reports it
+                pass
         if blocked:
             self.waited += time.perf_counter() - start
         self.pending()

@@ -27,7 +27,8 @@ class LeafData:
     process holds (uint8 array): the whole leaf, or the shard at `box` ((offsets, lengths)).
     `pending` is the device-to-host copy filling `data` (state.device.DeviceCopy) until it is
     over; `live_ptr` the address of the live memory the bytes come from (the device memory a
-    pending copy reads; 0 where not recorded)."""
+    pending copy reads; 0 where not recorded); `watch`, the live CPU tensor `data` aliases,
+    and `version`, its in-place write counter when it was described."""
 
     kind: str
     dtype: str
@@ -39,6 +40,13 @@ class LeafData:
     itemsize: int = 0
     pending: object = None
     live_ptr: int = 0
+    watch: object = None
+    version: int = 0
+
+    def changed(self) -> bool:
+        """Whether the live tensor `data` aliases was written in place since it was described,
+        so a copy of `data` taken now may hold a later state (torch counts in-place writes)."""
+        return self.watch is not None and self.watch._version != self.version
 
     @property
     def nbytes(self) -> int:
@@ -141,7 +149,9 @@ def torch_leaf(t, path: str, copy: bool, device_capture=None) -> LeafData:
     tensor is copied by `device_capture` (state.device.DeviceCapture) in the background when
     given and its pinned memory allows, else here."""
     if not copy and plain_cpu(t):
-        return LeafData("torch", dtype_name(t.dtype), tuple(t.shape), "cpu", host_bytes(t), live_ptr=t.data_ptr())
+        counted = not t.is_inference()  # inference tensors keep no write counter (nor can be written)
+        return LeafData("torch", dtype_name(t.dtype), tuple(t.shape), "cpu", host_bytes(t), live_ptr=t.data_ptr(),
+                        watch=t if counted else None, version=t._version if counted else 0)
     import torch
 
     layout = dtensor_layout(t)

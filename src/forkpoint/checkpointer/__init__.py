@@ -14,13 +14,16 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable
 
-from .errors import BranchHeldError, CorruptObjectError, MissingObjectError, ResumeWarning, StateMismatchError
-from .policy import EverySteps, Keep, YoungDaly, install_preemption
-from .repo import PendingSave, Repo
-from .repo.holders import run_name
-from .repo.records import step_number
-from .state import capture
-from .state.hooks import CaptureGuard
+from ..errors import (BranchHeldError, CorruptObjectError, MissingObjectError, ResumeWarning, StateChangedError,
+                      StateMismatchError)
+from ..policy import EverySteps, YoungDaly, install_preemption
+from ..repo import PendingSave, Repo
+from ..repo.holders import run_name
+from ..repo.records import step_number
+from ..state import capture
+from ..state.hooks import CaptureGuard
+from ..engine.chunksave import UNGUARDED_WRITES, changed_paths
+from .retention import BackgroundRetention, resolve_retention
 
 POLICY_NAMES = {"auto": YoungDaly}
 EXTENSIONS: list[Callable[["Checkpointer"], None]] = []
@@ -29,12 +32,6 @@ REPOSITORY_OVERRIDE: Callable[[Repo, str], tuple[Repo, str]] | None = None
 audit's private repository and branch instead of the script's, before touching either."""
 DAMAGE_ERRORS = (CorruptObjectError, MissingObjectError)
 RESTART_COUNT_VARIABLES = ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
-RETENTION_SHARE = 0.1
-"""A gc pass walks the whole history, so in a long run of frequent saves retention runs after
-some commits only: after a pass whose scan took c seconds of CPU (GcReport.scan_cpu_seconds),
-the next starts no sooner than c * (1 / share - 1) seconds later. What a pass spends pruning
-(a stub per version, as many as commits since the last pass) is not counted, so retention
-never lags further and further behind."""
 
 
 @dataclass
@@ -52,16 +49,6 @@ class _Never:
 
     def explain(self):
         return "saves only when asked (no interval)"
-
-
-def resolve_retention(keep):
-    """Turn `keep` (None, an int: the newest versions kept, or an object with
-    `select(versions, tagged)`) into a retention policy or None."""
-    if keep is None or callable(getattr(keep, "select", None)):
-        return keep
-    if isinstance(keep, int) and not isinstance(keep, bool):
-        return Keep(last=keep)
-    raise TypeError(f"keep must be fp.Keep(...) or an int (the newest versions kept), got {keep!r}")
 
 
 def resolve_policy(every):
@@ -133,12 +120,8 @@ class Checkpointer:
         self.repo, self.state, self.keep = repo, state, keep
         self.branch, self.sync, self.allow_pickle, self.gc_grace = branch, sync, allow_pickle, gc_grace
         self.preemption = preemption
-        self._pending: list[PendingSave] = []
-        self._retention = None
-        self._best_checked = False  # whether the Keep(best=...) metric was looked for
-        self._unretained = False
-        self._retention_seconds = 0.0
-        self._retention_end = 0.0
+        self._pending: list[tuple[int | None, PendingSave]] = []  # (step, its save)
+        self._capture_at_save = False  # set once a save found its state changed while copying it
         self._guard = CaptureGuard()
         if not sync:
             self._guard.install(obj for _, obj in capture(state)[1])
@@ -159,6 +142,8 @@ class Checkpointer:
         self.on_remote_stop: Callable = lambda version: None
         self.closed = False
         self.branch = self._hold_branch(on_conflict, take_over)
+        applies = not (getattr(repo, "collective", False) and _world()[1] != 0)  # rank 0 prunes a collective repo
+        self.retention = BackgroundRetention(repo, keep if applies else None, self.branch, gc_grace)
         install_preemption(self)
         for extend in EXTENSIONS:
             extend(self)
@@ -375,13 +360,14 @@ class Checkpointer:
         if sync:
             self.save_seconds.append(elapsed)
             self.last_version = result
-            self._unretained = True
             self._note_stall(elapsed)
             self._observe_stall()
-            self._retain()
+            self.retention.committed()
         else:
             self._guard.add(result.capture_map)
-            self._pending.append(result)
+            self._pending.append((step, result))
+            if self._capture_at_save:
+                result.wait_capture()
             self._note_stall(elapsed)
         return result
 
@@ -405,69 +391,35 @@ class Checkpointer:
         self._guard.wait()
 
     def _reap(self) -> None:
-        done = [p for p in self._pending if p.done()]
-        self._pending = [p for p in self._pending if not p.done()]
-        for p in done:
-            self.last_version = p.wait()
-            self._unretained = True
+        done = [(step, p) for step, p in self._pending if p.done()]
+        self._pending = [(step, p) for step, p in self._pending if not p.done()]
+        for step, p in done:
+            self._settle(step, p)
         if done:
-            self._retain()
+            self.retention.committed()
 
-    def _retain(self, final: bool = False) -> None:
-        """Apply retention on the repository's commit thread, off the training loop: after a
-        commit, unless the last pass ended too recently for RETENTION_SHARE (or `final`)."""
-        if self._retention is not None and self._retention.done():
-            self._retention.result()
-            self._retention = None
-        if getattr(self.repo, "collective", False) and _world()[1] != 0:
-            return
-        if self.keep is None or self._retention is not None:
-            return
-        rest = self._retention_seconds * (1 / RETENTION_SHARE - 1)
-        if final or time.monotonic() - self._retention_end >= rest:
-            self._unretained = False
-            self._retention = self.repo.background(self._timed_retention)
-
-    def _timed_retention(self):
+    def _settle(self, step, p: PendingSave) -> None:
+        """Take the outcome of the save of `step`. One whose state changed while it was being
+        copied was not committed: warn, and from then on make save() wait for its copies."""
         try:
-            report = self.repo.gc(keep=self.keep, branches=[self.branch], grace=self.gc_grace)
-            self._retention_seconds = report.scan_cpu_seconds
-            if report.pruned_versions and self.keep.best and not self._best_checked:
-                self._best_checked = True  # once recorded, always: the records stay in the log
-                self._warn_best_unrecorded(len(report.pruned_versions))
-            return report
-        finally:
-            self._retention_end = time.monotonic()
-
-    def _warn_best_unrecorded(self, pruned: int) -> None:
-        """Warn once when retention prunes while no version of the branch records the metric
-        that Keep(best=...) ranks by (a misspelt name keeps no best version at all)."""
-        name = self.keep.best[0]
-        log = self.repo.log(self.branch)
-        if any(isinstance(v.metrics.get(name), (int, float)) for v in log):
-            return
-        recorded = sorted({k for v in log for k in v.metrics})
-        warnings.warn(f"retention of branch {self.branch!r} pruned {pruned} version(s), and none is kept as best: "
-                      f"keep=fp.Keep(best=({name!r}, ...)) ranks versions by {name!r}, which no version records "
-                      f"(they record: {', '.join(recorded) or 'no metrics'}). Pass it to step(metrics=...) or save(), "
-                      "or name a recorded metric", UserWarning, stacklevel=2)
+            self.last_version = p.wait()
+        except StateChangedError as e:
+            if not self._capture_at_save:
+                warnings.warn(f"the save of step {step} on branch {self.branch!r} was not committed: "
+                              f"{changed_paths(e.paths)} changed while it was being copied. {UNGUARDED_WRITES} "
+                              "From now on this Checkpointer copies the state before save() and step() return "
+                              "(a longer stall; no version holds a later state). To keep saves asynchronous, "
+                              "call ck.wait_capture() before such writes", UserWarning, stacklevel=5)
+            self._capture_at_save = True
 
     def wait(self):
         """Block until every save in flight is committed and retention applied; return the newest Version."""
-        for p in self._pending:
-            self.last_version = p.wait()
-        had = bool(self._pending)
+        for step, p in self._pending:
+            self._settle(step, p)
+            self.retention.committed(start=False)
         self._pending = []
-        self._finish_retention()
-        if had or self._unretained:
-            self._retain(final=True)
-            self._finish_retention()
+        self.retention.settle()
         return self.last_version
-
-    def _finish_retention(self) -> None:
-        if self._retention is not None:
-            future, self._retention = self._retention, None
-            future.result()
 
     def close(self, final_step: int | None = None, metrics: dict | None = None) -> None:
         """Wait for everything in flight; remove hooks and handlers; release the branch.
