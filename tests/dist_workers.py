@@ -599,6 +599,20 @@ def _disagreeing_save(rank, world, out, url):
     return raised + [known]
 
 
+def _policies_differ(rank, world, out, url, plain):
+    """A Checkpointer per rank whose policy is due every 2 steps on rank 0 and every 3 on the
+    others, over fp.dist.Repo (or, with `plain`, a plain Repo saving synchronously, whose
+    saves end in a barrier): the ranks agree on each save, so none waits for the others."""
+    ddp, dopt = build_ddp()
+    repo = fp.Repo(url, create=True) if plain == "1" else fp.dist.Repo(url, create=True, timeout=30)
+    ck = fp.Checkpointer(repo, {"model": ddp, "optim": dopt}, every=2 if rank == 0 else 3, sync=plain == "1")
+    for step in range(8):
+        train(ddp, dopt, "ddp", 1, rank)
+        ck.step(step)
+    ck.close()
+    return [v.step for v in fp.Repo(url).log()]
+
+
 def _replica_tiers(nodes, shared, rank, budget=None, node_size=1):
     """Tier 0 local to each simulated node (ranks r // node_size share it), replicated once to
     the next node; the shared tier below."""

@@ -265,6 +265,28 @@ def missing(comm, out: str, url: str, where: str) -> dict:
         return {"raised": f"{type(e).__name__}: {e}"}
 
 
+def checkpointer(comm, out: str, url: str) -> dict:
+    """A Checkpointer on every rank over fp.mpi.Repo, resumed if the branch has versions, for
+    8 steps. Rank 0's policy is due every 2 steps and the others' every 3, so the ranks must
+    agree at each step; the block is updated in place right after each step() returns."""
+    repo = fp.mpi.Repo(url, create=True, timeout=30)
+    rows = np.array_split(np.arange(N), comm.size)[comm.rank]
+    u = np.full((len(rows), N), -1.0)
+    ck = fp.Checkpointer(repo, {"u": fp.Block(u, (int(rows[0]), 0), (N, N))}, every=2 if comm.rank == 0 else 3)
+    start = ck.resume()
+    resumed = sorted({float(x) for x in np.unique(u)})
+    for step in range(start, start + 8):
+        u[...] = step
+        ck.step(step)
+        u += 100                                   # the next update, in place
+    ck.close()
+    steps = [v.step for v in repo.log()]
+    wrong = [v.step for v in repo.log() if comm.rank == 0
+             and not np.array_equal(repo.load(v.id)["u"], np.full((N, N), float(v.step)))]
+    repo.close()
+    return {"start": start, "resumed": resumed, "steps": steps, "wrong": wrong}
+
+
 def _write(out: str, name: str, rank: int, result: dict) -> None:
     path = os.path.join(out, f"{name}.{rank}.json")
     with open(path + ".tmp", "w") as f:

@@ -7,6 +7,7 @@ Each test holds the save's copy at a gate until the write is done, so the race i
 import threading
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -140,4 +141,86 @@ def test_inference_tensors_save_asynchronously(tmp_path):
         t = torch.randn(1 << 20)
     repo = fp.Repo(str(tmp_path / "r"), create=True)
     assert torch.equal(repo.load(repo.save({"t": t}, sync=False).wait().id)["t"], t)
+    repo.close()
+
+
+def test_a_checkpointer_copies_numpy_arrays_before_step_returns(tmp_path, monkeypatch):
+    """numpy counts no writes, so a simulation's in-place update right after step() must not
+    reach the version: step() returns only once the arrays are copied."""
+    repo = fp.Repo(str(tmp_path / "r"), create=True)
+    u = np.zeros(1 << 20, dtype=np.float32)
+    ck = fp.Checkpointer(repo, {"u": u, "small": np.zeros(8)}, every=1)
+    for step in range(3):
+        u[:] = step
+        ck.state["small"][:] = step
+        gate = Gate(monkeypatch, chunksave, "stream_copy")
+        threading.Timer(0.5, gate.release).start()  # step() waits for the held copy, so the gate opens by itself
+        ck.step(step)
+        assert gate.started.is_set()
+        u[:] = 100 + step                           # in place, as a stencil update writes
+        ck.state["small"][:] = 100 + step
+        gate.release()
+    ck.close()
+    assert [v.step for v in repo.log()] == [2, 1, 0]
+    for v in repo.log():
+        tree = repo.load(v.id)
+        assert np.array_equal(tree["u"], np.full(1 << 20, v.step, dtype=np.float32)), v.step
+        assert np.array_equal(tree["small"], np.full(8, float(v.step))), v.step
+    repo.close()
+
+
+def test_small_numpy_arrays_packed_with_tensors_are_copied_before_step_returns(tmp_path, monkeypatch):
+    repo = fp.Repo(str(tmp_path / "r"), create=True)
+    a = np.zeros(16)
+    ck = fp.Checkpointer(repo, {"a": a, "t": torch.zeros(16)}, every=1)
+    gate = Gate(monkeypatch, engine_save, "content_hash")
+    threading.Timer(0.5, gate.release).start()
+    ck.step(0)
+    assert gate.started.is_set()
+    a[:] = 1
+    gate.release()
+    ck.close()
+    assert np.array_equal(repo.load("main")["a"], np.zeros(16))
+    repo.close()
+
+
+def test_tensors_beside_numpy_arrays_stay_asynchronous(tmp_path, monkeypatch):
+    """Only the arrays are waited for: step() returns while a tensor's copy is still held."""
+    repo = fp.Repo(str(tmp_path / "r"), create=True)
+    w = torch.zeros(1 << 20)
+    ck = fp.Checkpointer(repo, {"w": w, "u": np.zeros(16)}, every=1)
+    gate = Gate(monkeypatch, chunksave, "stream_copy")
+    ck.step(0)
+    assert gate.started.wait(60) and not ck._pending[0][1].captured()
+    gate.release()
+    ck.close()
+    assert torch.equal(repo.load("main")["w"], w)
+    repo.close()
+
+
+def test_a_numpy_copy_in_the_state_is_not_waited_for(tmp_path):
+    """A big-endian or strided array is copied when described, so nothing aliases it."""
+    from forkpoint.state.leaves import numpy_leaf
+
+    assert numpy_leaf(np.zeros(4), "a", copy=False).unwatched
+    assert not numpy_leaf(np.zeros(8)[::2], "a", copy=False).unwatched
+    assert not numpy_leaf(np.zeros(4, dtype=">f8"), "a", copy=False).unwatched
+    assert not numpy_leaf(np.zeros(4), "a", copy=True).unwatched
+
+
+def test_a_write_racing_a_packed_numpy_copy_cannot_misname_its_bytes(tmp_path, monkeypatch):
+    """Without a Checkpointer nothing waits, but a small array's bytes are hashed from their
+    copy: the pack never names bytes by another state's hash, which a later save would reuse."""
+    repo = fp.Repo(str(tmp_path / "r"), create=True)
+    a = np.zeros(16)
+    gate = Gate(monkeypatch, engine_save, "content_hash")
+    pending = repo.save({"a": a, "t": torch.zeros(16)}, sync=False)
+    assert gate.started.wait(60)
+    a[:] = 1                                        # against the contract: before wait_capture()
+    gate.release()
+    first = pending.wait()
+    again = repo.save({"a": np.zeros(16)})         # dedups against what the first save named
+    assert np.array_equal(repo.load(first.id)["a"], np.zeros(16))
+    assert np.array_equal(repo.load(again.id)["a"], np.zeros(16))
+    assert repo.verify().ok
     repo.close()

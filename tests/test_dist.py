@@ -250,6 +250,14 @@ def test_ranks_that_disagree_on_a_save_are_told_how(tmp_path):
 
 
 @rerun_once_if_hung
+@pytest.mark.parametrize("plain", ["0", "1"], ids=["dist-repo", "plain-repo"])
+def test_ranks_whose_policies_differ_agree_on_each_save(tmp_path, plain):
+    url = str(tmp_path / "repo")
+    records = launch("policies_differ", 2, tmp_path / "out", url, plain, timeout=120)
+    assert [rec["result"] for rec in records] == [[6, 4, 3, 2, 0]] * 2   # rank 0 due at 0,2,4,6; rank 1 at 0,3,6
+
+
+@rerun_once_if_hung
 def test_real_dcp_save_and_load_through_forkpoint_on_different_rank_counts(tmp_path):
     url = str(tmp_path / "repo")
     records = launch("dcp_save", 2, tmp_path / "save", url)

@@ -204,6 +204,18 @@ def test_gray_scott_fork_with_another_feed_rate_and_diff(tmp_path):
     assert "u" in out.stdout and "params/F" in out.stdout, out.stdout
 
 
+def test_a_checkpointer_over_mpi_agrees_on_each_save_and_resumes_on_more_ranks(tmp_path):
+    """Each rank's policy differs, so only their agreement keeps the collective saves matched;
+    every version holds its step's values although the blocks change right after step()."""
+    url = str(tmp_path / "repo")
+    first, _ = worker(2, "checkpointer", tmp_path, url)
+    assert [r["steps"] for r in first] == [[6, 4, 3, 2, 0]] * 2   # rank 0 due at 0,2,4,6; rank 1 at 0,3,6
+    assert first[0]["start"] == 0 and first[0]["wrong"] == []
+    again, _ = worker(3, "checkpointer", tmp_path, url)
+    assert [(r["start"], r["resumed"]) for r in again] == [(7, [6.0])] * 3
+    assert again[0]["steps"][:5] == [14, 12, 10, 9, 8] and again[0]["wrong"] == []
+
+
 def test_fp_mpi_says_how_to_install_mpi4py_when_it_is_missing(tmp_path):
     code = ("import sys; sys.modules['mpi4py'] = None\n"
             "import forkpoint as fp\n"

@@ -8,7 +8,6 @@ a Checkpointer through `EXTENSIONS`.
 
 import os
 import re
-import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from ..repo.records import step_number
 from ..state import capture
 from ..state.hooks import CaptureGuard
 from ..engine.chunksave import UNGUARDED_WRITES, changed_paths
+from .ranks import ranks_of
 from .retention import BackgroundRetention, resolve_retention
 
 POLICY_NAMES = {"auto": YoungDaly}
@@ -72,32 +72,13 @@ def resolve_policy(every):
     return every
 
 
-def _any_rank(flag: bool) -> bool:
-    """True when `flag` holds on any rank of the torch.distributed group (this process alone
-    when there is none)."""
-    dist, _, world = _world()
-    if dist is None or world == 1:
-        return flag
-    import torch
-
-    value = torch.tensor([1 if flag else 0], dtype=torch.int32)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
-
-
-def _world():
-    dist = getattr(sys.modules.get("torch"), "distributed", None)
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return dist, dist.get_rank(), dist.get_world_size()
-    return None, 0, 1
-
-
 class Checkpointer:
     """Saves `state` to `repo` on `branch` when the policy says so and restores it on resume.
 
-    In a torch.distributed run every rank holds a Checkpointer; stop requests are agreed
-    across ranks at each step. With an fp.dist.Repo every rank saves its shards and rank 0
-    commits; with a plain Repo rank 0 writes the (replicated) state. With `warm`, an
+    In a torch.distributed run, or over an fp.mpi.Repo, every rank holds a Checkpointer; at
+    each step the ranks agree whether to save (any rank's policy being due) and whether to
+    stop. With an fp.dist.Repo or fp.mpi.Repo every rank saves its part and rank 0 commits;
+    with a plain Repo rank 0 writes the (replicated) state. With `warm`, an
     asynchronous Checkpointer faults in its staging memory at construction, so the first
     checkpoint does not pay for fresh pages. A `state` with a `checkpoint_state()` method
     (such as fp.discover's result) stands for the tree that method returns.
@@ -117,6 +98,7 @@ class Checkpointer:
             state = state.checkpoint_state()
         keep = resolve_retention(keep)
         self.policy = resolve_policy(every)
+        self.ranks = ranks_of(repo)
         self.repo, self.state, self.keep = repo, state, keep
         self.branch, self.sync, self.allow_pickle, self.gc_grace = branch, sync, allow_pickle, gc_grace
         self.preemption = preemption
@@ -142,7 +124,7 @@ class Checkpointer:
         self.on_remote_stop: Callable = lambda version: None
         self.closed = False
         self.branch = self._hold_branch(on_conflict, take_over)
-        applies = not (getattr(repo, "collective", False) and _world()[1] != 0)  # rank 0 prunes a collective repo
+        applies = not (getattr(repo, "collective", False) and self.ranks.rank != 0)  # rank 0 prunes a collective repo
         self.retention = BackgroundRetention(repo, keep if applies else None, self.branch, gc_grace)
         install_preemption(self)
         for extend in EXTENSIONS:
@@ -151,7 +133,7 @@ class Checkpointer:
     def _hold_branch(self, on_conflict: str, take_over: bool) -> str:
         """Hold the branch for this run (rank 0 decides, every rank learns the outcome); with
         on_conflict="fork", a branch held by a live run is forked for this run instead."""
-        dist, rank, world = _world()
+        rank = self.ranks.rank
         branch, refusal = self.branch, None
         if rank == 0:
             try:
@@ -161,10 +143,7 @@ class Checkpointer:
                     refusal = str(e)
                 else:
                     branch = self._fork_for_this_run(str(e))
-        if dist is not None and world > 1:
-            box = [branch, refusal]
-            dist.broadcast_object_list(box, src=0)
-            branch, refusal = box
+        branch, refusal = self.ranks.broadcast((branch, refusal))
         if refusal is not None:
             raise BranchHeldError(refusal if rank == 0 else f"rank 0: {refusal}")
         return branch
@@ -197,7 +176,7 @@ class Checkpointer:
         """
         if hasattr(self.repo, "recover"):  # collective: nodes lost and replaced get their part back
             self.repo.recover(self.branch)
-        if getattr(self.repo, "collective", False) or _world()[1] == 0:
+        if getattr(self.repo, "collective", False) or self.ranks.rank == 0:
             self.repo.finish_flushes()
         self._order_checked = True
         if self.repo.head(self.branch) is None:
@@ -220,7 +199,7 @@ class Checkpointer:
                                  "resumed_from": version.id,
                                  "lost_seconds": round(max(0.0, time.time() - version.time), 3)}
         self.finished = isinstance(version.meta, dict) and version.meta.get("final") is True
-        if self.finished and _world()[1] == 0:
+        if self.finished and self.ranks.rank == 0:
             warnings.warn(f"branch {self.branch!r} finished at step {version.step} (version {version.id[:12]}, "
                           "saved by close(final_step=...)): nothing left to train; resume returns the step after "
                           "it. Fork the branch or save on another one to train further", ResumeWarning, stacklevel=2)
@@ -252,7 +231,7 @@ class Checkpointer:
                     f"one: to start a new run with it, save on another branch (fp.Checkpointer(..., branch='...')); "
                     f"to carry parts over, repo.restore(state, {self.branch!r}, paths=[...]) first, or, where only "
                     "entries are missing or extra, resume(strict=False)") from None
-            if _any_rank(damage is not None):
+            if self.ranks.agree(damage is not None)[0]:
                 skipped.append((v, damage))
                 continue
             break
@@ -262,7 +241,7 @@ class Checkpointer:
                                      f"Run `forkpoint verify -r {self.repo.url}`; to start over, rebuild the model and "
                                      "optimizer (their tensors may hold part of a damaged version), then delete the "
                                      f"branch (`forkpoint branch delete {self.branch}`) or use another one")
-        if skipped and _world()[1] == 0:
+        if skipped and self.ranks.rank == 0:
             what = "; ".join(f"{v.id[:12]} (step {v.step}): {_damage(e)}" for v, e in skipped)
             warnings.warn(f"resumed branch {self.branch!r} from {version.id[:12]} (step {version.step}), skipping "
                           f"{len(skipped)} newer damaged version(s): {what}. The branch still names the damaged "
@@ -289,8 +268,8 @@ class Checkpointer:
         self._check_order(step)
         self.last_step = step
         self._observe_stall()
-        due = self.should_save(step)
-        if self._stop_agreed():
+        due, stop = self.ranks.agree(self.should_save(step), self.stop_request is not None)
+        if stop:
             request = self.stop_request or StopRequest("stop requested on another rank",
                                                        self.on_remote_stop, time.time())
             version = self.save(step, metrics, message=f"emergency: {request.reason}", sync=True,
@@ -319,7 +298,7 @@ class Checkpointer:
         floor = self._step_floor
         if floor is not None and step < floor[0]:
             self._order_warned = True
-            if _world()[1] == 0:
+            if self.ranks.rank == 0:
                 warnings.warn(f"Checkpointer.step({step}) on branch {self.branch!r} goes back to steps the run "
                               f"already passed, which its versions would repeat: {floor[1]}", ResumeWarning,
                               stacklevel=3)
@@ -331,9 +310,6 @@ class Checkpointer:
             raise RuntimeError(f"this Checkpointer of branch {self.branch!r} is closed (its capture hooks are "
                                "gone, so a save could capture torn tensors): make a new one to save again")
 
-    def _stop_agreed(self) -> bool:
-        return _any_rank(self.stop_request is not None)
-
     # ----------------------------------------------------------------- saving
     def save(self, step: int | None = None, metrics: dict | None = None, message: str = "",
              sync: bool | None = None, meta: dict | None = None):
@@ -343,7 +319,7 @@ class Checkpointer:
         self._reap()
         self._observe_stall()
         sync = self.sync if sync is None else sync
-        dist, rank, _ = _world()
+        rank = self.ranks.rank
         start = time.perf_counter()
         result = None
         collective = getattr(self.repo, "collective", False)
@@ -351,24 +327,25 @@ class Checkpointer:
             result = self.repo.save(self.state, branch=self.branch, step=step, message=message,
                                     metrics=metrics, sync=sync, allow_pickle=self.allow_pickle,
                                     meta={**self.restart_meta, **(meta or {})})
-        if dist is not None and sync and not collective:
-            dist.barrier()
-        elapsed = time.perf_counter() - start
-        self._last_save = time.monotonic()
-        if result is None:
-            return None
-        if sync:
-            self.save_seconds.append(elapsed)
-            self.last_version = result
-            self._note_stall(elapsed)
-            self._observe_stall()
-            self.retention.committed()
-        else:
+        if sync and not collective:
+            self.ranks.barrier()
+        if result is not None and not sync:
             self._guard.add(result.capture_map)
             self._pending.append((step, result))
             if self._capture_at_save:
                 result.wait_capture()
-            self._note_stall(elapsed)
+            else:  # numpy arrays count no writes, so a later write to one could not be seen: copy them now
+                result.wait_unwatched_capture()
+        elapsed = time.perf_counter() - start
+        self._last_save = time.monotonic()
+        if result is None:
+            return None
+        self._note_stall(elapsed)
+        if sync:
+            self.save_seconds.append(elapsed)
+            self.last_version = result
+            self._observe_stall()
+            self.retention.committed()
         return result
 
     def _note_stall(self, seconds: float) -> None:
@@ -433,7 +410,7 @@ class Checkpointer:
                 self.save(final_step, metrics, message="final", sync=True, meta={"final": True})
         was_closed, self.closed = self.closed, True
         self.wait()
-        if not was_closed and _world()[1] == 0:
+        if not was_closed and self.ranks.rank == 0:
             self.repo.release_branch(self.branch)
         self._guard.remove()
         for close in self.closers:

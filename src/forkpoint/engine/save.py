@@ -277,11 +277,15 @@ def _schedule_pack(sched, plan: ScheduledSave, group, total, known, pool, io, ti
         offset, seen, members = 0, {}, []
         for index, data, box in group:
             _await_device(plan.flat[index].data)
-            digest = content_hash(data, parallel_map)
+            n = int(data.nbytes)
+            copied = plan.flat[index].data.unwatched  # no counter sees a write between hash and copy: hash the copy
+            if copied:
+                buf[offset:offset + n] = data
+            digest = content_hash(buf[offset:offset + n] if copied else data, parallel_map)
             where = known.get(digest) or seen.get(digest)
             if where is None:
-                n = int(data.nbytes)
-                buf[offset:offset + n] = data
+                if not copied:
+                    buf[offset:offset + n] = data
                 where = seen[digest] = (offset, n)
                 offset += n
             members.append((index, digest, box, where))

@@ -204,9 +204,9 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
 
         sync=True writes straight from live memory and returns the Version. sync=False returns
         a PendingSave at once (once fewer than `SaveOptions.max_pending`, 2, earlier ones are
-        uncommitted): tensors are copied to staging memory by background tasks, and the caller
-        must not modify them before `PendingSave.wait_capture()` (the Checkpointer hooks
-        optimizers and modules to wait exactly where needed).
+        uncommitted): tensors and arrays are copied to staging memory by background tasks, and
+        the caller must not modify them before `PendingSave.wait_capture()` (the Checkpointer
+        hooks optimizers and modules to wait exactly where needed, and waits for numpy arrays).
         """
         if self.closed:
             raise RuntimeError(f"repository {self.url} is closed")
@@ -423,12 +423,14 @@ class Repo(RefCommands, HistoryCommands, ReadCommands, CompareCommands, Maintena
 def pending_save(commit: Task, plan, flat) -> PendingSave:
     """The PendingSave of an asynchronous save: its commit, and its captures by the address of
     the live memory each one copies (what the capture hooks wait for); for a device tensor,
-    its device-to-host copy."""
-    by_ptr = {}
+    its device-to-host copy; and the captures of the leaves whose writes nothing counts."""
+    by_ptr, unwatched = {}, {}
     for i, fl in enumerate(flat):
         d = fl.data
         if d is not None and d.pending is not None:
             by_ptr[d.live_ptr] = [d.pending]
         elif d is not None and i in plan.captures and d.data.size:
             by_ptr[d.live_ptr or d.data.__array_interface__["data"][0]] = plan.captures[i]
-    return PendingSave(commit, plan.capture_tasks(), by_ptr)
+            if d.unwatched:
+                unwatched.update((id(t), t) for t in plan.captures[i])
+    return PendingSave(commit, plan.capture_tasks(), by_ptr, list(unwatched.values()))

@@ -93,12 +93,16 @@ class PendingSave:
     """A save running in the background: `done()`, `wait(timeout)` -> Version.
 
     `captured()` tells whether every tensor has been copied out of live memory;
-    `wait_capture()` blocks until then (after which the state may be changed freely).
+    `wait_capture()` blocks until then (after which the state may be changed freely);
+    `wait_unwatched_capture()` only until the leaves whose in-place writes nothing counts
+    (numpy arrays, inference tensors) are copied.
     """
 
-    def __init__(self, commit: Task, captures: list[Task], by_pointer: dict[int, list[Task]]):
+    def __init__(self, commit: Task, captures: list[Task], by_pointer: dict[int, list[Task]],
+                 unwatched: list[Task] = ()):
         self._commit = commit
         self._captures = captures
+        self._unwatched = list(unwatched)
         self.capture_map = by_pointer
 
     def done(self) -> bool:
@@ -112,6 +116,10 @@ class PendingSave:
 
     def wait_capture(self) -> None:
         for t in self._captures:
+            t.result()
+
+    def wait_unwatched_capture(self) -> None:
+        for t in self._unwatched:
             t.result()
 
 

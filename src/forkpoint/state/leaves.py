@@ -28,7 +28,9 @@ class LeafData:
     `pending` is the device-to-host copy filling `data` (state.device.DeviceCopy) until it is
     over; `live_ptr` the address of the live memory the bytes come from (the device memory a
     pending copy reads; 0 where not recorded); `watch`, the live CPU tensor `data` aliases,
-    and `version`, its in-place write counter when it was described."""
+    and `version`, its in-place write counter when it was described; `unwatched`, True where
+    `data` aliases live memory whose in-place writes nothing counts (a numpy array, an
+    inference tensor), so only waiting for its copy keeps an asynchronous save exact."""
 
     kind: str
     dtype: str
@@ -42,6 +44,7 @@ class LeafData:
     live_ptr: int = 0
     watch: object = None
     version: int = 0
+    unwatched: bool = False
 
     def changed(self) -> bool:
         """Whether the live tensor `data` aliases was written in place since it was described,
@@ -149,9 +152,10 @@ def torch_leaf(t, path: str, copy: bool, device_capture=None) -> LeafData:
     tensor is copied by `device_capture` (state.device.DeviceCapture) in the background when
     given and its pinned memory allows, else here."""
     if not copy and plain_cpu(t):
-        counted = not t.is_inference()  # inference tensors keep no write counter (nor can be written)
+        counted = not t.is_inference()  # inference tensors keep no write counter
         return LeafData("torch", dtype_name(t.dtype), tuple(t.shape), "cpu", host_bytes(t), live_ptr=t.data_ptr(),
-                        watch=t if counted else None, version=t._version if counted else 0)
+                        watch=t if counted else None, version=t._version if counted else 0,
+                        unwatched=not counted)
     import torch
 
     layout = dtensor_layout(t)
@@ -207,10 +211,12 @@ def numpy_leaf(a: np.ndarray, path: str, copy: bool, kind: str = "numpy") -> Lea
             f"state path {path!r} holds a numpy array of dtype {a.dtype}; forkpoint stores bool, "
             "integer, float and complex arrays without pickle (pass allow_pickle=True for others)"
         )
+    live = a
     if a.dtype.byteorder == ">":
         a = a.astype(a.dtype.newbyteorder("<"))
     a = np.array(a, copy=True, order="C") if copy else np.asarray(a, order="C")
-    return LeafData(kind, a.dtype.name, tuple(a.shape), "cpu", a.reshape(-1).view(np.uint8))
+    return LeafData(kind, a.dtype.name, tuple(a.shape), "cpu", a.reshape(-1).view(np.uint8),
+                    unwatched=not copy and a.size > 0 and np.may_share_memory(a, live))
 
 
 def torch_dtype(name: str, path: str):
