@@ -14,7 +14,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 FAMILIES = {
     "save and load against the peers": ["save_load", "many_leaves", "mmap_load", "persist_throughput", "save_floor"],
-    "the training loop's stall": ["train_overhead", "frameworks", "long_run", "open_repos", "scheduler",
+    "the training loop's stall": ["train_overhead", "frameworks", "long_run", "open_repos", "scheduler", "sim_stall",
                                   "every_step_bound"],
     "encoding": ["codecs", "compression", "codec_ab", "coder_time", "flush_encode"],
     "tiers and replication": ["tiers_restore", "replication"],
