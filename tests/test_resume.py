@@ -205,6 +205,37 @@ def test_close_does_not_save_a_final_step_twice(repo):
     assert [v.step for v in repo.log()] == [9, 5, 0]
 
 
+def test_close_warns_of_steps_trained_after_the_newest_save(repo):
+    ck = fp.Checkpointer(repo, {"m": torch.nn.Linear(2, 2)}, every=100)
+    for step in range(250):
+        ck.step(step)
+    with pytest.warns(UserWarning, match=r"with steps 201\.\.249 trained after its newest save \(step 200\): "
+                      r"no version holds them\. Pass ck\.close\(final_step=249\)"):
+        ck.close()
+    assert [v.step for v in repo.log()] == [200, 100, 0]
+
+
+def test_close_is_quiet_when_nothing_trained_goes_unsaved(repo):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ck = fp.Checkpointer(repo, {"m": torch.nn.Linear(2, 2)}, every=5)
+        for step in range(11):
+            ck.step(step)
+        ck.close()                                  # step 10 was the newest save
+        ck = fp.Checkpointer(repo, {"m": torch.nn.Linear(2, 2)}, every=5, branch="manual")
+        for step in range(3):
+            ck.step(step)
+        ck.save(2)
+        ck.close()
+        with pytest.raises(ZeroDivisionError):      # a loop that raised is not done: no advice
+            with fp.Checkpointer(repo, {"m": torch.nn.Linear(2, 2)}, every=5, branch="raised") as ck:
+                for step in range(3):
+                    ck.step(step)
+                1 / 0
+
+
 def test_continuing_a_fork_is_not_a_restart(repo):
     model = torch.nn.Linear(4, 4)
     ck = fp.Checkpointer(repo, {"model": model}, every=1, sync=True)

@@ -116,6 +116,7 @@ class Checkpointer:
         self.restart_meta: dict = {}
         self.last_version = None
         self.last_step: int | None = None
+        self._saved_step: int | None = None  # the step of the newest save() call
         self._step_floor: tuple[int, str] | None = None  # (the lowest step expected next, why)
         self._order_checked = self._order_warned = False
         self.finished = False
@@ -318,6 +319,7 @@ class Checkpointer:
         self._check_open()
         self._reap()
         self._observe_stall()
+        self._saved_step = step if step is not None else self.last_step
         sync = self.sync if sync is None else sync
         rank = self.ranks.rank
         start = time.perf_counter()
@@ -403,7 +405,13 @@ class Checkpointer:
         Saving afterwards raises.
         With `final_step` (the last step the loop ran), that step is saved first unless it was
         already, and its version is marked final, so a rerun of the finished script resumes
-        past it and says the run is finished instead of training again."""
+        past it and says the run is finished instead of training again. Without it, steps
+        trained after the newest save get one UserWarning saying how to keep them."""
+        self._close(final_step, metrics, warn_unsaved=True)
+
+    def _close(self, final_step, metrics, warn_unsaved: bool) -> None:
+        if warn_unsaved and final_step is None and not self.closed and self.ranks.rank == 0:
+            self._warn_unsaved()
         if final_step is not None and not self.closed:
             last = self.wait()
             if last is None or last.step != final_step or not last.meta.get("final"):
@@ -421,7 +429,19 @@ class Checkpointer:
         return self
 
     def __exit__(self, *exc):
-        self.close()
+        self._close(None, None, warn_unsaved=exc[0] is None)  # a loop that raised is not done training
+
+    def _warn_unsaved(self) -> None:
+        last, saved = self.last_step, self._saved_step
+        if last is None or (saved is not None and saved >= last):
+            return
+        since = f"after its newest save (step {saved})" if saved is not None else "without a save"
+        first = saved + 1 if saved is not None else None
+        steps = f"step {last}" if first == last else f"steps {first}..{last}" if first is not None else \
+            f"steps up to {last}"
+        warnings.warn(f"closing the Checkpointer of branch {self.branch!r} with {steps} trained {since}: no version "
+                      f"holds them. Pass ck.close(final_step={last}) to save the last step (and mark the run "
+                      f"finished), or call ck.save({last}) before close()", UserWarning, stacklevel=4)
 
 
 def _damage(error: Exception | None) -> str:
